@@ -1,0 +1,25 @@
+# Sourced by the other scripts: installs Debian packages by group, idempotently.
+# Only runs apt-get (update first) when a package of the group is missing.
+loco_packages() {
+  case $1 in
+    build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
+                libtomlplusplus-dev libgtest-dev ;;
+    test) echo python3 python3-numpy python3-torch ;;
+    demo) echo gnuplot-nox bible-kjv-text ;;
+  esac
+}
+
+loco_install() {
+  local missing=()
+  for group in "$@"; do
+    for p in $(loco_packages "$group"); do
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "installing: ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+}

@@ -1,0 +1,183 @@
+#include "io/config_schema.h"
+
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace loco {
+
+namespace {
+
+const toml::node& as_node(const void* p) { return *static_cast<const toml::node*>(p); }
+
+std::string show_double(double v) {
+  std::ostringstream ss;
+  ss.precision(10);
+  ss << v;
+  std::string s = ss.str();
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+void walk(const toml::table& t, const std::string& prefix,
+          const std::function<void(const std::string&, const toml::node&)>& leaf) {
+  for (const auto& [k, v] : t) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const auto* sub = v.as_table())
+      walk(*sub, key, leaf);
+    else
+      leaf(key, v);
+  }
+}
+
+}  // namespace
+
+void ConfigSchema::add(const std::string& key, int* field, const std::string& help, int64_t min, int64_t max) {
+  keys_.push_back({key, help, "integer",
+                   [=](const void* p, const std::string& where) {
+                     const auto v = as_node(p).value_exact<int64_t>();
+                     if (!v) fail(where + ": " + key + " must be an integer");
+                     if (*v < min || *v > max)
+                       fail(where + ": " + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) +
+                            "], got " + std::to_string(*v));
+                     *field = int(*v);
+                   },
+                   [=] { return std::to_string(*field); }});
+}
+
+void ConfigSchema::add(const std::string& key, int64_t* field, const std::string& help, int64_t min, int64_t max) {
+  keys_.push_back({key, help, "integer",
+                   [=](const void* p, const std::string& where) {
+                     const auto v = as_node(p).value_exact<int64_t>();
+                     if (!v) fail(where + ": " + key + " must be an integer");
+                     if (*v < min || *v > max)
+                       fail(where + ": " + key + " must be in [" + std::to_string(min) + ", " + std::to_string(max) +
+                            "], got " + std::to_string(*v));
+                     *field = *v;
+                   },
+                   [=] { return std::to_string(*field); }});
+}
+
+void ConfigSchema::add(const std::string& key, double* field, const std::string& help, double min, double max) {
+  keys_.push_back({key, help, "number",
+                   [=](const void* p, const std::string& where) {
+                     const auto& n = as_node(p);
+                     std::optional<double> v;
+                     if (n.is_floating_point())
+                       v = n.value<double>();
+                     else if (n.is_integer())
+                       v = double(*n.value<int64_t>());
+                     if (!v) fail(where + ": " + key + " must be a number");
+                     if (!(*v >= min && *v <= max))
+                       fail(where + ": " + key + " must be in [" + show_double(min) + ", " + show_double(max) +
+                            "], got " + show_double(*v));
+                     *field = *v;
+                   },
+                   [=] { return show_double(*field); }});
+}
+
+void ConfigSchema::add(const std::string& key, bool* field, const std::string& help) {
+  keys_.push_back({key, help, "boolean",
+                   [=](const void* p, const std::string& where) {
+                     const auto v = as_node(p).value_exact<bool>();
+                     if (!v) fail(where + ": " + key + " must be true or false");
+                     *field = *v;
+                   },
+                   [=] { return std::string(*field ? "true" : "false"); }});
+}
+
+void ConfigSchema::add(const std::string& key, std::string* field, const std::string& help,
+                       std::vector<std::string> allowed) {
+  keys_.push_back({key, help, "string",
+                   [=](const void* p, const std::string& where) {
+                     const auto v = as_node(p).value_exact<std::string>();
+                     if (!v) fail(where + ": " + key + " must be a string");
+                     if (!allowed.empty()) {
+                       bool ok = false;
+                       std::string list;
+                       for (const auto& a : allowed) {
+                         ok |= a == *v;
+                         list += (list.empty() ? "" : ", ") + ("\"" + a + "\"");
+                       }
+                       if (!ok) fail(where + ": " + key + " must be one of " + list + ", got \"" + *v + "\"");
+                     }
+                     *field = *v;
+                   },
+                   [=] { return "\"" + *field + "\""; }});
+}
+
+const ConfigSchema::Key* ConfigSchema::find(const std::string& key) const {
+  for (const auto& k : keys_)
+    if (k.name == key) return &k;
+  return nullptr;
+}
+
+bool ConfigSchema::has(const std::string& key) const { return find(key) != nullptr; }
+
+void ConfigSchema::load_toml_string(const std::string& text, const std::string& source) {
+  toml::table table;
+  try {
+    table = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    fail(source + ":" + std::to_string(b.line) + ":" + std::to_string(b.column) + ": " + std::string(e.description()));
+  }
+  walk(table, "", [&](const std::string& key, const toml::node& node) {
+    const Key* k = find(key);
+    if (!k) fail(source + ": unknown key " + key + " (see loco train --print-config)");
+    k->set(&node, source);
+  });
+}
+
+void ConfigSchema::load_toml_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  load_toml_string(ss.str(), path);
+}
+
+void ConfigSchema::apply_override(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) fail("--set " + assignment + ": expected key=value");
+  const std::string key = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  const Key* k = find(key);
+  if (!k) fail("--set: unknown key " + key + " (see loco train --print-config)");
+  if (k->type == "string" && (value.empty() || value.front() != '"')) {
+    // A bare word: quote it as a TOML basic string.
+    std::string quoted = "\"";
+    for (char ch : value) {
+      if (ch == '"' || ch == '\\') quoted += '\\';
+      quoted += ch;
+    }
+    value = quoted + "\"";
+  }
+  toml::table t;
+  try {
+    t = toml::parse("v = " + value);
+  } catch (const toml::parse_error& e) {
+    fail("--set " + key + ": cannot parse value \"" + assignment.substr(eq + 1) + "\"");
+  }
+  k->set(t.get("v"), "--set");
+}
+
+std::string ConfigSchema::print() const {
+  std::ostringstream out;
+  std::string section;
+  for (const auto& k : keys_) {
+    const auto dot = k.name.rfind('.');
+    const std::string sec = dot == std::string::npos ? "" : k.name.substr(0, dot);
+    const std::string leaf = dot == std::string::npos ? k.name : k.name.substr(dot + 1);
+    if (sec != section) {
+      out << "\n[" << sec << "]\n";
+      section = sec;
+    }
+    out << leaf << " = " << k.show() << "  # " << k.help << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace loco

@@ -1,0 +1,19 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loco {
+
+// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename,
+// fsync of the directory. A crash at any moment leaves either the old or the new file.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+std::string read_file(const std::string& path);
+void make_dirs(const std::string& path);
+bool file_exists(const std::string& path);
+
+// 64-bit FNV-1a over 8-byte little-endian words (tail bytes folded one by one): a fast
+// checksum for detecting torn or corrupted files, not a cryptographic hash.
+uint64_t checksum64(const void* data, size_t size);
+
+}  // namespace loco

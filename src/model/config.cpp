@@ -1,0 +1,126 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace loco {
+
+void ModelConfig::validate(const std::string& source) const {
+  auto need = [&](bool ok, const std::string& key, const std::string& what) {
+    if (!ok) fail(source + ": model." + key + " " + what);
+  };
+  need(vocab_size >= 2, "vocab_size", "must be >= 2, got " + std::to_string(vocab_size));
+  need(hidden_size >= 2, "hidden_size", "must be >= 2, got " + std::to_string(hidden_size));
+  need(num_layers >= 1, "num_layers", "must be >= 1, got " + std::to_string(num_layers));
+  need(num_heads >= 1, "num_heads", "must be >= 1, got " + std::to_string(num_heads));
+  need(hidden_size % num_heads == 0, "num_heads",
+       "must divide hidden_size (" + std::to_string(hidden_size) + "), got " + std::to_string(num_heads));
+  need(head_dim() % 2 == 0, "num_heads",
+       "must give an even head size for RoPE, got head size " + std::to_string(head_dim()));
+  need(intermediate_size >= 1, "intermediate_size", "must be >= 1, got " + std::to_string(intermediate_size));
+  need(max_seq_len >= 1, "max_seq_len", "must be >= 1, got " + std::to_string(max_seq_len));
+  need(rms_eps > 0 && rms_eps < 1, "rms_eps", "must be in (0, 1)");
+  need(rope_theta > 1, "rope_theta", "must be > 1");
+  need(z_loss >= 0, "z_loss", "must be >= 0");
+  need(init_std > 0, "init_std", "must be > 0");
+}
+
+nlohmann::json model_config_to_hf_json(const ModelConfig& c) {
+  nlohmann::json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_heads;
+  j["head_dim"] = c.head_dim();
+  j["intermediate_size"] = c.intermediate_size;
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = c.rms_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["torch_dtype"] = "float32";
+  j["qk_norm"] = c.qk_norm;
+  j["loco_z_loss"] = c.z_loss;
+  j["initializer_range"] = c.init_std;
+  j["loco_scale_residual_init"] = c.scale_residual_init;
+  return j;
+}
+
+namespace {
+
+template <class T>
+T get_key(const nlohmann::json& j, const char* key, const std::string& source, bool required, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    if (required) fail(source + ": missing key \"" + key + "\"");
+    return fallback;
+  }
+  try {
+    if constexpr (std::is_same_v<T, int>) {
+      if (!it->is_number_integer()) fail(source + ": key \"" + key + "\" must be an integer, got " + it->dump());
+      const int64_t v = it->get<int64_t>();
+      if (v < INT32_MIN || v > INT32_MAX) fail(source + ": key \"" + key + "\" is out of range: " + it->dump());
+      return int(v);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!it->is_boolean()) fail(source + ": key \"" + key + "\" must be true or false, got " + it->dump());
+      return it->get<bool>();
+    } else {
+      if (!it->is_number()) fail(source + ": key \"" + key + "\" must be a number, got " + it->dump());
+      return it->get<T>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(source + ": key \"" + key + "\": " + e.what());
+  }
+}
+
+}  // namespace
+
+ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string& source) {
+  if (!j.is_object()) fail(source + ": expected a JSON object");
+  ModelConfig c;
+  c.vocab_size = get_key<int>(j, "vocab_size", source, true, 0);
+  c.hidden_size = get_key<int>(j, "hidden_size", source, true, 0);
+  c.num_layers = get_key<int>(j, "num_hidden_layers", source, true, 0);
+  c.num_heads = get_key<int>(j, "num_attention_heads", source, true, 0);
+  c.intermediate_size = get_key<int>(j, "intermediate_size", source, true, 0);
+  c.max_seq_len = get_key<int>(j, "max_position_embeddings", source, false, c.max_seq_len);
+  c.rms_eps = get_key<double>(j, "rms_norm_eps", source, false, c.rms_eps);
+  c.rope_theta = get_key<double>(j, "rope_theta", source, false, c.rope_theta);
+  c.tie_embeddings = get_key<bool>(j, "tie_word_embeddings", source, false, c.tie_embeddings);
+  c.qk_norm = get_key<bool>(j, "qk_norm", source, false, c.qk_norm);
+  c.z_loss = get_key<double>(j, "loco_z_loss", source, false, c.z_loss);
+  c.init_std = get_key<double>(j, "initializer_range", source, false, c.init_std);
+  c.scale_residual_init = get_key<bool>(j, "loco_scale_residual_init", source, false, c.scale_residual_init);
+  const int kv_heads = get_key<int>(j, "num_key_value_heads", source, false, c.num_heads);
+  if (kv_heads != c.num_heads)
+    fail(source + ": num_key_value_heads must equal num_attention_heads (grouped-query attention is not supported)");
+  if (j.contains("head_dim") && c.num_heads > 0 && c.hidden_size % c.num_heads == 0) {
+    const int hd = get_key<int>(j, "head_dim", source, false, 0);
+    if (hd != c.hidden_size / c.num_heads) fail(source + ": head_dim must equal hidden_size / num_attention_heads");
+  }
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") fail(source + ": hidden_act must be \"silu\"");
+  if (j.value("attention_bias", false) || j.value("mlp_bias", false)) fail(source + ": biases are not supported");
+  c.validate(source);
+  return c;
+}
+
+ModelConfig read_hf_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path + ": cannot open");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    fail(path + ": invalid JSON (" + std::string(e.what()) + ")");
+  }
+  return model_config_from_hf_json(j, path);
+}
+
+}  // namespace loco

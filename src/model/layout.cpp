@@ -1,0 +1,124 @@
+#include "model/layout.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace loco {
+
+ParamLayout::ParamLayout(const ModelConfig& c, StageSpec stage) : config_(c), stage_(stage) {
+  if (stage_.last_block < 0) stage_.last_block = c.num_layers;
+  check(stage_.first_block >= 0 && stage_.first_block <= stage_.last_block && stage_.last_block <= c.num_layers,
+        "stage blocks [" + std::to_string(stage_.first_block) + ", " + std::to_string(stage_.last_block) +
+            ") are outside the model's " + std::to_string(c.num_layers) + " layers");
+  const int64_t d = c.hidden_size, f = c.intermediate_size, v = c.vocab_size, hd = c.head_dim();
+  if (stage_.embedding || (stage_.head && c.tie_embeddings))
+    add("model.embed_tokens.weight", TensorKind::Embedding, -1, v, d, false);
+  if (stage_.head && !c.tie_embeddings) add("lm_head.weight", TensorKind::LmHead, -1, v, d, false);
+  if (stage_.head) add("model.norm.weight", TensorKind::FinalNorm, -1, 1, d, false);
+  for (int l = stage_.first_block; l < stage_.last_block; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    block_first_tensor_.push_back(tensors_.size());
+    add(p + "input_layernorm.weight", TensorKind::InputNorm, l, 1, d, false);
+    add(p + "self_attn.q_proj.weight", TensorKind::Q, l, d, d, false);
+    add(p + "self_attn.k_proj.weight", TensorKind::K, l, d, d, false);
+    add(p + "self_attn.v_proj.weight", TensorKind::V, l, d, d, false);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", TensorKind::QNorm, l, 1, hd, false);
+      add(p + "self_attn.k_norm.weight", TensorKind::KNorm, l, 1, hd, false);
+    }
+    add(p + "self_attn.o_proj.weight", TensorKind::O, l, d, d, false);
+    add(p + "post_attention_layernorm.weight", TensorKind::PostNorm, l, 1, d, false);
+    add(p + "mlp.gate_proj.weight", TensorKind::Gate, l, f, d, false);
+    add(p + "mlp.up_proj.weight", TensorKind::Up, l, f, d, false);
+    add(p + "mlp.down_proj.weight", TensorKind::Down, l, f, d, true);
+  }
+}
+
+void ParamLayout::add(const std::string& name, TensorKind kind, int block, int64_t rows, int64_t cols,
+                      bool transposed) {
+  tensors_.push_back({name, kind, block, size_, rows, cols, transposed});
+  size_ += rows * cols;
+}
+
+const TensorInfo& ParamLayout::get(TensorKind kind, int block) const {
+  for (const auto& t : tensors_)
+    if (t.kind == kind && t.block == block) return t;
+  fail("internal: tensor kind " + std::to_string(int(kind)) + " of block " + std::to_string(block) +
+       " is not in this stage");
+}
+
+const TensorInfo* ParamLayout::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Range ParamLayout::block_range(int block) const {
+  check(block >= stage_.first_block && block < stage_.last_block,
+        "block " + std::to_string(block) + " is not in this stage");
+  const size_t i = size_t(block - stage_.first_block);
+  const int64_t begin = tensors_[block_first_tensor_[i]].offset;
+  const int64_t end = i + 1 < block_first_tensor_.size() ? tensors_[block_first_tensor_[i + 1]].offset : size_;
+  return {begin, end};
+}
+
+std::vector<Range> ParamLayout::nonblock_ranges() const {
+  std::vector<Range> out;
+  for (const auto& t : tensors_)
+    if (t.block < 0) out.push_back({t.offset, t.offset + t.numel()});
+  return merge_ranges(out);
+}
+
+std::vector<Range> ParamLayout::slice_ranges(int n, int num_slices, SliceStrategy strategy) const {
+  check(num_slices >= 1 && n >= 0 && n < num_slices, "slice index out of range");
+  const int64_t f = config_.intermediate_size, h = config_.num_heads, hd = config_.head_dim();
+  check(f % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
+                                 ") must divide the MLP hidden size " + std::to_string(f));
+  if (strategy == SliceStrategy::MlpHeads)
+    check(h % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
+                                   ") must divide the number of heads " + std::to_string(h));
+  std::vector<Range> out;
+  for (const auto& t : tensors_) {
+    int64_t rows_per_slice = 0;
+    switch (t.kind) {
+      case TensorKind::Gate:
+      case TensorKind::Up:
+      case TensorKind::Down:
+        rows_per_slice = f / num_slices;
+        break;
+      case TensorKind::Q:
+      case TensorKind::K:
+      case TensorKind::V:
+        if (strategy == SliceStrategy::MlpHeads) rows_per_slice = h / num_slices * hd;
+        break;
+      default:
+        break;
+    }
+    if (rows_per_slice == 0) continue;
+    const int64_t begin = t.offset + n * rows_per_slice * t.cols;
+    out.push_back({begin, begin + rows_per_slice * t.cols});
+  }
+  return merge_ranges(out);
+}
+
+std::vector<Range> merge_ranges(std::vector<Range> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  std::vector<Range> out;
+  for (const auto& r : ranges) {
+    if (r.size() <= 0) continue;
+    if (!out.empty() && out.back().end >= r.begin)
+      out.back().end = std::max(out.back().end, r.end);
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+int64_t total_size(const std::vector<Range>& ranges) {
+  int64_t s = 0;
+  for (const auto& r : ranges) s += r.size();
+  return s;
+}
+
+}  // namespace loco

@@ -1,0 +1,79 @@
+#pragma once
+// Where every parameter lives in the flat parameter buffer (gradients and optimizer state use
+// the same offsets in buffers of their own).
+//
+// Order: non-block tensors first (embed_tokens, lm_head unless tied, final norm), then each
+// block contiguously: input_layernorm, q, k, v, [q_norm, k_norm], o, post_attention_layernorm,
+// gate, up, down. Matrices are row-major in Hugging Face (out, in) layout except down_proj,
+// stored transposed as (f, d) so that a slice of the MLP hidden dimension is a block of rows
+// in gate, up and down alike. Consequences:
+//   - a fragment (a set of blocks, or the non-block tensors) is one contiguous range per block;
+//   - slice n of N (MLP hidden units, or q/k/v heads) is one range per sliced matrix.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace loco {
+
+enum class TensorKind { Embedding, LmHead, FinalNorm, InputNorm, Q, K, V, QNorm, KNorm, O, PostNorm, Gate, Up, Down };
+
+struct TensorInfo {
+  std::string name;     // Hugging Face name
+  TensorKind kind;
+  int block;            // global block index, -1 for non-block tensors
+  int64_t offset;       // in the flat buffer
+  int64_t rows, cols;   // as stored (down: (f, d))
+  bool transposed;      // stored as the transpose of the Hugging Face (out, in) shape
+  bool is_matrix() const { return rows > 1; }  // norm weights are stored as (1, n)
+  int64_t numel() const { return rows * cols; }
+};
+
+struct Range {
+  int64_t begin, end;
+  int64_t size() const { return end - begin; }
+  bool operator==(const Range&) const = default;
+};
+
+// A pipeline stage: blocks [first_block, last_block), with or without embedding and head.
+struct StageSpec {
+  int first_block = 0;
+  int last_block = -1;  // -1: up to num_layers
+  bool embedding = true;
+  bool head = true;
+};
+
+enum class SliceStrategy { Mlp, MlpHeads };
+
+class ParamLayout {
+ public:
+  ParamLayout(const ModelConfig& config, StageSpec stage = {});
+
+  int64_t size() const { return size_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo& get(TensorKind kind, int block = -1) const;
+  const TensorInfo* find(const std::string& name) const;
+  const StageSpec& stage() const { return stage_; }
+  int num_blocks() const { return stage_.last_block - stage_.first_block; }
+
+  // Fragment ranges: one range covering all tensors of a block, or the non-block tensors.
+  Range block_range(int block) const;
+  std::vector<Range> nonblock_ranges() const;
+  // Slice n of num_slices of every block in the stage: rows of gate/up/down for the MLP hidden
+  // units [n f/N, (n+1) f/N) and, with MlpHeads, rows of q/k/v for heads [n h/N, (n+1) h/N).
+  std::vector<Range> slice_ranges(int n, int num_slices, SliceStrategy strategy) const;
+
+ private:
+  void add(const std::string& name, TensorKind kind, int block, int64_t rows, int64_t cols, bool transposed);
+  ModelConfig config_;
+  StageSpec stage_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<size_t> block_first_tensor_;  // index into tensors_ of each block's first tensor
+  int64_t size_ = 0;
+};
+
+std::vector<Range> merge_ranges(std::vector<Range> ranges);
+int64_t total_size(const std::vector<Range>& ranges);
+
+}  // namespace loco

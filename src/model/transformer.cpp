@@ -1,0 +1,245 @@
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "core/error.h"
+#include "core/kernels.h"
+#include "core/rng.h"
+
+namespace loco {
+
+namespace {
+
+void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
+
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_, int seq_)
+    : batch(batch_), seq(seq_) {
+  check(batch >= 1 && seq >= 1, "batch and sequence length must be >= 1");
+  check(seq <= c.max_seq_len, "sequence length " + std::to_string(seq) + " exceeds model.max_seq_len " +
+                                  std::to_string(c.max_seq_len));
+  StageSpec stage = stage_in;
+  if (stage.last_block < 0) stage.last_block = c.num_layers;
+  const int64_t n = rows(), d = c.hidden_size, f = c.intermediate_size, h = c.num_heads;
+  blocks.resize(size_t(stage.last_block - stage.first_block));
+  for (auto& b : blocks) {
+    b.x_in.resize(n * d);
+    b.ln1.resize(n * d);
+    b.rstd1.resize(n);
+    b.q_lin.resize(n * d);
+    b.k_lin.resize(n * d);
+    b.v.resize(n * d);
+    if (c.qk_norm) {
+      b.q_normed.resize(n * d);
+      b.k_normed.resize(n * d);
+      b.rstd_q.resize(n * h);
+      b.rstd_k.resize(n * h);
+    }
+    b.q.resize(n * d);
+    b.k.resize(n * d);
+    b.att.resize(n * d);
+    b.lse.resize(n * h);
+    b.x_mid.resize(n * d);
+    b.ln2.resize(n * d);
+    b.rstd2.resize(n);
+    b.gate.resize(n * f);
+    b.up.resize(n * f);
+    b.act.resize(n * f);
+  }
+  x_out.resize(n * d);
+  if (stage.head) {
+    final_ln.resize(n * d);
+    rstd_f.resize(n);
+    logits.resize(n * c.vocab_size);
+  }
+  rope_cos.resize(size_t(seq) * c.head_dim() / 2);
+  rope_sin.resize(rope_cos.size());
+  rope_tables(rope_cos.data(), rope_sin.data(), seq, c.head_dim(), c.rope_theta);
+  for (auto* v : {&dx, &dln, &dq, &dk, &dv, &dq2, &dk2, &datt}) v->resize(n * d);
+  for (auto* v : {&dgate, &dup, &dact}) v->resize(n * f);
+  attn_scratch.resize(attention_scratch_size(seq));
+}
+
+Transformer::Transformer(const ModelConfig& config, StageSpec stage) : config_(config), layout_(config, stage) {
+  config_.validate("model config");
+}
+
+void Transformer::init_params(float* params, uint64_t seed) const {
+  const double residual_scale = config_.scale_residual_init ? 1.0 / std::sqrt(2.0 * config_.num_layers) : 1.0;
+  for (const auto& t : layout_.tensors()) {
+    float* p = params + t.offset;
+    if (!t.is_matrix()) {
+      std::fill(p, p + t.numel(), 1.0f);
+      continue;
+    }
+    double std = config_.init_std;
+    if (t.kind == TensorKind::O || t.kind == TensorKind::Down) std *= residual_scale;
+    Rng rng(mix_seed(seed, name_hash(t.name)));
+    if (!t.transposed) {
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(std * rng.normal());
+    } else {
+      // Draw in Hugging Face (cols, rows) order, store transposed.
+      for (int64_t r = 0; r < t.cols; ++r)
+        for (int64_t c = 0; c < t.rows; ++c) p[c * t.cols + r] = float(std * rng.normal());
+    }
+  }
+}
+
+double Transformer::forward(const float* params, const int32_t* tokens, const float* x_in, const int32_t* targets,
+                            Workspace& ws) const {
+  const auto& c = config_;
+  const auto& st = layout_.stage();
+  const int64_t n = ws.rows();
+  const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim();
+  auto P = [&](TensorKind k, int block = -1) { return params + layout_.get(k, block).offset; };
+
+  float* x = ws.blocks.empty() ? ws.x_out.data() : ws.blocks[0].x_in.data();
+  if (st.embedding) {
+    for (int64_t i = 0; i < n; ++i)
+      if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+        fail("input token id " + std::to_string(tokens[i]) + " is outside the vocabulary (" +
+             std::to_string(c.vocab_size) + ")");
+    embedding_forward(x, tokens, P(TensorKind::Embedding), n, d);
+  } else {
+    std::copy_n(x_in, n * d, x);
+  }
+
+  for (size_t i = 0; i < ws.blocks.size(); ++i) {
+    const int l = st.first_block + int(i);
+    auto& b = ws.blocks[i];
+    float* x_next = i + 1 < ws.blocks.size() ? ws.blocks[i + 1].x_in.data() : ws.x_out.data();
+    // Attention sub-block: x_mid = x_in + o(attn(rope(q), rope(k), v)).
+    rmsnorm_forward(b.ln1.data(), b.rstd1.data(), b.x_in.data(), P(TensorKind::InputNorm, l), n, d,
+                    float(c.rms_eps));
+    linear_forward(b.q_lin.data(), b.ln1.data(), P(TensorKind::Q, l), n, d, d);
+    linear_forward(b.k_lin.data(), b.ln1.data(), P(TensorKind::K, l), n, d, d);
+    linear_forward(b.v.data(), b.ln1.data(), P(TensorKind::V, l), n, d, d);
+    const float* q_pre = b.q_lin.data();
+    const float* k_pre = b.k_lin.data();
+    if (c.qk_norm) {
+      rmsnorm_forward(b.q_normed.data(), b.rstd_q.data(), b.q_lin.data(), P(TensorKind::QNorm, l), n * h, hd,
+                      float(c.rms_eps));
+      rmsnorm_forward(b.k_normed.data(), b.rstd_k.data(), b.k_lin.data(), P(TensorKind::KNorm, l), n * h, hd,
+                      float(c.rms_eps));
+      q_pre = b.q_normed.data();
+      k_pre = b.k_normed.data();
+    }
+    rope_forward(b.q.data(), q_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    rope_forward(b.k.data(), k_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    attention_forward(b.att.data(), b.lse.data(), b.q.data(), b.k.data(), b.v.data(), ws.batch, ws.seq, h, hd,
+                      ws.attn_scratch.data());
+    linear_forward(b.x_mid.data(), b.att.data(), P(TensorKind::O, l), n, d, d);
+    for (int64_t j = 0; j < n * d; ++j) b.x_mid[j] += b.x_in[j];
+    // MLP sub-block: x_next = x_mid + down(silu(gate) * up).
+    rmsnorm_forward(b.ln2.data(), b.rstd2.data(), b.x_mid.data(), P(TensorKind::PostNorm, l), n, d,
+                    float(c.rms_eps));
+    linear_forward(b.gate.data(), b.ln2.data(), P(TensorKind::Gate, l), n, d, f);
+    linear_forward(b.up.data(), b.ln2.data(), P(TensorKind::Up, l), n, d, f);
+    swiglu_forward(b.act.data(), b.gate.data(), b.up.data(), n * f);
+    linear_t_forward(x_next, b.act.data(), P(TensorKind::Down, l), n, f, d);
+    for (int64_t j = 0; j < n * d; ++j) x_next[j] += b.x_mid[j];
+  }
+
+  if (!st.head) return 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    if (targets[i] < 0 || targets[i] >= c.vocab_size)
+      fail("target token id " + std::to_string(targets[i]) + " is outside the vocabulary (" +
+           std::to_string(c.vocab_size) + ")");
+  rmsnorm_forward(ws.final_ln.data(), ws.rstd_f.data(), ws.x_out.data(), P(TensorKind::FinalNorm), n, d,
+                  float(c.rms_eps));
+  const float* head = c.tie_embeddings ? P(TensorKind::Embedding) : P(TensorKind::LmHead);
+  linear_forward(ws.logits.data(), ws.final_ln.data(), head, n, d, c.vocab_size);
+  return cross_entropy_forward(ws.logits.data(), targets, n, c.vocab_size, c.z_loss);
+}
+
+void Transformer::backward(const float* params, float* grads, const int32_t* tokens, const int32_t* targets,
+                           double dloss, const float* dy, float* dx_in, Workspace& ws) const {
+  const auto& c = config_;
+  const auto& st = layout_.stage();
+  const int64_t n = ws.rows();
+  const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim();
+  auto P = [&](TensorKind k, int block = -1) { return params + layout_.get(k, block).offset; };
+  auto G = [&](TensorKind k, int block = -1) { return grads + layout_.get(k, block).offset; };
+
+  // ws.dx: gradient of the loss with respect to the residual stream, walked down the blocks.
+  zero(ws.dx);
+  if (st.head) {
+    const TensorKind head_kind = c.tie_embeddings ? TensorKind::Embedding : TensorKind::LmHead;
+    cross_entropy_backward(ws.logits.data(), ws.logits.data(), targets, n, c.vocab_size, c.z_loss, dloss);
+    zero(ws.dln);
+    linear_backward(ws.dln.data(), G(head_kind), ws.logits.data(), ws.final_ln.data(), P(head_kind), n, d,
+                    c.vocab_size);
+    rmsnorm_backward(ws.dx.data(), G(TensorKind::FinalNorm), ws.dln.data(), ws.x_out.data(),
+                     P(TensorKind::FinalNorm), ws.rstd_f.data(), n, d);
+  } else {
+    std::copy_n(dy, n * d, ws.dx.data());
+  }
+
+  for (size_t i = ws.blocks.size(); i-- > 0;) {
+    const int l = st.first_block + int(i);
+    auto& b = ws.blocks[i];
+    // MLP: dx is dL/dx_next and, by the residual, already part of dL/dx_mid.
+    zero(ws.dact);
+    linear_t_backward(ws.dact.data(), G(TensorKind::Down, l), ws.dx.data(), b.act.data(), P(TensorKind::Down, l), n,
+                      f, d);
+    zero(ws.dgate);
+    zero(ws.dup);
+    swiglu_backward(ws.dgate.data(), ws.dup.data(), ws.dact.data(), b.gate.data(), b.up.data(), n * f);
+    zero(ws.dln);
+    linear_backward(ws.dln.data(), G(TensorKind::Gate, l), ws.dgate.data(), b.ln2.data(), P(TensorKind::Gate, l), n,
+                    d, f);
+    linear_backward(ws.dln.data(), G(TensorKind::Up, l), ws.dup.data(), b.ln2.data(), P(TensorKind::Up, l), n, d, f);
+    rmsnorm_backward(ws.dx.data(), G(TensorKind::PostNorm, l), ws.dln.data(), b.x_mid.data(),
+                     P(TensorKind::PostNorm, l), b.rstd2.data(), n, d);
+    // Attention: dx is now dL/dx_mid, and by the residual part of dL/dx_in.
+    zero(ws.datt);
+    linear_backward(ws.datt.data(), G(TensorKind::O, l), ws.dx.data(), b.att.data(), P(TensorKind::O, l), n, d, d);
+    zero(ws.dq);
+    zero(ws.dk);
+    zero(ws.dv);
+    attention_backward(ws.dq.data(), ws.dk.data(), ws.dv.data(), ws.datt.data(), b.q.data(), b.k.data(), b.v.data(),
+                       b.att.data(), b.lse.data(), ws.batch, ws.seq, h, hd, ws.attn_scratch.data());
+    zero(ws.dq2);
+    zero(ws.dk2);
+    rope_backward(ws.dq2.data(), ws.dq.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    rope_backward(ws.dk2.data(), ws.dk.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    const float* dq_lin = ws.dq2.data();
+    const float* dk_lin = ws.dk2.data();
+    if (c.qk_norm) {
+      // dq/dk are free again: reuse them for the gradients before the QK-norm.
+      zero(ws.dq);
+      zero(ws.dk);
+      rmsnorm_backward(ws.dq.data(), G(TensorKind::QNorm, l), ws.dq2.data(), b.q_lin.data(), P(TensorKind::QNorm, l),
+                       b.rstd_q.data(), n * h, hd);
+      rmsnorm_backward(ws.dk.data(), G(TensorKind::KNorm, l), ws.dk2.data(), b.k_lin.data(), P(TensorKind::KNorm, l),
+                       b.rstd_k.data(), n * h, hd);
+      dq_lin = ws.dq.data();
+      dk_lin = ws.dk.data();
+    }
+    zero(ws.dln);
+    linear_backward(ws.dln.data(), G(TensorKind::Q, l), dq_lin, b.ln1.data(), P(TensorKind::Q, l), n, d, d);
+    linear_backward(ws.dln.data(), G(TensorKind::K, l), dk_lin, b.ln1.data(), P(TensorKind::K, l), n, d, d);
+    linear_backward(ws.dln.data(), G(TensorKind::V, l), ws.dv.data(), b.ln1.data(), P(TensorKind::V, l), n, d, d);
+    rmsnorm_backward(ws.dx.data(), G(TensorKind::InputNorm, l), ws.dln.data(), b.x_in.data(),
+                     P(TensorKind::InputNorm, l), b.rstd1.data(), n, d);
+  }
+
+  if (st.embedding)
+    embedding_backward(G(TensorKind::Embedding), ws.dx.data(), tokens, n, d);
+  else if (dx_in)
+    for (int64_t j = 0; j < n * d; ++j) dx_in[j] += ws.dx[j];
+}
+
+}  // namespace loco

@@ -1,0 +1,61 @@
+#pragma once
+// The Llama-style decoder of spec 00-system.md as a pipeline stage (the whole model is the
+// stage with every block, the embedding and the head). Parameters and gradients are flat
+// buffers laid out by ParamLayout and owned by the caller; activations live in a Workspace.
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace loco {
+
+// Activations of one forward pass for a (batch, seq) shape, kept for the backward pass.
+struct Workspace {
+  Workspace(const ModelConfig& c, const StageSpec& stage, int batch, int seq);
+  int batch, seq;
+  int64_t rows() const { return int64_t(batch) * seq; }
+
+  struct Block {
+    std::vector<float> x_in, ln1, rstd1, q_lin, k_lin, v, q_normed, rstd_q, k_normed, rstd_k, q, k, att, lse;
+    std::vector<float> x_mid, ln2, rstd2, gate, up, act;
+  };
+  std::vector<Block> blocks;
+  std::vector<float> x_out;              // residual stream after the last block (N, d)
+  std::vector<float> final_ln, rstd_f;   // head only
+  std::vector<float> logits;             // (N, V), head only; holds dlogits after backward
+  std::vector<float> rope_cos, rope_sin;
+  // Backward scratch, shared by all blocks.
+  std::vector<float> dx, dln, dq, dk, dv, dq2, dk2, datt, dgate, dup, dact, attn_scratch;
+};
+
+class Transformer {
+ public:
+  explicit Transformer(const ModelConfig& config, StageSpec stage = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  const StageSpec& stage() const { return layout_.stage(); }
+
+  // Seeded init of spec 00-system.md. Each tensor draws from its own stream (seed, name), in
+  // Hugging Face element order, so a stage gets the same values as the full model.
+  void init_params(float* params, uint64_t seed) const;
+
+  // Forward. Embedding stage: `tokens` (B*S) is the input, else `x_in` (B*S, d).
+  // Head stage: returns the mean loss over `targets` (B*S); else the output residual stream
+  // is ws.x_out and the return value is 0.
+  double forward(const float* params, const int32_t* tokens, const float* x_in, const int32_t* targets,
+                 Workspace& ws) const;
+
+  // Backward after forward on the same workspace. grads (+=, layout-sized).
+  // Head stage: `dloss` scales the loss gradient (e.g. 1/micro-batches); else `dy` (B*S, d) is
+  // the gradient of the output residual stream. Non-embedding stage: dx_in (B*S, d) +=.
+  void backward(const float* params, float* grads, const int32_t* tokens, const int32_t* targets, double dloss,
+                const float* dy, float* dx_in, Workspace& ws) const;
+
+ private:
+  ModelConfig config_;
+  ParamLayout layout_;
+};
+
+}  // namespace loco

@@ -1,0 +1,45 @@
+#pragma once
+// AdamW with bias correction and decoupled weight decay, in the update order of
+// torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
+#include <cstdint>
+#include <vector>
+
+#include "model/layout.h"
+
+namespace loco {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  // Which tensors decay: matrices always; embeddings/lm_head and norm weights configurable.
+  bool decay_embeddings = true;
+  bool decay_norms = false;
+};
+
+class AdamW {
+ public:
+  AdamW(const AdamWConfig& config, const ParamLayout& layout);
+  // One update of every parameter with learning rate `lr`.
+  void step(float* params, const float* grads, double lr);
+  int64_t steps() const { return step_; }
+  void set_steps(int64_t s) { step_ = s; }
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  const AdamWConfig& config() const { return config_; }
+
+ private:
+  AdamWConfig config_;
+  std::vector<Range> decay_ranges_, no_decay_ranges_;
+  std::vector<float> m_, v_;
+  int64_t step_ = 0;
+};
+
+// Scales grads so that their global L2 norm is at most max_norm (torch's clip_grad_norm_:
+// coefficient max_norm / (norm + 1e-6) when below 1). Returns the norm before clipping.
+// max_norm <= 0 disables clipping but still returns the norm.
+double clip_grad_norm(float* grads, int64_t n, double max_norm);
+
+}  // namespace loco

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Every bad input gives exit status 1 (not a crash) and exactly one line on stderr that starts
+# with "loco: error:" and contains the expected words.
+set -uo pipefail
+loco=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+failures=0
+
+expect_error() {  # expect_error "expected substring" cmd args...
+  local want=$1; shift
+  "$@" > out.txt 2> err.txt
+  local rc=$?
+  local lines; lines=$(wc -l < err.txt)
+  if [ $rc -ne 1 ] || [ "$lines" -ne 1 ] || ! grep -q "^loco: error:" err.txt || ! grep -qF -- "$want" err.txt; then
+    echo "FAIL: $* -> exit $rc, stderr ($lines lines): $(cat err.txt)"
+    echo "      expected exit 1 and one line containing: $want"
+    failures=$((failures + 1))
+  else
+    echo "ok: $(cat err.txt)"
+  fi
+}
+
+cat > good.toml <<'TOML'
+[model]
+vocab_size = 96
+hidden_size = 32
+num_layers = 2
+num_heads = 4
+intermediate_size = 48
+max_seq_len = 32
+TOML
+"$loco" init --config good.toml --seed 1 --out good > /dev/null || { echo "FAIL: good init"; exit 1; }
+"$loco" init --config good.toml --set model.tie_embeddings=true --seed 1 --out tied > /dev/null
+$py "$here/../tools/make_tokens.py" toks.bin 96 1000 1
+
+# Malformed config values.
+mk() { sed "s/^$1 = .*/$1 = $2/" good.toml > "bad_$1.toml"; echo "bad_$1.toml"; }
+expect_error "model.hidden_size must be in" "$loco" init --config "$(mk hidden_size -3)" --seed 1 --out x
+expect_error "model.num_layers must be an integer" "$loco" init --config "$(mk num_layers '"two"')" --seed 1 --out x
+expect_error "model.num_heads must divide hidden_size" "$loco" init --config "$(mk num_heads 5)" --seed 1 --out x
+expect_error "model.rms_eps must be in" "$loco" init --config "$(mk vocab_size '96\nrms_eps = 2.0')" --seed 1 --out x
+printf '[model]\nhidden_sise = 32\n' > typo.toml
+expect_error "unknown key model.hidden_sise" "$loco" init --config typo.toml --seed 1 --out x
+printf '[model\nhidden_size = 32\n' > syntax.toml
+expect_error "syntax.toml:1" "$loco" init --config syntax.toml --seed 1 --out x
+expect_error "cannot open" "$loco" init --config missing.toml --seed 1 --out x
+expect_error "unknown key model.nope" "$loco" init --config good.toml --set model.nope=1 --seed 1 --out x
+expect_error "model.qk_norm must be true or false" "$loco" init --config good.toml --set model.qk_norm=3 --seed 1 --out x
+
+# Checkpoints: malformed config.json, wrong shapes, missing tensors, truncation, corruption.
+cp -r good badjson && echo '{"vocab_size": 96,' > badjson/config.json
+expect_error "invalid JSON" "$loco" eval --checkpoint badjson --data toks.bin --seq-len 8 --windows 2
+cp -r good shape && sed -i 's/"intermediate_size": 48/"intermediate_size": 64/' shape/config.json
+expect_error "mlp.gate_proj.weight\" has shape [48, 32], expected [64, 32]" \
+  "$loco" eval --checkpoint shape --data toks.bin --seq-len 8 --windows 2
+cp -r tied missing && sed -i 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' missing/config.json
+expect_error "missing tensor \"lm_head.weight\"" "$loco" eval --checkpoint missing --data toks.bin --seq-len 8 --windows 2
+cp -r good extra && sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' extra/config.json
+expect_error "unexpected tensor \"lm_head.weight\"" "$loco" eval --checkpoint extra --data toks.bin --seq-len 8 --windows 2
+cp -r good trunc && truncate -s 20000 trunc/model.safetensors
+expect_error "truncated" "$loco" eval --checkpoint trunc --data toks.bin --seq-len 8 --windows 2
+cp -r good tiny && truncate -s 5 tiny/model.safetensors
+expect_error "shorter than 8 bytes" "$loco" eval --checkpoint tiny --data toks.bin --seq-len 8 --windows 2
+cp -r good flip && $py - flip/model.safetensors <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-5] ^= 0x40; open(p, "wb").write(b)
+PY
+expect_error "checksum mismatch" "$loco" eval --checkpoint flip --data toks.bin --seq-len 8 --windows 2
+expect_error "not a checkpoint directory" "$loco" eval --checkpoint nowhere --data toks.bin --seq-len 8 --windows 2
+
+# Token files: ids >= vocab, vocabulary larger than the model's, truncation, bad magic, too short.
+$py - <<'PY'
+import struct
+def write(path, vocab, toks, magic=b"LOCOTOKS"):
+    h = magic + struct.pack("<IIQQ", 1, 2, vocab, len(toks)); h += b"\0" * (64 - len(h))
+    open(path, "wb").write(h + struct.pack("<%dH" % len(toks), *toks))
+write("big_id.bin", 96, [1, 2, 96, 3] * 50)
+write("big_vocab.bin", 200, [1, 2, 150, 3] * 50)
+write("magic.bin", 96, [1, 2, 3] * 50, magic=b"NOTTOKS!")
+PY
+expect_error "has id 96 >= vocabulary size 96" "$loco" eval --checkpoint good --data big_id.bin --seq-len 8 --windows 2
+expect_error "vocabulary size 200 exceeds the model's 96" \
+  "$loco" eval --checkpoint good --data big_vocab.bin --seq-len 8 --windows 2
+cp toks.bin trunc.bin && truncate -s 1001 trunc.bin
+expect_error "truncated or corrupt" "$loco" eval --checkpoint good --data trunc.bin --seq-len 8 --windows 2
+expect_error "bad magic" "$loco" eval --checkpoint good --data magic.bin --seq-len 8 --windows 2
+expect_error "need 1601" "$loco" eval --checkpoint good --data toks.bin --seq-len 16 --windows 100
+expect_error "exceeds model.max_seq_len" "$loco" eval --checkpoint good --data toks.bin --seq-len 64 --windows 2
+
+if [ $failures -ne 0 ]; then echo "bad_input: $failures FAILED"; exit 1; fi
+echo "bad_input: OK"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# run_oracle.sh {grad|adamw} VARIANT LOCO WORKDIR [ADAMW_TOOL]
+# Initializes a tiny model with loco, computes gradients (or AdamW steps) with loco, and checks
+# them against the independent PyTorch implementation in llama_oracle.py.
+set -euo pipefail
+mode=$1 variant=$2 loco=$3 work=$4 tool=${5:-}
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+rm -rf "$work" && mkdir -p "$work"
+cat > "$work/tiny.toml" <<TOML
+[model]
+vocab_size = 96
+hidden_size = 32
+num_layers = 2
+num_heads = 4
+intermediate_size = 48
+max_seq_len = 32
+TOML
+case $variant in
+  plain) sets=() ;;
+  tied-qknorm) sets=(--set model.tie_embeddings=true --set model.qk_norm=true) ;;
+  zloss) sets=(--set model.z_loss=0.05 --set model.qk_norm=true) ;;
+  *) echo "unknown variant $variant"; exit 2 ;;
+esac
+"$py" "$here/../tools/make_tokens.py" "$work/tokens.bin" 96 4000 7
+"$loco" init --config "$work/tiny.toml" "${sets[@]}" --seed 11 --out "$work/ckpt"
+if [ "$mode" = grad ]; then
+  # 6 windows in micro-batches of 4 and 2: also checks gradient accumulation.
+  "$loco" grad --checkpoint "$work/ckpt" --data "$work/tokens.bin" --seq-len 24 --windows 6 --batch 4 \
+    --out "$work/grads.safetensors"
+  "$py" "$here/llama_oracle.py" grad --checkpoint "$work/ckpt" --data "$work/tokens.bin" --seq-len 24 \
+    --windows 6 --grads "$work/grads.safetensors" --tol 1e-4
+else
+  "$tool" "$work/ckpt" "$work/tokens.bin" 24 4 5 0.003 0.1 0.5 "$work/after"
+  "$py" "$here/llama_oracle.py" adamw --checkpoint "$work/ckpt" --result "$work/after" --data "$work/tokens.bin" \
+    --seq-len 24 --batch 4 --steps 5 --lr 0.003 --weight-decay 0.1 --clip 0.5 --tol 1e-4
+fi
