@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "core/blas.h"
+#include "core/parallel.h"
 #include "core/error.h"
 #include "data/token_file.h"
 #include "io/checkpoint.h"
@@ -33,7 +33,7 @@ void add_window_options(CLI::App* cmd, WindowArgs& a) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a.batch, "windows per micro-batch (memory vs speed; result is the same)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", a.threads, "BLAS threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", a.threads, "compute threads (0: all cores)")->check(CLI::NonNegativeNumber);
 }
 
 struct Loaded {
@@ -42,7 +42,7 @@ struct Loaded {
 };
 
 Loaded load_inputs(const WindowArgs& a) {
-  if (a.threads > 0) set_blas_threads(a.threads);
+  if (a.threads > 0) set_compute_threads(a.threads);
   Loaded l{load_model_checkpoint(a.checkpoint), read_token_file(a.data)};
   if (l.data.vocab_size > uint64_t(l.model.config.vocab_size))
     fail(a.data + ": vocabulary size " + std::to_string(l.data.vocab_size) + " exceeds the model's " +

@@ -16,8 +16,14 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, 
               alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// Number of threads BLAS uses for one call (set to 1 per worker when workers share cores).
+// As gemm, with the rows (or, when there are few rows, the columns) of C split across the
+// compute threads of core/parallel.h, each chunk a single-threaded BLAS call. loco keeps BLAS
+// itself at one thread: its idle threads spin and would compete with the pool for the cores.
+void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+             int ldb, float beta, float* c, int ldc);
+void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
+             const double* b, int ldb, double beta, double* c, int ldc);
+
 void set_blas_threads(int n);
-int blas_threads();
 
 }  // namespace loco

@@ -54,16 +54,16 @@ void rope_backward(T* din, const T* dout, const T* cos_table, const T* sin_table
 
 // Causal multi-head attention. q, k, v, out: (B*S, H*Dh); lse: (B, H, S) log-sum-exp of each
 // score row, kept so that backward recomputes the probabilities instead of storing them.
-// Only one (S x S) score block is materialized at a time per worker thread:
-// scratch needs attention_scratch_size() elements.
-int64_t attention_scratch_size(int seq);
+// Works on blocks of query rows against the keys they can see, so at most one (rows x S)
+// score block per (batch, head) exists at a time, in a per-thread scratch buffer; (batch, head)
+// pairs run in parallel.
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t batch, int seq, int heads,
-                       int head_dim, T* scratch);
+                       int head_dim);
 // dq, dk, dv (B*S, H*Dh) +=.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const T* lse, int64_t batch, int seq, int heads, int head_dim, T* scratch);
+                        const T* lse, int64_t batch, int seq, int heads, int head_dim);
 
 // SwiGLU activation: out (N, F) = silu(gate) * up.
 template <class T>
@@ -73,14 +73,15 @@ template <class T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count);
 
 // Mean token cross-entropy plus z-loss: loss = mean_i (lse_i - logits[i, t_i]) + z * mean_i lse_i^2.
-// Returns the loss (accumulated in double). Targets must be < V (checked by callers).
+// Writes lse (N), the log-sum-exp of each row, for the backward pass. Returns the loss.
+// Targets must be < V (checked by callers).
 template <class T>
-double cross_entropy_forward(const T* logits, const int32_t* targets, int64_t n, int vocab, double z_loss);
+double cross_entropy_forward(T* lse, const T* logits, const int32_t* targets, int64_t n, int vocab, double z_loss);
 // dlogits (N, V) = dloss * d(loss)/d(logits). The one kernel that overwrites instead of
 // accumulating: the logits are the only input of the loss, and dlogits may alias logits so the
 // (N x V) buffer is reused for its own gradient.
 template <class T>
-void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, int64_t n, int vocab,
+void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, int64_t n, int vocab,
                             double z_loss, double dloss);
 
 }  // namespace loco

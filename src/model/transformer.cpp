@@ -63,13 +63,13 @@ Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_
     final_ln.resize(n * d);
     rstd_f.resize(n);
     logits.resize(n * c.vocab_size);
+    logits_lse.resize(n);
   }
   rope_cos.resize(size_t(seq) * c.head_dim() / 2);
   rope_sin.resize(rope_cos.size());
   rope_tables(rope_cos.data(), rope_sin.data(), seq, c.head_dim(), c.rope_theta);
   for (auto* v : {&dx, &dln, &dq, &dk, &dv, &dq2, &dk2, &datt}) v->resize(n * d);
   for (auto* v : {&dgate, &dup, &dact}) v->resize(n * f);
-  attn_scratch.resize(attention_scratch_size(seq));
 }
 
 Transformer::Transformer(const ModelConfig& config, StageSpec stage) : config_(config), layout_(config, stage) {
@@ -138,8 +138,7 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
     }
     rope_forward(b.q.data(), q_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
     rope_forward(b.k.data(), k_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
-    attention_forward(b.att.data(), b.lse.data(), b.q.data(), b.k.data(), b.v.data(), ws.batch, ws.seq, h, hd,
-                      ws.attn_scratch.data());
+    attention_forward(b.att.data(), b.lse.data(), b.q.data(), b.k.data(), b.v.data(), ws.batch, ws.seq, h, hd);
     linear_forward(b.x_mid.data(), b.att.data(), P(TensorKind::O, l), n, d, d);
     for (int64_t j = 0; j < n * d; ++j) b.x_mid[j] += b.x_in[j];
     // MLP sub-block: x_next = x_mid + down(silu(gate) * up).
@@ -161,7 +160,7 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
                   float(c.rms_eps));
   const float* head = c.tie_embeddings ? P(TensorKind::Embedding) : P(TensorKind::LmHead);
   linear_forward(ws.logits.data(), ws.final_ln.data(), head, n, d, c.vocab_size);
-  return cross_entropy_forward(ws.logits.data(), targets, n, c.vocab_size, c.z_loss);
+  return cross_entropy_forward(ws.logits_lse.data(), ws.logits.data(), targets, n, c.vocab_size, c.z_loss);
 }
 
 void Transformer::backward(const float* params, float* grads, const int32_t* tokens, const int32_t* targets,
@@ -177,7 +176,8 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
   zero(ws.dx);
   if (st.head) {
     const TensorKind head_kind = c.tie_embeddings ? TensorKind::Embedding : TensorKind::LmHead;
-    cross_entropy_backward(ws.logits.data(), ws.logits.data(), targets, n, c.vocab_size, c.z_loss, dloss);
+    cross_entropy_backward(ws.logits.data(), ws.logits.data(), ws.logits_lse.data(), targets, n, c.vocab_size,
+                           c.z_loss, dloss);
     zero(ws.dln);
     linear_backward(ws.dln.data(), G(head_kind), ws.logits.data(), ws.final_ln.data(), P(head_kind), n, d,
                     c.vocab_size);
@@ -210,7 +210,7 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
     zero(ws.dk);
     zero(ws.dv);
     attention_backward(ws.dq.data(), ws.dk.data(), ws.dv.data(), ws.datt.data(), b.q.data(), b.k.data(), b.v.data(),
-                       b.att.data(), b.lse.data(), ws.batch, ws.seq, h, hd, ws.attn_scratch.data());
+                       b.att.data(), b.lse.data(), ws.batch, ws.seq, h, hd);
     zero(ws.dq2);
     zero(ws.dk2);
     rope_backward(ws.dq2.data(), ws.dq.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);

@@ -24,9 +24,10 @@ struct Workspace {
   std::vector<float> x_out;              // residual stream after the last block (N, d)
   std::vector<float> final_ln, rstd_f;   // head only
   std::vector<float> logits;             // (N, V), head only; holds dlogits after backward
+  std::vector<float> logits_lse;         // (N) log-sum-exp of each logits row
   std::vector<float> rope_cos, rope_sin;
   // Backward scratch, shared by all blocks.
-  std::vector<float> dx, dln, dq, dk, dv, dq2, dk2, datt, dgate, dup, dact, attn_scratch;
+  std::vector<float> dx, dln, dq, dk, dv, dq2, dk2, datt, dgate, dup, dact;
 };
 
 class Transformer {

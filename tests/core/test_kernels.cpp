@@ -6,8 +6,10 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
+#include "core/fast_math.h"
 #include "core/kernels.h"
 #include "core/rng.h"
 
@@ -146,15 +148,15 @@ TEST(Kernels, Attention) {
   const int batch = 2, seq = 6, heads = 2, hd = 4;
   const size_t size = size_t(batch) * seq * heads * hd;
   Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), g = randn(size, 4), out(size),
-      lse(batch * heads * seq), scratch(attention_scratch_size(seq));
+      lse(batch * heads * seq);
   auto f = [&] {
-    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd, scratch.data());
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
     return dot(out, g);
   };
   f();
   Vec dq = sentinel(size), dk = sentinel(size), dv = sentinel(size);
   attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
-                     batch, seq, heads, hd, scratch.data());
+                     batch, seq, heads, hd);
   expect_grad("attention dq", q, dq, f);
   expect_grad("attention dk", k, dk, f);
   expect_grad("attention dv", v, dv, f);
@@ -164,14 +166,13 @@ TEST(Kernels, AttentionIsCausal) {
   // Changing a later key/value must not change earlier outputs.
   const int batch = 1, seq = 5, heads = 1, hd = 4;
   const size_t size = size_t(seq) * hd;
-  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), out1(size), out2(size), lse(seq),
-      scratch(attention_scratch_size(seq));
-  attention_forward(out1.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd, scratch.data());
+  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), out1(size), out2(size), lse(seq);
+  attention_forward(out1.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
   for (int j = 0; j < hd; ++j) {
     k[4 * hd + j] += 1.0;
     v[4 * hd + j] -= 2.0;
   }
-  attention_forward(out2.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd, scratch.data());
+  attention_forward(out2.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
   for (size_t i = 0; i < 4 * size_t(hd); ++i) EXPECT_DOUBLE_EQ(out1[i], out2[i]);
   bool last_changed = false;
   for (int j = 0; j < hd; ++j) last_changed |= out1[4 * hd + j] != out2[4 * hd + j];
@@ -197,10 +198,12 @@ TEST(Kernels, CrossEntropyWithZLoss) {
   std::vector<int32_t> targets = {0, 6, 3, 3, 1, 5};
   Vec logits = randn(n * vocab, 1, 3.0);
   for (double z : {0.0, 0.1}) {
-    auto f = [&] { return cross_entropy_forward(logits.data(), targets.data(), n, vocab, z); };
+    Vec lse(n);
+    auto f = [&] { return cross_entropy_forward(lse.data(), logits.data(), targets.data(), n, vocab, z); };
+    f();
     // The one overwriting kernel: fill with NaN to catch entries never written.
     Vec dlogits(n * vocab, std::nan(""));
-    cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), n, vocab, z, 1.0);
+    cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), n, vocab, z, 1.0);
     for (auto& x : dlogits) {
       ASSERT_FALSE(std::isnan(x));
       x += kSentinel;  // expect_grad subtracts the sentinel
@@ -208,9 +211,10 @@ TEST(Kernels, CrossEntropyWithZLoss) {
     expect_grad("cross-entropy dlogits", logits, dlogits, f);
   }
   // Aliased in-place use gives the same gradient.
-  Vec a = logits, b(n * vocab);
-  cross_entropy_backward(b.data(), logits.data(), targets.data(), n, vocab, 0.1, 0.5);
-  cross_entropy_backward(a.data(), a.data(), targets.data(), n, vocab, 0.1, 0.5);
+  Vec a = logits, b(n * vocab), lse(n);
+  cross_entropy_forward(lse.data(), logits.data(), targets.data(), n, vocab, 0.1);
+  cross_entropy_backward(b.data(), logits.data(), lse.data(), targets.data(), n, vocab, 0.1, 0.5);
+  cross_entropy_backward(a.data(), a.data(), lse.data(), targets.data(), n, vocab, 0.1, 0.5);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_DOUBLE_EQ(a[i], b[i]);
 }
 
@@ -218,12 +222,53 @@ TEST(Kernels, FloatMatchesDouble) {
   // The float instantiation computes the same function (to float precision).
   const int batch = 1, seq = 8, heads = 2, hd = 4;
   const size_t size = size_t(batch) * seq * heads * hd;
-  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), out(size), lse(heads * seq),
-      scratch(attention_scratch_size(seq));
+  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), out(size), lse(heads * seq);
   std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end()), outf(size),
-      lsef(heads * seq), scratchf(attention_scratch_size(seq));
-  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd, scratch.data());
-  attention_forward(outf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), batch, seq, heads, hd,
-                    scratchf.data());
+      lsef(heads * seq);
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
+  attention_forward(outf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), batch, seq, heads, hd);
   for (size_t i = 0; i < size; ++i) EXPECT_NEAR(out[i], outf[i], 1e-5);
+}
+
+TEST(Kernels, FastExpAccuracy) {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double exact = std::exp(double(x));
+    worst = std::max(worst, std::abs(double(loco::fast_exp(x)) - exact) / exact);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(loco::fast_exp(-100.0f), 0.0f);
+  EXPECT_EQ(loco::fast_exp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(loco::fast_exp(0.0f), 1.0f);
+}
+
+TEST(Kernels, AttentionAcrossRowBlocks) {
+  // A sequence longer than the 64-row block, with more (batch, head) pairs than threads:
+  // gradients of a few entries still match finite differences.
+  const int batch = 2, seq = 150, heads = 3, hd = 4;
+  const size_t size = size_t(batch) * seq * heads * hd;
+  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), g = randn(size, 4), out(size),
+      lse(batch * heads * seq);
+  auto f = [&] {
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
+    return dot(out, g);
+  };
+  f();
+  Vec dq = sentinel(size), dk = sentinel(size), dv = sentinel(size);
+  attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                     batch, seq, heads, hd);
+  // Check a strided subset (every entry would be slow): rows in every block, both batches.
+  for (Vec* x : {&q, &k, &v}) {
+    Vec* acc = x == &q ? &dq : x == &k ? &dk : &dv;
+    for (size_t i = 0; i < size; i += 37) {
+      const double saved = (*x)[i];
+      (*x)[i] = saved + 1e-6;
+      const double fp = f();
+      (*x)[i] = saved - 1e-6;
+      const double fm = f();
+      (*x)[i] = saved;
+      const double numeric = (fp - fm) / 2e-6;
+      EXPECT_NEAR((*acc)[i] - kSentinel, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << i;
+    }
+  }
 }
