@@ -1,0 +1,209 @@
+// Parameter layout: fragments and slices are short lists of contiguous ranges that select
+// exactly the intended Hugging Face entries; stages compose into the full model.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/layout.h"
+#include "model/transformer.h"
+
+using namespace loco;
+
+namespace {
+
+ModelConfig tiny(bool tied = false, bool qk = false) {
+  ModelConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 16;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.intermediate_size = 24;
+  c.max_seq_len = 16;
+  c.tie_embeddings = tied;
+  c.qk_norm = qk;
+  return c;
+}
+
+// Marks every entry of the buffer with its own index, exports to HF layout.
+std::map<std::string, HfTensor> indexed_hf(const ParamLayout& layout) {
+  std::vector<float> buf(size_t(layout.size()));
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = float(i);
+  std::map<std::string, HfTensor> out;
+  for (auto& t : export_hf(layout, buf.data())) out[t.name] = std::move(t);
+  return out;
+}
+
+std::set<int64_t> indices(const std::vector<Range>& ranges) {
+  std::set<int64_t> s;
+  for (const auto& r : ranges)
+    for (int64_t i = r.begin; i < r.end; ++i) s.insert(i);
+  return s;
+}
+
+}  // namespace
+
+TEST(Layout, FragmentsPartitionTheBuffer) {
+  for (bool tied : {false, true})
+    for (bool qk : {false, true}) {
+      ParamLayout layout(tiny(tied, qk));
+      std::vector<Range> all = layout.nonblock_ranges();
+      EXPECT_EQ(all.size(), 1u) << "non-block tensors are one range";
+      for (int l = 0; l < 3; ++l) all.push_back(layout.block_range(l));
+      const auto merged = merge_ranges(all);
+      ASSERT_EQ(merged.size(), 1u);
+      EXPECT_EQ(merged[0], (Range{0, layout.size()}));
+      EXPECT_EQ(total_size(all), layout.size()) << "fragments do not overlap";
+      // Every tensor of block l is inside block_range(l).
+      for (const auto& t : layout.tensors()) {
+        if (t.block < 0) continue;
+        const Range r = layout.block_range(t.block);
+        EXPECT_GE(t.offset, r.begin);
+        EXPECT_LE(t.offset + t.numel(), r.end);
+      }
+    }
+}
+
+TEST(Layout, ParameterCount) {
+  const auto c = tiny();
+  const int64_t d = 16, f = 24, v = 50, L = 3;
+  EXPECT_EQ(ParamLayout(c).size(), 2 * v * d + d + L * (4 * d * d + 3 * d * f + 2 * d));
+  EXPECT_EQ(ParamLayout(tiny(true, true)).size(), v * d + d + L * (4 * d * d + 3 * d * f + 2 * d + 2 * (d / 4)));
+}
+
+TEST(Layout, MlpSliceSelectsHiddenUnits) {
+  const auto c = tiny();
+  ParamLayout layout(c);
+  const auto hf = indexed_hf(layout);
+  const int N = 3, per = 24 / N;
+  std::set<int64_t> seen;
+  for (int n = 0; n < N; ++n) {
+    const auto ranges = layout.slice_ranges(n, N, SliceStrategy::Mlp);
+    EXPECT_EQ(ranges.size(), 3u * 3u) << "gate, up, down per block";
+    const auto idx = indices(ranges);
+    for (int64_t i : idx) EXPECT_TRUE(seen.insert(i).second) << "slices overlap";
+    for (int l = 0; l < 3; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+      const auto& gate = hf.at(p + "gate_proj.weight");  // (f, d)
+      const auto& up = hf.at(p + "up_proj.weight");      // (f, d)
+      const auto& down = hf.at(p + "down_proj.weight");  // (d, f)
+      for (int u = 0; u < 24; ++u) {
+        const bool mine = u / per == n;
+        for (int j = 0; j < 16; ++j) {
+          EXPECT_EQ(idx.count(int64_t(gate.data[u * 16 + j])) == 1, mine);
+          EXPECT_EQ(idx.count(int64_t(up.data[u * 16 + j])) == 1, mine);
+          EXPECT_EQ(idx.count(int64_t(down.data[j * 24 + u])) == 1, mine);  // column u of down
+        }
+      }
+    }
+  }
+}
+
+TEST(Layout, HeadSliceSelectsQkvRowsOfItsHeads) {
+  ParamLayout layout(tiny());
+  const auto hf = indexed_hf(layout);
+  const int N = 2, hd = 4, heads_per = 4 / N;
+  for (int n = 0; n < N; ++n) {
+    const auto ranges = layout.slice_ranges(n, N, SliceStrategy::MlpHeads);
+    EXPECT_EQ(ranges.size(), 3u * 6u);
+    const auto idx = indices(ranges);
+    for (int l = 0; l < 3; ++l)
+      for (const char* m : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+        const auto& t = hf.at("model.layers." + std::to_string(l) + ".self_attn." + m + ".weight");
+        for (int row = 0; row < 16; ++row)
+          for (int j = 0; j < 16; ++j) {
+            const bool mine = std::string(m) != "o_proj" && row / hd / heads_per == n;
+            EXPECT_EQ(idx.count(int64_t(t.data[row * 16 + j])) == 1, mine) << m << " row " << row;
+          }
+      }
+  }
+  EXPECT_THROW(layout.slice_ranges(0, 5, SliceStrategy::Mlp), Error);      // 5 does not divide f = 24
+  EXPECT_THROW(layout.slice_ranges(0, 3, SliceStrategy::MlpHeads), Error);  // 3 does not divide 4 heads
+}
+
+TEST(Layout, ExportImportRoundTrip) {
+  for (bool tied : {false, true}) {
+    const auto c = tiny(tied, true);
+    Transformer model(c);
+    std::vector<float> params(size_t(model.layout().size()));
+    model.init_params(params.data(), 9);
+    const std::string dir = ::testing::TempDir() + "/roundtrip" + std::to_string(tied);
+    save_model_checkpoint(dir, c, model.layout(), params.data());
+    const auto loaded = load_model_checkpoint(dir);
+    EXPECT_EQ(loaded.params, params);
+    EXPECT_EQ(loaded.config.tie_embeddings, tied);
+    EXPECT_TRUE(loaded.config.qk_norm);
+  }
+}
+
+TEST(Stages, PipelineOfStagesEqualsFullModel) {
+  const auto c = tiny(true, true);
+  const int B = 2, S = 12;
+  Transformer full(c);
+  std::vector<float> params(size_t(full.layout().size())), grads(params.size(), 0.0f);
+  full.init_params(params.data(), 3);
+  std::vector<int32_t> tokens(B * S), targets(B * S);
+  for (int i = 0; i < B * S; ++i) {
+    tokens[i] = (i * 7 + 3) % 50;
+    targets[i] = (i * 11 + 5) % 50;
+  }
+  Workspace ws(c, full.stage(), B, S);
+  const double loss = full.forward(params.data(), tokens.data(), nullptr, targets.data(), ws);
+  full.backward(params.data(), grads.data(), tokens.data(), targets.data(), 1.0, nullptr, nullptr, ws);
+
+  // Stage 0: embedding + block 0; stage 1: blocks 1-2 + head (tied: its own embedding copy).
+  Transformer s0(c, {0, 1, true, false}), s1(c, {1, 3, false, true});
+  auto slice_params = [&](const Transformer& st) {
+    std::vector<float> p(size_t(st.layout().size()));
+    st.init_params(p.data(), 3);  // same seed: same values as the full model's tensors
+    for (const auto& t : st.layout().tensors()) {
+      const auto* ft = full.layout().find(t.name);
+      EXPECT_NE(ft, nullptr);
+      for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(p[t.offset + i], params[ft->offset + i]) << t.name;
+    }
+    return p;
+  };
+  auto p0 = slice_params(s0), p1 = slice_params(s1);
+  std::vector<float> g0(p0.size(), 0.0f), g1(p1.size(), 0.0f);
+  Workspace w0(c, s0.stage(), B, S), w1(c, s1.stage(), B, S);
+  s0.forward(p0.data(), tokens.data(), nullptr, nullptr, w0);
+  const double loss1 = s1.forward(p1.data(), nullptr, w0.x_out.data(), targets.data(), w1);
+  EXPECT_NEAR(loss1, loss, 1e-6);
+  std::vector<float> dx(size_t(B) * S * c.hidden_size, 0.0f);
+  s1.backward(p1.data(), g1.data(), nullptr, targets.data(), 1.0, nullptr, dx.data(), w1);
+  s0.backward(p0.data(), g0.data(), tokens.data(), nullptr, 0.0, dx.data(), nullptr, w0);
+  // Stage gradients equal the full model's; the tied embedding's gradient is split across
+  // the two stages (input use in stage 0, output use in stage 1) and sums to the full one.
+  auto grad_of = [&](const Transformer& st, const std::vector<float>& g, const std::string& name) {
+    const auto* t = st.layout().find(name);
+    return t ? std::vector<float>(g.begin() + t->offset, g.begin() + t->offset + t->numel())
+             : std::vector<float>();
+  };
+  for (const auto& t : full.layout().tensors()) {
+    std::vector<float> a = grad_of(s0, g0, t.name), b = grad_of(s1, g1, t.name);
+    if (a.empty()) a.assign(size_t(t.numel()), 0.0f);
+    if (b.empty()) b.assign(size_t(t.numel()), 0.0f);
+    float scale = 1e-12f;
+    for (int64_t i = 0; i < t.numel(); ++i) scale = std::max(scale, std::abs(grads[t.offset + i]));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_NEAR(a[i] + b[i], grads[t.offset + i], 1e-5 * scale) << t.name << "[" << i << "]";
+  }
+}
+
+TEST(Determinism, ForwardBackwardIsBitwiseRepeatable) {
+  const auto c = tiny(false, true);
+  Transformer model(c);
+  std::vector<float> params(size_t(model.layout().size()));
+  model.init_params(params.data(), 1);
+  std::vector<int32_t> tokens(64), targets(64);
+  for (int i = 0; i < 64; ++i) tokens[i] = targets[(i + 63) % 64] = (i * 13 + 1) % 50;
+  auto run = [&] {
+    std::vector<float> g(params.size(), 0.0f);
+    Workspace ws(c, model.stage(), 4, 16);
+    model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws);
+    model.backward(params.data(), g.data(), tokens.data(), targets.data(), 1.0, nullptr, nullptr, ws);
+    return g;
+  };
+  EXPECT_EQ(run(), run());
+}
