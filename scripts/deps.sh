@@ -3,9 +3,12 @@
 loco_packages() {
   case $1 in
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
-                libtomlplusplus-dev libgtest-dev ;;
+                libtomlplusplus-dev libgtest-dev libsentencepiece-dev ;;
     test) echo python3 python3-numpy python3-torch ;;
-    demo) echo gnuplot-nox bible-kjv-text ;;
+    demo) echo gnuplot-nox ;;
+    corpus) echo python3 ;;
+    npm) echo npm ;;
+    kjv) echo bible-kjv ;;
   esac
 }
 

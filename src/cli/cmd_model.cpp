@@ -1,11 +1,17 @@
 // loco init / grad / eval: single-model commands over checkpoints and token files.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 
 #include "cli/commands.h"
 #include "core/parallel.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
+#include "io/fs.h"
 #include "io/checkpoint.h"
 #include "io/run_config.h"
 #include "io/safetensors.h"
@@ -112,6 +118,114 @@ void add_eval(CLI::App& app) {
     const double loss =
         windows_loss(model, in.model.params.data(), in.data.tokens, args->seq_len, args->windows, args->batch, nullptr);
     std::printf("loss %.6f\n", loss);
+  });
+}
+
+}  // namespace loco::cli
+
+namespace loco::cli {
+
+void add_generate(CLI::App& app) {
+  struct Args {
+    std::string checkpoint, prompt, tokenizer;
+    int max_tokens = 200;
+    double temperature = 0.8;
+    int top_k = 40;
+    uint64_t seed = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
+  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory")->required();
+  cmd->add_option("--prompt", a->prompt, "text to continue")->required();
+  cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", a->seed, "sampling seed");
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "directory with tokenizer.json (default: the checkpoint's run directory)");
+  cmd->callback([a] {
+    auto m = load_model_checkpoint(a->checkpoint);
+    std::string tok_dir = a->tokenizer;
+    if (tok_dir.empty()) {
+      for (const std::string& d : {a->checkpoint, a->checkpoint + "/../.."})
+        if (file_exists(d + "/tokenizer.json")) {
+          tok_dir = d;
+          break;
+        }
+      if (tok_dir.empty()) fail(a->checkpoint + ": no tokenizer.json next to the checkpoint; give --tokenizer DIR");
+    }
+    const auto tok = load_tokenizer(tok_dir);
+    if (tok->vocab_size() > m.config.vocab_size)
+      fail("the tokenizer's vocabulary (" + std::to_string(tok->vocab_size()) + ") exceeds the model's (" +
+           std::to_string(m.config.vocab_size) + ")");
+    std::vector<int32_t> ids = tok->encode(a->prompt);
+    if (ids.empty()) fail("--prompt encodes to no tokens");
+    const size_t prompt_len = ids.size();
+    Transformer model(m.config);
+    Rng rng(a->seed);
+    const int V = m.config.vocab_size;
+    for (int t = 0; t < a->max_tokens; ++t) {
+      const size_t ctx = std::min<size_t>(ids.size(), size_t(m.config.max_seq_len));
+      std::vector<int32_t> in(ids.end() - std::ptrdiff_t(ctx), ids.end()), dummy(ctx, 0);
+      Workspace ws(m.config, model.stage(), 1, int(ctx));
+      model.forward(m.params.data(), in.data(), nullptr, dummy.data(), ws);
+      const float* logits = ws.logits.data() + (ctx - 1) * size_t(V);
+      std::vector<int32_t> order(static_cast<size_t>(V));
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return logits[x] > logits[y]; });
+      int32_t next = order[0];
+      if (a->temperature > 0) {
+        const size_t k = a->top_k > 0 ? std::min<size_t>(size_t(a->top_k), order.size()) : order.size();
+        std::vector<double> p(k);
+        double sum = 0;
+        for (size_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / a->temperature);
+        double u = rng.uniform() * sum;
+        for (size_t i = 0; i < k; ++i) {
+          next = order[i];
+          if ((u -= p[i]) <= 0) break;
+        }
+      }
+      if (next == tok->eos_id()) break;
+      ids.push_back(next);
+    }
+    std::printf("%s%s\n", a->prompt.c_str(),
+                tok->decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(prompt_len), ids.end())).c_str());
+  });
+}
+
+void add_info(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("info", "Parameter count, FLOPs per token and memory estimate of a config");
+  cmd->add_option("--config", *path, "TOML run config or Hugging Face config.json")->required();
+  cmd->callback([path] {
+    RunConfig rc;
+    const bool json = path->size() >= 5 && path->compare(path->size() - 5, 5, ".json") == 0;
+    if (json)
+      rc.model = read_hf_config_file(*path);
+    else
+      rc = load_run_config(*path);
+    const auto& c = rc.model;
+    const ParamLayout layout(c);
+    int64_t embedding = 0;
+    for (const auto& t : layout.tensors())
+      if (t.kind == TensorKind::Embedding || t.kind == TensorKind::LmHead) embedding += t.numel();
+    const int64_t n = layout.size();
+    const int seq = std::min(rc.data.seq_len, c.max_seq_len), batch = rc.data.batch_size;
+    // Matrix products touch every parameter except the embedding lookup (the tied or untied
+    // head does a product); attention adds 2 x 2 x S x d per layer and token for QK^T and PV.
+    const int64_t matmul_params = n - (c.tie_embeddings ? 0 : int64_t(c.vocab_size) * c.hidden_size);
+    const double fwd = 2.0 * double(matmul_params) + 4.0 * c.num_layers * double(seq) * c.hidden_size;
+    const double act_bytes = 4.0 * double(Workspace::floats_for(c, {}, batch, seq));
+    auto mib = [](double b) { return b / (1024.0 * 1024.0); };
+    std::printf("parameters            %lld (%lld in embeddings/head, %lld in blocks)\n", (long long)n,
+                (long long)embedding, (long long)(n - embedding));
+    std::printf("FLOPs per token       forward %.3g, training (x3) %.3g  (sequence %d, full attention)\n", fwd,
+                3 * fwd, seq);
+    std::printf("memory (float32)      parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB\n", mib(4.0 * n),
+                mib(4.0 * n), mib(8.0 * n));
+    std::printf("                      activations %.1f MiB for batch %d x %d\n", mib(act_bytes), batch, seq);
+    std::printf("                      total %.1f MiB per replica (DiLoCo adds outer parameters and momentum: %.1f MiB)\n",
+                mib(16.0 * n + act_bytes), mib(8.0 * n));
   });
 }
 

@@ -7,5 +7,10 @@ namespace loco::cli {
 void add_init(CLI::App& app);
 void add_grad(CLI::App& app);
 void add_eval(CLI::App& app);
+void add_data(CLI::App& app);
+void add_train(CLI::App& app);
+void add_plot(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_info(CLI::App& app);
 
 }  // namespace loco::cli

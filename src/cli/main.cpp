@@ -11,6 +11,11 @@ int main(int argc, char** argv) {
   loco::cli::add_init(app);
   loco::cli::add_grad(app);
   loco::cli::add_eval(app);
+  loco::cli::add_data(app);
+  loco::cli::add_train(app);
+  loco::cli::add_plot(app);
+  loco::cli::add_generate(app);
+  loco::cli::add_info(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,7 +7,7 @@ namespace loco {
 ConfigSchema run_config_schema(RunConfig& cfg) {
   ConfigSchema s;
   auto& m = cfg.model;
-  s.add("model.vocab_size", &m.vocab_size, "vocabulary size V (must match the data's tokenizer)", 2);
+  s.add("model.vocab_size", &m.vocab_size, "vocabulary size V (must cover the data's token ids)", 2);
   s.add("model.hidden_size", &m.hidden_size, "model width d", 2);
   s.add("model.num_layers", &m.num_layers, "number of transformer blocks L", 1);
   s.add("model.num_heads", &m.num_heads, "attention heads (head size d / heads, even)", 1);
@@ -20,7 +20,51 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("model.z_loss", &m.z_loss, "z-loss coefficient c in c * mean(logsumexp^2); 0 disables", 0.0, 1.0);
   s.add("model.init_std", &m.init_std, "std of the normal init of matrices", 1e-6, 1.0);
   s.add("model.scale_residual_init", &m.scale_residual_init, "scale o_proj/down_proj init by 1/sqrt(2L)");
+
+  auto& d = cfg.data;
+  s.add("data.train", &d.train, "training token file (LOCOTOKS, from loco data prepare)");
+  s.add("data.val", &d.val, "validation token file (\"\": no evaluation)");
+  s.add("data.seq_len", &d.seq_len, "tokens per window", 1);
+  s.add("data.batch_size", &d.batch_size, "windows per replica per step", 1);
+  s.add("data.seed", &d.seed, "seed of the data order", 0);
+
+  auto& o = cfg.optim;
+  s.add("optimizer.lr", &o.lr, "peak learning rate (after warmup)", 0.0, 10.0);
+  s.add("optimizer.min_lr", &o.min_lr, "learning rate at the end of the cosine decay", 0.0, 10.0);
+  s.add("optimizer.warmup_steps", &o.warmup_steps, "linear warmup steps", 0);
+  s.add("optimizer.beta1", &o.adamw.beta1, "AdamW beta1", 0.0, 0.999999);
+  s.add("optimizer.beta2", &o.adamw.beta2, "AdamW beta2", 0.0, 0.999999);
+  s.add("optimizer.eps", &o.adamw.eps, "AdamW epsilon", 1e-30, 1.0);
+  s.add("optimizer.weight_decay", &o.adamw.weight_decay, "decoupled weight decay", 0.0, 10.0);
+  s.add("optimizer.decay_embeddings", &o.adamw.decay_embeddings, "apply weight decay to embeddings and lm_head");
+  s.add("optimizer.decay_norms", &o.adamw.decay_norms, "apply weight decay to norm weights");
+  s.add("optimizer.clip", &o.clip, "global gradient-norm clipping threshold (0: off)", 0.0, 1e9);
+
+  auto& t = cfg.train;
+  s.add("train.steps", &t.steps, "optimizer steps to train for", 1);
+  s.add("train.seed", &t.seed, "seed of the parameter initialization", 0);
+  s.add("train.log_interval", &t.log_interval, "steps between metric lines", 1);
+  s.add("train.eval_interval", &t.eval_interval, "steps between validation evaluations (0: only at the end)", 0);
+  s.add("train.eval_windows", &t.eval_windows, "validation windows evaluated (from the start of data.val)", 1);
+  s.add("train.checkpoint_interval", &t.checkpoint_interval,
+        "steps between checkpoints (0: only at the end; a multiple of log_interval)", 0);
+  s.add("train.out_dir", &t.out_dir, "run directory: config, metrics, checkpoints");
+  s.add("train.threads", &t.threads, "compute threads (0: all cores)", 0, 1024);
   return s;
+}
+
+void validate_run_config(const RunConfig& c, const std::string& source) {
+  c.model.validate(source);
+  auto need = [&](bool ok, const std::string& msg) {
+    if (!ok) fail(source + ": " + msg);
+  };
+  need(c.data.seq_len <= c.model.max_seq_len, "data.seq_len (" + std::to_string(c.data.seq_len) +
+                                                  ") exceeds model.max_seq_len (" +
+                                                  std::to_string(c.model.max_seq_len) + ")");
+  need(c.optim.min_lr <= c.optim.lr, "optimizer.min_lr must be <= optimizer.lr");
+  need(c.train.checkpoint_interval % c.train.log_interval == 0,
+       "train.checkpoint_interval must be a multiple of train.log_interval");
+  need(!c.train.out_dir.empty(), "train.out_dir must not be empty");
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -28,13 +72,20 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   auto schema = run_config_schema(cfg);
   if (!path.empty()) schema.load_toml_file(path);
   for (const auto& o : overrides) schema.apply_override(o);
-  cfg.model.validate(path.empty() ? "config" : path);
+  validate_run_config(cfg, path.empty() ? "config" : path);
   return cfg;
 }
 
+std::string run_config_to_toml(RunConfig cfg) { return run_config_schema(cfg).print(); }
+
 ModelConfig read_model_config(const std::string& path) {
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return read_hf_config_file(path);
-  return load_run_config(path).model;
+  // A run config may omit everything but [model]; only the model section is validated.
+  RunConfig cfg;
+  auto schema = run_config_schema(cfg);
+  schema.load_toml_file(path);
+  cfg.model.validate(path);
+  return cfg.model;
 }
 
 }  // namespace loco

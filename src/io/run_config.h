@@ -1,22 +1,58 @@
 #pragma once
 // The run configuration (TOML): every key is declared once in run_config.cpp with its type,
-// range and meaning.
+// range and meaning; `loco train --print-config` lists them all.
 #include <string>
+#include <vector>
 
 #include "io/config_schema.h"
 #include "model/config.h"
+#include "optim/adamw.h"
 
 namespace loco {
 
+struct DataConfig {
+  std::string train;         // LOCOTOKS file
+  std::string val;           // LOCOTOKS file ("" for none)
+  int seq_len = 256;
+  int batch_size = 8;        // windows per replica per step
+  int64_t seed = 1234;       // data order
+};
+
+struct OptimConfig {
+  AdamWConfig adamw;
+  double lr = 3e-4;          // peak
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 100;
+  double clip = 1.0;         // global-norm clipping, 0 disables
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int64_t seed = 0;          // parameter init
+  int64_t log_interval = 10;
+  int64_t eval_interval = 100;
+  int64_t eval_windows = 64;  // validation windows (from the start of data.val)
+  int64_t checkpoint_interval = 500;  // 0: only at the end
+  std::string out_dir = "runs/run";
+  int threads = 0;           // compute threads (0: all cores)
+};
+
 struct RunConfig {
   ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
 };
 
 // Binds every key of `cfg` into a schema (keep `cfg` alive while the schema is used).
 ConfigSchema run_config_schema(RunConfig& cfg);
-// Loads a TOML run config (only defaults if path is empty) and applies "key=value" overrides;
-// the model section is validated.
+// Loads a TOML run config (only defaults if path is empty), applies "key=value" overrides and
+// validates the whole configuration (errors name the key).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Cross-key checks not expressible as ranges of single keys.
+void validate_run_config(const RunConfig& cfg, const std::string& source);
+// The effective configuration as TOML (loadable by load_run_config).
+std::string run_config_to_toml(RunConfig cfg);
 // A model config from either a TOML run config or a Hugging Face config.json.
 ModelConfig read_model_config(const std::string& path);
 

@@ -72,6 +72,31 @@ Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_
   for (auto* v : {&dgate, &dup, &dact}) v->resize(n * f);
 }
 
+int64_t Workspace::floats() const {
+  int64_t total = 0;
+  auto add = [&](const std::vector<float>& v) { total += int64_t(v.size()); };
+  for (const auto& b : blocks)
+    for (const auto* v : {&b.x_in, &b.ln1, &b.rstd1, &b.q_lin, &b.k_lin, &b.v, &b.q_normed, &b.rstd_q, &b.k_normed,
+                          &b.rstd_k, &b.q, &b.k, &b.att, &b.lse, &b.x_mid, &b.ln2, &b.rstd2, &b.gate, &b.up, &b.act})
+      add(*v);
+  for (const auto* v : {&x_out, &final_ln, &rstd_f, &logits, &logits_lse, &rope_cos, &rope_sin, &dx, &dln, &dq, &dk,
+                        &dv, &dq2, &dk2, &datt, &dgate, &dup, &dact})
+    add(*v);
+  return total;
+}
+
+int64_t Workspace::floats_for(const ModelConfig& c, const StageSpec& stage_in, int batch, int seq) {
+  StageSpec stage = stage_in;
+  if (stage.last_block < 0) stage.last_block = c.num_layers;
+  const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size, h = c.num_heads;
+  int64_t per_block = 10 * n * d + 2 * n + n * h + 3 * n * f;
+  if (c.qk_norm) per_block += 2 * n * d + 2 * n * h;
+  int64_t total = per_block * (stage.last_block - stage.first_block) + n * d;
+  if (stage.head) total += n * d + n + n * c.vocab_size + n;
+  total += int64_t(seq) * (c.head_dim() / 2) * 2 + 8 * n * d + 3 * n * f;
+  return total;
+}
+
 Transformer::Transformer(const ModelConfig& config, StageSpec stage) : config_(config), layout_(config, stage) {
   config_.validate("model config");
 }

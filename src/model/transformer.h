@@ -28,6 +28,10 @@ struct Workspace {
   std::vector<float> rope_cos, rope_sin;
   // Backward scratch, shared by all blocks.
   std::vector<float> dx, dln, dq, dk, dv, dq2, dk2, datt, dgate, dup, dact;
+
+  // Floats held by this workspace, and the same count computed without allocating.
+  int64_t floats() const;
+  static int64_t floats_for(const ModelConfig& c, const StageSpec& stage, int batch, int seq);
 };
 
 class Transformer {

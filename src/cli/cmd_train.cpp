@@ -1,0 +1,113 @@
+// loco data prepare / train / plot.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "algo/trainer.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/prepare.h"
+#include "io/fs.h"
+#include "io/metrics.h"
+#include "io/run_config.h"
+
+namespace loco::cli {
+
+void add_data(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Prepare training data");
+  data->require_subcommand(1);
+  auto o = std::make_shared<PrepareOptions>();
+  auto* prep = data->add_subcommand("prepare", "Tokenize text files into LOCOTOKS train/val files");
+  prep->add_option("--input", o->inputs, "text files or directories (UTF-8, searched recursively)")->required();
+  prep->add_option("--tokenizer", o->tokenizer, "sentencepiece or bytes")
+      ->check(CLI::IsMember({"sentencepiece", "bytes"}));
+  prep->add_option("--vocab-size", o->vocab_size, "vocabulary size (default 4096 for SentencePiece, 256 for bytes)");
+  prep->add_option("--model-type", o->model_type, "SentencePiece model: bpe or unigram")
+      ->check(CLI::IsMember({"bpe", "unigram"}));
+  prep->add_option("--val-fraction", o->val_fraction, "fraction of 64-line blocks held out for validation");
+  prep->add_option("--seed", o->seed, "seed of the train/val split and tokenizer training");
+  prep->add_option("--out", o->out_dir, "output directory")->required();
+  prep->callback([o] {
+    const auto s = prepare_data(*o);
+    std::printf("%lld files, %lld bytes, %lld lines -> %lld train / %lld val tokens, vocabulary %d\n",
+                (long long)s.files, (long long)s.bytes, (long long)s.lines, (long long)s.train_tokens,
+                (long long)s.val_tokens, s.vocab_size);
+    std::printf("unigram entropy of the training tokens: %.4f nats\n", s.unigram_entropy);
+    std::printf("wrote %s/{train.tok,val.tok,tokenizer.json}\n", o->out_dir.c_str());
+  });
+}
+
+void add_train(CLI::App& app) {
+  auto o = std::make_shared<TrainOptions>();
+  auto print_config = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand("train", "Train a model (see docs/configs.md)");
+  cmd->add_option("--config", o->config_path, "TOML run config");
+  cmd->add_option("--resume", o->resume_dir, "run directory to continue from its latest checkpoint");
+  cmd->add_option("--set", o->overrides, "override a config key: --set optimizer.lr=1e-3 (repeatable)");
+  cmd->add_flag("--print-config", *print_config, "print every config key with its value and meaning, then exit");
+  cmd->add_flag("--quiet", o->quiet, "no progress output");
+  cmd->callback([o, print_config] {
+    if (*print_config) {
+      const auto cfg = load_run_config(o->config_path, o->overrides);
+      std::printf("%s", run_config_to_toml(cfg).c_str());
+      return;
+    }
+    const auto s = run_training(*o);
+    std::printf("\nsummary: %lld steps, %lld tokens, %.1f s\n", (long long)s.steps, (long long)s.tokens, s.seconds);
+    std::printf("  final train loss      %.4f nats\n", s.final_train_loss);
+    if (s.final_val_loss >= 0) std::printf("  final val loss        %.4f nats\n", s.final_val_loss);
+    std::printf("  unigram entropy       %.4f nats (training tokens)\n", s.unigram_entropy);
+    std::printf("  checkpoint            %s\n", s.checkpoint.c_str());
+    std::printf("  metrics               %s/metrics.jsonl\n", s.run_dir.c_str());
+  });
+}
+
+void add_plot(CLI::App& app) {
+  struct Args {
+    std::vector<std::string> runs;
+    std::string out;
+    std::string x = "tokens";
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("plot", "Plot train/val loss curves of one or more runs (PNG or SVG, gnuplot)");
+  cmd->add_option("runs", a->runs, "run directories")->required();
+  cmd->add_option("--out", a->out, "output file, .png or .svg (default: RUN/loss.png)");
+  cmd->add_option("--x", a->x, "x axis: tokens, step or time")->check(CLI::IsMember({"tokens", "step", "time"}));
+  cmd->callback([a] {
+    const std::string out = a->out.empty() ? a->runs[0] + "/loss.png" : a->out;
+    const bool svg = out.size() > 4 && out.substr(out.size() - 4) == ".svg";
+    const std::string tmp = std::filesystem::temp_directory_path().string() + "/loco-plot-" +
+                            std::to_string(::getpid());
+    make_dirs(tmp);
+    std::string script = std::string("set terminal ") + (svg ? "svg size 900,540" : "pngcairo size 900,540") +
+                         "\nset output '" + out + "'\nset xlabel '" + a->x +
+                         "'\nset ylabel 'loss (nats)'\nset grid\nset key top right\nplot ";
+    bool first = true;
+    for (size_t i = 0; i < a->runs.size(); ++i) {
+      const auto recs = read_metrics(a->runs[i] + "/metrics.jsonl");
+      std::string train, val;
+      for (const auto& r : recs) {
+        const double x = r.value(a->x, 0.0);
+        train += std::to_string(x) + " " + std::to_string(r.value("train_loss", 0.0)) + "\n";
+        if (r.contains("val_loss")) val += std::to_string(x) + " " + std::to_string(r["val_loss"].get<double>()) + "\n";
+      }
+      const std::string name = std::filesystem::path(a->runs[i]).filename().string();
+      const std::string tf = tmp + "/train" + std::to_string(i), vf = tmp + "/val" + std::to_string(i);
+      write_file_atomic(tf, train);
+      write_file_atomic(vf, val);
+      script += std::string(first ? "" : ", ") + "'" + tf + "' with lines lw 1 lc " + std::to_string(i + 1) +
+                " title '" + name + " train'";
+      if (!val.empty())
+        script += ", '" + vf + "' with linespoints lw 2 pt 7 lc " + std::to_string(i + 1) + " title '" + name + " val'";
+      first = false;
+    }
+    write_file_atomic(tmp + "/plot.gp", script + "\n");
+    const int rc = std::system(("gnuplot '" + tmp + "/plot.gp' 2> '" + tmp + "/err'").c_str());
+    std::string err = file_exists(tmp + "/err") ? read_file(tmp + "/err") : "";
+    std::filesystem::remove_all(tmp);
+    if (rc != 0) fail("gnuplot failed (is gnuplot installed? apt-get install gnuplot-nox): " + err.substr(0, 200));
+    std::printf("wrote %s\n", out.c_str());
+  });
+}
+
+}  // namespace loco::cli

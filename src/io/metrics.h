@@ -1,0 +1,30 @@
+#pragma once
+// Metrics as JSON Lines (docs/metrics.md): one object per logged step, appended and flushed
+// as training goes, so a run can be plotted while it runs.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace loco {
+
+class MetricsLog {
+ public:
+  // Opens `path` for appending. keep_up_to_step < 0 starts a new file; otherwise records with a
+  // step above it (written after the checkpoint a run resumes from) are dropped first.
+  MetricsLog(const std::string& path, int64_t keep_up_to_step);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void write(const nlohmann::json& record);
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+// Every record of a metrics file (fails naming the file and line on malformed JSON).
+std::vector<nlohmann::json> read_metrics(const std::string& path);
+
+}  // namespace loco
