@@ -6,6 +6,7 @@ loco_packages() {
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev ;;
     test) echo python3 python3-numpy python3-torch ;;
     demo) echo gnuplot-nox ;;
+    plot) echo gnuplot-nox ;;
     corpus) echo python3 ;;
     npm) echo npm ;;
     kjv) echo bible-kjv ;;

@@ -57,6 +57,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   const bool resuming = !opt.resume_dir.empty();
   if (resuming && !opt.config_path.empty()) fail("give either --config or --resume, not both");
   if (!resuming && opt.config_path.empty()) fail("--config is required (or --resume RUN_DIR)");
+  if (opt.until < 0) fail("--until must be >= 1");
   const std::string config_path = resuming ? opt.resume_dir + "/config.toml" : opt.config_path;
   if (resuming && !file_exists(config_path)) fail(opt.resume_dir + ": not a run directory (no config.toml)");
   RunConfig cfg = load_run_config(config_path, opt.overrides);
@@ -182,13 +183,18 @@ TrainSummary run_training(const TrainOptions& opt) {
       loss_sum = 0;
       loss_count = 0;
     }
-    if (last || (cfg.train.checkpoint_interval > 0 && done % cfg.train.checkpoint_interval == 0))
+    const bool pause = done == opt.until;
+    if (last || pause || (cfg.train.checkpoint_interval > 0 && done % cfg.train.checkpoint_interval == 0))
       sum.checkpoint = save(done, elapsed());
+    if (pause) {
+      progress.note("stopped after step " + std::to_string(done) + " (--until); continue with --resume " + run_dir);
+      break;
+    }
   }
   progress.finish();
   if (sum.checkpoint.empty()) sum.checkpoint = latest_checkpoint(run_dir);
-  sum.steps = cfg.train.steps;
-  sum.tokens = cfg.train.steps * tokens_per_step;
+  sum.steps = opt.until > 0 ? std::min(opt.until, cfg.train.steps) : cfg.train.steps;
+  sum.tokens = sum.steps * tokens_per_step;
   sum.final_train_loss = last_loss;
   sum.seconds = elapsed();
   return sum;

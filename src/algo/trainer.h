@@ -12,6 +12,7 @@ struct TrainOptions {
   std::string config_path;             // TOML run config (fresh run)
   std::string resume_dir;              // run directory to resume (uses its config.toml)
   std::vector<std::string> overrides;  // --set key=value
+  int64_t until = 0;                   // stop (with a checkpoint) after this step; 0: train.steps
   bool quiet = false;
 };
 

@@ -72,14 +72,7 @@ void add_init(CLI::App& app) {
   cmd->add_option("--out", args->out, "output checkpoint directory")->required();
   cmd->add_option("--set", args->overrides, "override a config key, e.g. --set model.num_layers=4");
   cmd->callback([args] {
-    ModelConfig mc;
-    if (!args->overrides.empty()) {
-      if (args->config.size() >= 5 && args->config.compare(args->config.size() - 5, 5, ".json") == 0)
-        fail("--set applies to TOML configs only");
-      mc = load_run_config(args->config, args->overrides).model;
-    } else {
-      mc = read_model_config(args->config);
-    }
+    const ModelConfig mc = read_model_config(args->config, args->overrides);
     Transformer model(mc);
     std::vector<float> params(size_t(model.layout().size()));
     model.init_params(params.data(), args->seed);

@@ -45,6 +45,7 @@ void add_train(CLI::App& app) {
   cmd->add_option("--resume", o->resume_dir, "run directory to continue from its latest checkpoint");
   cmd->add_option("--set", o->overrides, "override a config key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_flag("--print-config", *print_config, "print every config key with its value and meaning, then exit");
+  cmd->add_option("--until", o->until, "stop after this step with a checkpoint (continue with --resume)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->callback([o, print_config] {
     if (*print_config) {

@@ -78,12 +78,15 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 
 std::string run_config_to_toml(RunConfig cfg) { return run_config_schema(cfg).print(); }
 
-ModelConfig read_model_config(const std::string& path) {
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return read_hf_config_file(path);
-  // A run config may omit everything but [model]; only the model section is validated.
+ModelConfig read_model_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    if (!overrides.empty()) fail("--set applies to TOML configs only");
+    return read_hf_config_file(path);
+  }
   RunConfig cfg;
   auto schema = run_config_schema(cfg);
   schema.load_toml_file(path);
+  for (const auto& o : overrides) schema.apply_override(o);
   cfg.model.validate(path);
   return cfg.model;
 }

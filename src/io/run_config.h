@@ -53,7 +53,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 void validate_run_config(const RunConfig& cfg, const std::string& source);
 // The effective configuration as TOML (loadable by load_run_config).
 std::string run_config_to_toml(RunConfig cfg);
-// A model config from either a TOML run config or a Hugging Face config.json.
-ModelConfig read_model_config(const std::string& path);
+// A model config from either a TOML run config (with optional "key=value" overrides; only the
+// model section is validated) or a Hugging Face config.json.
+ModelConfig read_model_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 }  // namespace loco

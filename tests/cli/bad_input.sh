@@ -89,5 +89,21 @@ expect_error "bad magic" "$loco" eval --checkpoint good --data magic.bin --seq-l
 expect_error "need 1601" "$loco" eval --checkpoint good --data toks.bin --seq-len 16 --windows 100
 expect_error "exceeds model.max_seq_len" "$loco" eval --checkpoint good --data toks.bin --seq-len 64 --windows 2
 
+# Training configs: every error names the key.
+printf '[data]\ntrain = "toks.bin"\nseq_len = 16\n[train]\nout_dir = "r"\nsteps = 2\n' > train.toml
+cat good.toml >> train.toml
+expect_error "data.seq_len (64) exceeds model.max_seq_len (32)" "$loco" train --config train.toml --set data.seq_len=64
+expect_error "optimizer.lr must be a number" "$loco" train --config train.toml --set 'optimizer.lr="fast"'
+expect_error "optimizer.lr must be in" "$loco" train --config train.toml --set optimizer.lr=-1
+expect_error "unknown key train.stepz" "$loco" train --config train.toml --set train.stepz=3
+expect_error "train.checkpoint_interval must be a multiple of train.log_interval" \
+  "$loco" train --config train.toml --set train.checkpoint_interval=15
+expect_error "data.batch_size must be in" "$loco" train --config train.toml --set data.batch_size=0
+expect_error "--set optimizer.lr: expected key=value" "$loco" train --config train.toml --set optimizer.lr
+expect_error "data.train is not set" "$loco" train --config train.toml --set data.train=
+expect_error "give either --config or --resume" "$loco" train --config train.toml --resume r
+expect_error "not a run directory" "$loco" train --resume nowhere
+expect_error "exceeds model.vocab_size" "$loco" train --config train.toml --set data.train=big_vocab.bin
+
 if [ $failures -ne 0 ]; then echo "bad_input: $failures FAILED"; exit 1; fi
 echo "bad_input: OK"

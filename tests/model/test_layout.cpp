@@ -207,3 +207,13 @@ TEST(Determinism, ForwardBackwardIsBitwiseRepeatable) {
   };
   EXPECT_EQ(run(), run());
 }
+
+TEST(Workspace, SizeFormulaMatchesAllocation) {
+  for (bool qk : {false, true})
+    for (bool head : {false, true}) {
+      const auto c = tiny(false, qk);
+      const StageSpec st{1, 3, !head, head};
+      Workspace ws(c, st, 3, 7);
+      EXPECT_EQ(ws.floats(), Workspace::floats_for(c, st, 3, 7));
+    }
+}
