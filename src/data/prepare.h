@@ -1,0 +1,35 @@
+#pragma once
+// `loco data prepare`: text files in, LOCOTOKS train/val files and a tokenizer out.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loco {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files or directories (searched recursively)
+  std::string tokenizer = "sentencepiece";  // or "bytes"
+  int vocab_size = 0;  // 0: 4096 for SentencePiece, 256 for bytes
+  std::string model_type = "bpe";  // SentencePiece: bpe or unigram
+  double val_fraction = 0.05;
+  int block_lines = 64;  // the split assigns whole blocks of consecutive lines
+  uint64_t seed = 0;
+  std::string out_dir;
+};
+
+struct PrepareSummary {
+  int64_t files = 0, bytes = 0, lines = 0;
+  int64_t train_tokens = 0, val_tokens = 0;
+  int vocab_size = 0;
+  double unigram_entropy = 0;  // nats per token, of the training tokens
+};
+
+PrepareSummary prepare_data(const PrepareOptions& options);
+
+// Files named by `inputs`, directories expanded recursively, in sorted order.
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
+
+// Entropy (nats) of the unigram distribution of the tokens.
+double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size);
+
+}  // namespace loco
