@@ -3,7 +3,8 @@
 loco_packages() {
   case $1 in
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
-                libtomlplusplus-dev libgtest-dev libsentencepiece-dev ;;
+                libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
+                libopenmpi-dev openmpi-bin ;;
     test) echo python3 python3-numpy python3-torch ;;
     demo) echo gnuplot-nox ;;
     plot) echo gnuplot-nox ;;

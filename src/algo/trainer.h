@@ -1,8 +1,11 @@
 #pragma once
-// `loco train`: the training loop of one replica with AdamW, evaluation, metrics and
-// resumable checkpoints.
+// `loco train`: M replicas (in-process threads, or MPI processes) each running the inner
+// training loop, combined by the configured algorithm (DDP, DiLoCo), with evaluation, metrics,
+// traffic and time accounting, and resumable checkpoints.
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "io/run_config.h"
 
@@ -13,15 +16,19 @@ struct TrainOptions {
   std::string resume_dir;              // run directory to resume (uses its config.toml)
   std::vector<std::string> overrides;  // --set key=value
   int64_t until = 0;                   // stop (with a checkpoint) after this step; 0: train.steps
+  std::string trace_path;              // Chrome trace-event JSON of all workers ("" for none)
   bool quiet = false;
 };
 
 struct TrainSummary {
-  std::string run_dir, checkpoint;
+  std::string run_dir, checkpoint, algorithm, backend;
+  int replicas = 1;
   int64_t steps = 0, tokens = 0;
   double final_train_loss = 0, final_val_loss = -1;  // -1: no validation data
   double unigram_entropy = 0;                        // nats, of the training tokens
   double seconds = 0;
+  nlohmann::json workers;  // per-worker traffic and time accounting
+  bool is_reporter = true; // false on MPI ranks other than 0
 };
 
 TrainSummary run_training(const TrainOptions& options);

@@ -46,6 +46,7 @@ void add_train(CLI::App& app) {
   cmd->add_option("--set", o->overrides, "override a config key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_flag("--print-config", *print_config, "print every config key with its value and meaning, then exit");
   cmd->add_option("--until", o->until, "stop after this step with a checkpoint (continue with --resume)");
+  cmd->add_option("--trace", o->trace_path, "write a Chrome trace-event timeline of all workers (Perfetto)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->callback([o, print_config] {
     if (*print_config) {
@@ -54,12 +55,22 @@ void add_train(CLI::App& app) {
       return;
     }
     const auto s = run_training(*o);
-    std::printf("\nsummary: %lld steps, %lld tokens, %.1f s\n", (long long)s.steps, (long long)s.tokens, s.seconds);
+    if (!s.is_reporter) return;
+    std::printf("\nsummary: %s, %d replica(s) over %s: %lld steps, %lld tokens, %.1f s\n", s.algorithm.c_str(),
+                s.replicas, s.backend.c_str(), (long long)s.steps, (long long)s.tokens, s.seconds);
     std::printf("  final train loss      %.4f nats\n", s.final_train_loss);
     if (s.final_val_loss >= 0) std::printf("  final val loss        %.4f nats\n", s.final_val_loss);
     std::printf("  unigram entropy       %.4f nats (training tokens)\n", s.unigram_entropy);
     std::printf("  checkpoint            %s\n", s.checkpoint.c_str());
-    std::printf("  metrics               %s/metrics.jsonl\n", s.run_dir.c_str());
+    std::printf("  metrics               %s/metrics.jsonl, %s/summary.json\n", s.run_dir.c_str(), s.run_dir.c_str());
+    std::printf("  %-6s %12s %12s %9s %14s %10s %10s %6s\n", "worker", "sent", "received", "messages", "peak send/s",
+                "compute s", "wait s", "CU");
+    for (const auto& w : s.workers)
+      std::printf("  %-6d %12.4g %12.4g %9lld %14.4g %10.2f %10.2f %5.1f%%\n", w["rank"].get<int>(),
+                  w["bytes_sent"].get<double>(), w["bytes_received"].get<double>(),
+                  (long long)w["messages_sent"].get<int64_t>(), w["peak_send_bytes_per_s"].get<double>(),
+                  w["compute_s"].get<double>(), w["comm_wait_s"].get<double>(),
+                  100 * w["compute_utilization"].get<double>());
   });
 }
 

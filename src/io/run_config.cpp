@@ -1,11 +1,14 @@
 #include "io/run_config.h"
 
+#include "comm/link.h"
 #include "core/error.h"
 
 namespace loco {
 
 ConfigSchema run_config_schema(RunConfig& cfg) {
   ConfigSchema s;
+  s.add("algorithm", &cfg.algorithm, "training method: ddp (gradient all-reduce every step) or diloco",
+        {"ddp", "diloco"});
   auto& m = cfg.model;
   s.add("model.vocab_size", &m.vocab_size, "vocabulary size V (must cover the data's token ids)", 2);
   s.add("model.hidden_size", &m.hidden_size, "model width d", 2);
@@ -49,7 +52,25 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("train.checkpoint_interval", &t.checkpoint_interval,
         "steps between checkpoints (0: only at the end; a multiple of log_interval)", 0);
   s.add("train.out_dir", &t.out_dir, "run directory: config, metrics, checkpoints");
-  s.add("train.threads", &t.threads, "compute threads (0: all cores)", 0, 1024);
+  s.add("train.threads", &t.threads, "compute threads per worker (0: cores / workers on this host)", 0, 1024);
+
+  auto& dc = cfg.distributed;
+  s.add("distributed.replicas", &dc.replicas, "data-parallel replicas M (in-process workers; MPI: the world size)", 1,
+        4096);
+  s.add("distributed.backend", &dc.backend, "transport: auto (mpi under mpirun, else inprocess), inprocess, mpi",
+        {"auto", "inprocess", "mpi"});
+
+  auto& n = cfg.network;
+  s.add("network.bandwidth", &n.bandwidth, "emulated outgoing link per worker, e.g. \"100Mbit\" (\"inf\": none)");
+  s.add("network.latency", &n.latency, "emulated one-way latency, e.g. \"30ms\"");
+  s.add("network.timeout", &n.timeout, "longest wait on a peer before the run fails, e.g. \"60s\"");
+  s.add("network.peak_window", &n.peak_window, "window over which the peak send rate is measured");
+
+  auto& o2 = cfg.outer;
+  s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco)", 1);
+  s.add("outer.lr", &o2.lr, "outer learning rate eta (diloco)", 0.0, 10.0);
+  s.add("outer.momentum", &o2.momentum, "outer momentum mu (diloco)", 0.0, 0.999999);
+  s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco; else heavy ball)");
   return s;
 }
 
@@ -65,6 +86,11 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   need(c.train.checkpoint_interval % c.train.log_interval == 0,
        "train.checkpoint_interval must be a multiple of train.log_interval");
   need(!c.train.out_dir.empty(), "train.out_dir must not be empty");
+  parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
+  parse_duration(c.network.latency, source + ": network.latency");
+  need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");
+  need(parse_duration(c.network.peak_window, source + ": network.peak_window") > 0,
+       "network.peak_window must be > 0");
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

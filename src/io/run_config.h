@@ -37,11 +37,34 @@ struct TrainConfig {
   int threads = 0;           // compute threads (0: all cores)
 };
 
+struct DistributedConfig {
+  int replicas = 1;                 // M data-parallel replicas (workers)
+  std::string backend = "auto";     // auto (mpi when launched by mpirun), inprocess, mpi
+};
+
+struct NetworkConfig {
+  std::string bandwidth = "inf";    // per-worker outgoing link, e.g. "100Mbit"
+  std::string latency = "0ms";      // one-way latency, e.g. "30ms"
+  std::string timeout = "60s";      // longest wait on a peer before failing
+  std::string peak_window = "1s";   // window of the peak send rate
+};
+
+struct OuterConfig {
+  int64_t inner_steps = 100;        // H: inner steps per outer round
+  double lr = 0.7;                  // eta
+  double momentum = 0.9;            // mu
+  bool nesterov = true;
+};
+
 struct RunConfig {
+  std::string algorithm = "ddp";    // ddp, diloco
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;
+  DistributedConfig distributed;
+  NetworkConfig network;
+  OuterConfig outer;
 };
 
 // Binds every key of `cfg` into a schema (keep `cfg` alive while the schema is used).

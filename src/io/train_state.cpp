@@ -12,6 +12,14 @@ namespace loco {
 
 namespace fs = std::filesystem;
 
+namespace {
+std::string step_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", (long long)step);
+  return name;
+}
+}  // namespace
+
 int64_t TrainingState::get_int(const std::string& key) const {
   auto it = meta.find(key);
   if (it == meta.end()) fail("training state: missing \"" + key + "\"");
@@ -35,25 +43,51 @@ double TrainingState::get_double(const std::string& key) const {
   }
 }
 
-std::string write_training_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
-                                      const ParamLayout& layout, const float* params, const TrainingState& state) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", (long long)step);
-  const std::string root = run_dir + "/checkpoints";
-  const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
+void TrainingState::take(const std::string& name, std::vector<float>& out) const {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) fail("training state: missing tensor \"" + name + "\"");
+  if (it->second.size() != out.size())
+    fail("training state: tensor \"" + name + "\" has " + std::to_string(it->second.size()) + " values, expected " +
+         std::to_string(out.size()));
+  out = it->second;
+}
+
+std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
+  const std::string tmp = run_dir + "/checkpoints/" + step_name(step) + ".tmp";
   std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  make_dirs(tmp_dir);
-  save_model_checkpoint(tmp_dir, config, layout, params);
+  fs::remove_all(tmp, ec);
+  make_dirs(tmp);
+  return tmp;
+}
+
+void write_state_file(const std::string& path, const TrainingState& state) {
   std::vector<TensorRef> refs;
   for (const auto& [k, v] : state.tensors) refs.push_back({k, {int64_t(v.size())}, v.data()});
   auto meta = state.meta;
   meta["loco.format"] = "training-state-1";
-  write_safetensors(tmp_dir + "/state.safetensors", refs, meta);
+  write_safetensors(path, refs, meta);
+}
+
+TrainingState read_state_file(const std::string& path) {
+  SafetensorsReader r(path);
+  TrainingState st;
+  st.meta = r.metadata();
+  if (st.meta["loco.format"] != "training-state-1") fail(path + ": not a loco training state");
+  for (const auto& name : r.names()) st.tensors[name] = r.read_f32(name, r.shape(name));
+  return st;
+}
+
+std::string commit_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
+                              const ParamLayout& layout, const float* eval_params, const TrainingState& run_state) {
+  const std::string root = run_dir + "/checkpoints", name = step_name(step);
+  const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
+  save_model_checkpoint(tmp_dir, config, layout, eval_params);
+  write_state_file(tmp_dir + "/state.safetensors", run_state);
+  std::error_code ec;
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) fail(final_dir + ": cannot rename checkpoint into place: " + ec.message());
-  write_file_atomic(root + "/latest", std::string(name) + "\n");
+  write_file_atomic(root + "/latest", name + "\n");
   return final_dir;
 }
 
@@ -68,16 +102,8 @@ std::string latest_checkpoint(const std::string& run_dir) {
   return dir;
 }
 
-TrainingState read_training_state(const std::string& dir) {
-  SafetensorsReader r(dir + "/state.safetensors");
-  TrainingState st;
-  st.meta = r.metadata();
-  if (st.meta["loco.format"] != "training-state-1") fail(r.path() + ": not a loco training state");
-  for (const auto& name : r.names()) {
-    const auto& shape = r.shape(name);
-    st.tensors[name] = r.read_f32(name, shape);
-  }
-  return st;
+std::string replica_state_path(const std::string& checkpoint_dir, int replica) {
+  return checkpoint_dir + "/replica-" + std::to_string(replica) + ".safetensors";
 }
 
 }  // namespace loco

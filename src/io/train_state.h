@@ -1,10 +1,14 @@
 #pragma once
-// Training checkpoints: RUN/checkpoints/step_NNNNNNNN/ holds the model (config.json +
-// model.safetensors, loadable by PyTorch as is) and state.safetensors: named float tensors
-// (optimizer moments, outer parameters, ...) plus string metadata (step, data position, ...).
-// A checkpoint is written into step_NNNNNNNN.tmp/ and renamed into place, then
-// RUN/checkpoints/latest is replaced atomically: a kill at any moment leaves the previous
-// checkpoint intact and `latest` pointing to a complete one.
+// Training checkpoints: RUN/checkpoints/step_NNNNNNNN/ holds
+//   config.json + model.safetensors   the evaluation parameters (loadable by PyTorch as is)
+//   state.safetensors                 run-level state (step, elapsed time, ...)
+//   replica-R.safetensors             each replica's own state: inner parameters where they
+//                                     differ from the model, optimizer moments, data position,
+//                                     algorithm state
+// Each file is named float tensors plus string metadata. A checkpoint is written into
+// step_NNNNNNNN.tmp/ and renamed into place, then RUN/checkpoints/latest is replaced
+// atomically: a kill at any moment leaves the previous checkpoint intact and `latest` pointing
+// to a complete one. With MPI on several hosts, RUN must be on a shared file system.
 #include <map>
 #include <string>
 #include <vector>
@@ -19,13 +23,19 @@ struct TrainingState {
   std::map<std::string, std::string> meta;
   int64_t get_int(const std::string& key) const;
   double get_double(const std::string& key) const;
+  // Copies tensor `name` into `out`, failing if it is missing or of another size.
+  void take(const std::string& name, std::vector<float>& out) const;
 };
 
-// Writes the checkpoint of `step` and returns its directory.
-std::string write_training_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
-                                      const ParamLayout& layout, const float* params, const TrainingState& state);
+// Fresh temporary directory for the checkpoint of `step` (removes a stale one).
+std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+void write_state_file(const std::string& path, const TrainingState& state);
+TrainingState read_state_file(const std::string& path);
+// Writes the model files into the temporary directory, renames it into place, updates latest.
+std::string commit_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
+                              const ParamLayout& layout, const float* eval_params, const TrainingState& run_state);
 // Directory of the newest complete checkpoint of a run (fails if there is none).
 std::string latest_checkpoint(const std::string& run_dir);
-TrainingState read_training_state(const std::string& checkpoint_dir);
+std::string replica_state_path(const std::string& checkpoint_dir, int replica);
 
 }  // namespace loco

@@ -44,8 +44,8 @@ def load(p):
 a, b = load(sys.argv[1]), load(sys.argv[2])
 assert a == b, "training states differ"
 PY
-# The metrics after resuming are those of the uninterrupted run (time excepted).
-strip_time() { $py -c "import json,sys; [print(json.dumps({k: v for k, v in json.loads(l).items() if k != 'time'})) for l in open(sys.argv[1])]" "$1"; }
+# The metrics after resuming are those of the uninterrupted run (timings excepted).
+strip_time() { $py -c "import json,sys; [print(json.dumps({k: v for k, v in json.loads(l).items() if k not in ('time', 'comm_wait')})) for l in open(sys.argv[1])]" "$1"; }
 diff <(strip_time full/metrics.jsonl) <(strip_time split/metrics.jsonl)
 
 # A truncated file in the latest checkpoint is reported, not loaded.

@@ -1,0 +1,45 @@
+#pragma once
+// A training method as hooks around the inner step of every worker:
+//   forward/backward -> on_gradients -> clip + AdamW step -> after_step
+// The loop (trainer.cpp) owns the data, the model and the inner optimizer; an algorithm only
+// decides what crosses the network and how parameters are combined.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "algo/worker.h"
+#include "io/train_state.h"
+
+namespace loco {
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  // Once before the first step, after parameters are initialized or restored.
+  virtual void start(Worker& w, bool resumed) {}
+  // After backward, before clipping and the optimizer step (DDP averages gradients here).
+  virtual void on_gradients(Worker& w) {}
+  // After the optimizer step; `done` steps are complete, `last` is the final step.
+  virtual void after_step(Worker& w, int64_t done, bool last) {}
+  // Parameters to evaluate and to save as the model (identical on every worker).
+  virtual const std::vector<float>& eval_params(const Worker& w) const { return w.params; }
+  // This worker's algorithm state for checkpoints.
+  virtual void save_state(TrainingState& st) const {}
+  virtual void load_state(const TrainingState& st) {}
+};
+
+std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w);
+
+// Data-parallel baseline: gradients averaged with an all-reduce every step.
+std::unique_ptr<Algorithm> make_ddp();
+// DiLoCo: every H inner steps, outer gradients averaged and a Nesterov outer step.
+std::unique_ptr<Algorithm> make_diloco(const OuterConfig& outer, size_t num_params);
+
+// The outer optimizer (SGD with momentum, PyTorch convention) given the average of the
+// replicas' parameters: delta = theta - avg (the averaged outer gradient, old minus new);
+// v = mu v + delta; theta -= lr d with d = delta + mu v (Nesterov) or v. Written as
+// theta = avg + (delta - lr d), which is the same update and exactly avg for lr = 1, mu = 0
+// (so DiLoCo with one replica and plain averaging reproduces ordinary training bit for bit).
+void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer);
+
+}  // namespace loco

@@ -1,0 +1,240 @@
+#include "comm/communicator.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace loco {
+
+struct Communicator::Handle::State {
+  std::string label;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options,
+                           std::shared_ptr<TraceRecorder> trace)
+    : transport_(std::move(transport)),
+      options_(options),
+      trace_(trace ? std::move(trace) : std::make_shared<TraceRecorder>(false)),
+      rank_(transport_->rank()),
+      size_(transport_->size()),
+      traffic_(options.peak_window_s) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Communicator::Handle Communicator::enqueue(const std::string& label, std::function<void()> body) {
+  Handle h;
+  h.state_ = std::make_shared<Handle::State>();
+  h.state_->label = label;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(h.state_, std::move(body));
+  }
+  cv_.notify_all();
+  return h;
+}
+
+void Communicator::loop() {
+  for (;;) {
+    std::pair<std::shared_ptr<Handle::State>, std::function<void()>> item;
+    std::exception_ptr failed;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      failed = failed_;
+    }
+    std::exception_ptr error = failed;
+    if (!error) {
+      const double t0 = clock().now();
+      try {
+        item.second();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      trace_->span(item.first->label, "communication", rank_, 1, t0, clock().now());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      item.first->done = true;
+      item.first->error = error;
+      if (error && !failed_) failed_ = error;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void Communicator::wait(Handle& h) {
+  check(h.valid(), "internal: wait on an empty communication handle");
+  const double t0 = clock().now();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Bounded: every operation's receives time out by themselves (network.timeout).
+    done_cv_.wait(lock, [&] { return h.state_->done; });
+  }
+  const double t1 = clock().now();
+  wait_seconds_ += t1 - t0;
+  if (t1 > t0) trace_->span("wait " + h.state_->label, "wait", rank_, 0, t0, t1);
+  auto err = h.state_->error;
+  h.state_.reset();
+  if (err) std::rethrow_exception(err);
+}
+
+bool Communicator::done(const Handle& h) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return h.state_ && h.state_->done;
+}
+
+void Communicator::send_msg(const std::string& op, int peer, std::string msg) {
+  const int64_t bytes = int64_t(msg.size());
+  const SendTiming t = transport_->send(peer, std::move(msg));
+  traffic_.record_send(op, bytes, t.start, t.end);
+}
+
+std::string Communicator::recv_msg(const std::string& op, int peer) {
+  std::string msg = transport_->recv(peer, options_.timeout_s);
+  traffic_.record_recv(op, int64_t(msg.size()));
+  return msg;
+}
+
+void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label) {
+  const int M = size_;
+  if (M == 1) return;
+  auto begin = [&](int c) { return n * c / M; };
+  auto chunk_bytes = [&](int c) { return size_t(begin(c + 1) - begin(c)) * sizeof(float); };
+  const int right = (rank_ + 1) % M, left = (rank_ + M - 1) % M;
+  // Reduce-scatter: after M-1 steps this worker holds the full sum of chunk (rank+1) mod M.
+  for (int s = 0; s < M - 1; ++s) {
+    const int send_c = (rank_ - s + 2 * M) % M, recv_c = (rank_ - s - 1 + 2 * M) % M;
+    send_msg(label, right, std::string(reinterpret_cast<const char*>(data + begin(send_c)), chunk_bytes(send_c)));
+    const std::string in = recv_msg(label, left);
+    if (in.size() != chunk_bytes(recv_c))
+      fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
+           std::to_string(chunk_bytes(recv_c)) + " (mismatched buffers across workers)");
+    float* dst = data + begin(recv_c);
+    const int64_t len = begin(recv_c + 1) - begin(recv_c);
+    std::vector<float> partial(static_cast<size_t>(len));
+    std::memcpy(partial.data(), in.data(), in.size());
+    for (int64_t i = 0; i < len; ++i) dst[i] = partial[size_t(i)] + dst[i];
+  }
+  const int owned = (rank_ + 1) % M;
+  if (op == ReduceOp::Mean) {
+    const float m = float(M);
+    for (int64_t i = begin(owned); i < begin(owned + 1); ++i) data[i] /= m;
+  }
+  // All-gather the reduced chunks.
+  for (int s = 0; s < M - 1; ++s) {
+    const int send_c = (rank_ + 1 - s + 2 * M) % M, recv_c = (rank_ - s + 2 * M) % M;
+    send_msg(label, right, std::string(reinterpret_cast<const char*>(data + begin(send_c)), chunk_bytes(send_c)));
+    const std::string in = recv_msg(label, left);
+    if (in.size() != chunk_bytes(recv_c)) fail("all_reduce: mismatched chunk from worker " + std::to_string(left));
+    std::memcpy(data + begin(recv_c), in.data(), in.size());
+  }
+}
+
+void Communicator::ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label) {
+  const int M = size_;
+  out->assign(size_t(M), std::string());
+  (*out)[size_t(rank_)] = std::move(payload);
+  const int right = (rank_ + 1) % M, left = (rank_ + M - 1) % M;
+  for (int s = 0; s < M - 1; ++s) {
+    const int send_i = (rank_ - s + 2 * M) % M, recv_i = (rank_ - s - 1 + 2 * M) % M;
+    send_msg(label, right, (*out)[size_t(send_i)]);
+    (*out)[size_t(recv_i)] = recv_msg(label, left);
+  }
+}
+
+Communicator::Handle Communicator::all_reduce_start(float* data, int64_t n, ReduceOp op, const std::string& label) {
+  return enqueue(label, [=, this] { ring_all_reduce(data, n, op, label); });
+}
+
+Communicator::Handle Communicator::all_gather_start(std::string payload, std::vector<std::string>* out,
+                                                    const std::string& label) {
+  return enqueue(label, [this, p = std::move(payload), out, label]() mutable { ring_all_gather(std::move(p), out, label); });
+}
+
+Communicator::Handle Communicator::broadcast_start(std::string* data, int root, const std::string& label) {
+  check(root >= 0 && root < size_, "broadcast: root out of range");
+  return enqueue(label, [=, this] {
+    if (rank_ == root) {
+      for (int p = 0; p < size_; ++p)
+        if (p != root) send_msg(label, p, *data);
+    } else {
+      *data = recv_msg(label, root);
+    }
+  });
+}
+
+Communicator::Handle Communicator::send_start(int peer, std::string payload, const std::string& label) {
+  check(peer >= 0 && peer < size_ && peer != rank_, "send: invalid peer " + std::to_string(peer));
+  return enqueue(label, [this, peer, p = std::move(payload), label]() mutable { send_msg(label, peer, std::move(p)); });
+}
+
+Communicator::Handle Communicator::recv_start(int peer, std::string* out, const std::string& label) {
+  check(peer >= 0 && peer < size_ && peer != rank_, "recv: invalid peer " + std::to_string(peer));
+  return enqueue(label, [=, this] { *out = recv_msg(label, peer); });
+}
+
+Communicator::Handle Communicator::exchange_start(int peer, std::string payload, std::string* out,
+                                                  const std::string& label) {
+  check(peer >= 0 && peer < size_ && peer != rank_, "exchange: invalid peer " + std::to_string(peer));
+  return enqueue(label, [this, peer, p = std::move(payload), out, label]() mutable {
+    send_msg(label, peer, std::move(p));
+    *out = recv_msg(label, peer);
+  });
+}
+
+Communicator::Handle Communicator::barrier_start() {
+  auto out = std::make_shared<std::vector<std::string>>();
+  return enqueue("barrier", [this, out] { ring_all_gather(std::string(), out.get(), "barrier"); });
+}
+
+void Communicator::all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label) {
+  auto h = all_reduce_start(data, n, op, label);
+  wait(h);
+}
+
+std::vector<std::string> Communicator::all_gather(std::string payload, const std::string& label) {
+  std::vector<std::string> out;
+  auto h = all_gather_start(std::move(payload), &out, label);
+  wait(h);
+  return out;
+}
+
+void Communicator::barrier() {
+  auto h = barrier_start();
+  wait(h);
+}
+
+std::vector<double> Communicator::sum_doubles(const std::vector<double>& values, const std::string& label) {
+  const size_t bytes = values.size() * sizeof(double);
+  std::string payload(bytes, '\0');
+  std::memcpy(payload.data(), values.data(), bytes);
+  const auto all = all_gather(std::move(payload), label);
+  std::vector<double> sum(values.size(), 0.0);
+  for (const auto& p : all) {
+    if (p.size() != bytes) fail(label + ": mismatched value counts across workers");
+    for (size_t i = 0; i < values.size(); ++i) {
+      double v;
+      std::memcpy(&v, p.data() + i * sizeof(double), sizeof(double));
+      sum[i] += v;
+    }
+  }
+  return sum;
+}
+
+void Communicator::abort(const std::string& reason) { transport_->abort(reason); }
+
+}  // namespace loco

@@ -1,0 +1,107 @@
+#pragma once
+// Collectives and point-to-point operations of one worker, executed in issue order by a
+// background communication thread so that they overlap with compute: *_start() returns at
+// once, wait() blocks until the operation is done. Every worker must issue the same
+// collectives in the same order. Built on Transport messages only:
+//  - all_reduce: ring reduce-scatter + all-gather; each chunk is summed in the fixed ring order
+//    (x_c + x_{c+1}) + ... so results are deterministic and identical on every backend, and
+//    each worker sends 2 (M-1)/M of the buffer;
+//  - all_gather (variable-size payloads): ring, M-1 messages per worker;
+//  - broadcast: the root sends to every other worker;
+//  - send / recv / exchange (paired send+recv with one peer); barrier.
+// Every wait on a peer is bounded by the transport's timeout; a failed operation fails every
+// later one with the same error.
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/stats.h"
+#include "comm/transport.h"
+
+namespace loco {
+
+enum class ReduceOp { Sum, Mean };
+
+struct CommOptions {
+  double timeout_s = 60;
+  double peak_window_s = 1;
+};
+
+class Communicator {
+ public:
+  class Handle {
+   public:
+    Handle() = default;
+    bool valid() const { return state_ != nullptr; }
+
+   private:
+    friend class Communicator;
+    struct State;
+    std::shared_ptr<State> state_;
+  };
+
+  Communicator(std::unique_ptr<Transport> transport, CommOptions options, std::shared_ptr<TraceRecorder> trace);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Clock& clock() const { return transport_->clock(); }
+
+  // Buffers must stay valid and untouched until wait() returns.
+  Handle all_reduce_start(float* data, int64_t n, ReduceOp op, const std::string& label = "all_reduce");
+  Handle all_gather_start(std::string payload, std::vector<std::string>* out,
+                          const std::string& label = "all_gather");
+  Handle broadcast_start(std::string* data, int root, const std::string& label = "broadcast");
+  Handle send_start(int peer, std::string payload, const std::string& label = "send");
+  Handle recv_start(int peer, std::string* out, const std::string& label = "recv");
+  Handle exchange_start(int peer, std::string payload, std::string* out, const std::string& label = "exchange");
+  Handle barrier_start();
+  // Blocks until the operation is done (time blocked is accounted as communication wait);
+  // rethrows its error.
+  void wait(Handle& h);
+  bool done(const Handle& h) const;
+
+  void all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label = "all_reduce");
+  std::vector<std::string> all_gather(std::string payload, const std::string& label = "all_gather");
+  void barrier();
+  // Sum of per-worker values, in rank order (for metrics; small).
+  std::vector<double> sum_doubles(const std::vector<double>& values, const std::string& label = "metrics");
+
+  // Stops every worker of the run (those blocked on this one fail with `reason`).
+  void abort(const std::string& reason);
+
+  TrafficStats& traffic() { return traffic_; }
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  Handle enqueue(const std::string& label, std::function<void()> body);
+  void loop();
+  void send_msg(const std::string& op, int peer, std::string msg);
+  std::string recv_msg(const std::string& op, int peer);
+  void ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label);
+  void ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label);
+
+  std::unique_ptr<Transport> transport_;
+  CommOptions options_;
+  std::shared_ptr<TraceRecorder> trace_;
+  int rank_, size_;
+  TrafficStats traffic_;
+  double wait_seconds_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<std::pair<std::shared_ptr<Handle::State>, std::function<void()>>> queue_;
+  std::exception_ptr failed_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace loco

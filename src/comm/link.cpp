@@ -1,0 +1,104 @@
+#include "comm/link.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace loco {
+
+namespace {
+
+class LinkTransport : public Transport {
+ public:
+  LinkTransport(std::unique_ptr<Transport> inner, LinkConfig link, std::shared_ptr<Clock> clock)
+      : inner_(std::move(inner)), link_(link), clock_(std::move(clock)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+
+  SendTiming send(int peer, std::string message) override {
+    const double now = clock_->now();
+    const double start = std::max(now, link_free_);
+    const double end = start + (link_.bandwidth_bps > 0 ? 8.0 * double(message.size()) / link_.bandwidth_bps : 0.0);
+    link_free_ = end;
+    const double arrival = end + link_.latency_s;
+    std::string framed(sizeof(double), '\0');
+    std::memcpy(framed.data(), &arrival, sizeof(double));
+    framed += message;
+    inner_->send(peer, std::move(framed));
+    return {start, end};
+  }
+
+  std::string recv(int peer, double timeout) override {
+    std::string framed = inner_->recv(peer, timeout);
+    if (framed.size() < sizeof(double)) fail("link model: malformed message from worker " + std::to_string(peer));
+    double arrival;
+    std::memcpy(&arrival, framed.data(), sizeof(double));
+    clock_->sleep_until(arrival);
+    return framed.substr(sizeof(double));
+  }
+
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  std::string name() const override { return inner_->name() + "+link"; }
+  const Clock& clock() const override { return *clock_; }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  LinkConfig link_;
+  std::shared_ptr<Clock> clock_;
+  double link_free_ = 0;
+};
+
+// Splits "12.5 Mbit/s" into 12.5 and "mbit/s" (lower case, spaces removed).
+std::pair<double, std::string> number_and_unit(const std::string& text, const std::string& key) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(char(std::tolower(static_cast<unsigned char>(c))));
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    fail(key + ": expected a number with a unit, got \"" + text + "\"");
+  }
+  if (!(v >= 0)) fail(key + ": must be >= 0, got \"" + text + "\"");
+  return {v, s.substr(used)};
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> wrap_with_link(std::unique_ptr<Transport> inner, LinkConfig link,
+                                          std::shared_ptr<Clock> clock) {
+  return std::make_unique<LinkTransport>(std::move(inner), link, std::move(clock));
+}
+
+double parse_bandwidth(const std::string& text, const std::string& key) {
+  std::string lower;
+  for (char c : text) lower.push_back(char(std::tolower(static_cast<unsigned char>(c))));
+  if (lower.empty() || lower == "inf" || lower == "unlimited") return 0;
+  auto [v, unit] = number_and_unit(text, key);
+  if (unit.size() > 2 && unit.substr(unit.size() - 2) == "/s") unit.resize(unit.size() - 2);
+  if (unit == "bps") unit = "bit";
+  const std::pair<const char*, double> units[] = {{"bit", 1},     {"kbit", 1e3}, {"mbit", 1e6},
+                                                  {"gbit", 1e9},  {"tbit", 1e12}, {"kbps", 1e3},
+                                                  {"mbps", 1e6},  {"gbps", 1e9}};
+  for (const auto& [name, scale] : units)
+    if (unit == name) {
+      if (v <= 0) fail(key + ": bandwidth must be > 0 (use \"inf\" for unlimited), got \"" + text + "\"");
+      return v * scale;
+    }
+  fail(key + ": unknown bandwidth unit in \"" + text + "\" (use bit, kbit, Mbit, Gbit, Tbit per second, or inf)");
+}
+
+double parse_duration(const std::string& text, const std::string& key) {
+  if (text.empty()) return 0;
+  auto [v, unit] = number_and_unit(text, key);
+  if (unit.empty() && v == 0) return 0;
+  const std::pair<const char*, double> units[] = {{"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"min", 60}};
+  for (const auto& [name, scale] : units)
+    if (unit == name) return v * scale;
+  fail(key + ": unknown time unit in \"" + text + "\" (use s, ms, us or min)");
+}
+
+}  // namespace loco
