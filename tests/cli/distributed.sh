@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Equivalences of the distributed runtime, through `loco train`:
+#  - DDP with M replicas == one worker with M x the batch (float tolerance);
+#  - DiLoCo with M = 1, outer lr 1, momentum 0 == plain training (bitwise);
+#  - in-process == MPI (mpirun -np 2): identical checkpoints after DiLoCo rounds (bitwise);
+#  - DiLoCo with 2 replicas resumes bit for bit;
+#  - a killed or stuck MPI worker makes the run exit non-zero with a message within the timeout.
+set -euo pipefail
+loco=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+py=/usr/bin/python3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+$py "$here/../tools/make_tokens.py" train.tok 256 20000 5
+$py "$here/../tools/make_tokens.py" val.tok 256 3000 6
+base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet)
+ck=checkpoints/step_00000012
+
+params_close() {  # params_close A B TOL: model tensors agree to TOL (max-abs-diff / max-abs)
+  $py - "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+import numpy as np
+def load(p):
+    raw = open(p, "rb").read(); (n,) = struct.unpack("<Q", raw[:8]); h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
+    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], dtype=np.float32) for k, v in h.items()}
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+worst = max(float(np.abs(a[k] - b[k]).max() / max(np.abs(b[k]).max(), 1e-12)) for k in b)
+print(f"worst relative difference {worst:.2e}")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+
+# DDP, 2 replicas x batch 2 == 1 worker x batch 4 (same windows each step).
+"$loco" train "${base[@]}" --set train.steps=12 --set data.batch_size=2 --set distributed.replicas=2 --set train.out_dir=ddp2
+"$loco" train "${base[@]}" --set train.steps=12 --set data.batch_size=4 --set train.out_dir=single4
+params_close ddp2/$ck/model.safetensors single4/$ck/model.safetensors 1e-4
+# ... and it is not trivially equal to a different run.
+"$loco" train "${base[@]}" --set train.steps=12 --set data.batch_size=4 --set data.seed=99 --set train.out_dir=other
+if params_close other/$ck/model.safetensors single4/$ck/model.safetensors 1e-4 > /dev/null; then
+  echo "FAIL: a different data order gave the same parameters"; exit 1
+fi
+
+# DiLoCo M=1, eta=1, mu=0 == plain training, bitwise.
+"$loco" train "${base[@]}" --set train.steps=12 --set algorithm=diloco --set outer.inner_steps=4 \
+  --set outer.lr=1.0 --set outer.momentum=0.0 --set train.out_dir=fedavg1
+"$loco" train "${base[@]}" --set train.steps=12 --set train.out_dir=plain1
+cmp fedavg1/$ck/model.safetensors plain1/$ck/model.safetensors
+
+# In-process == MPI, DiLoCo with 2 replicas, 3 rounds.
+dl=(--set train.steps=12 --set algorithm=diloco --set outer.inner_steps=4)
+"$loco" train "${base[@]}" "${dl[@]}" --set distributed.replicas=2 --set train.out_dir=inproc
+timeout 120 mpirun -np 2 "$loco" train "${base[@]}" "${dl[@]}" --set train.out_dir=mpi > mpi.out 2>&1 ||
+  { cat mpi.out; exit 1; }
+for f in model.safetensors replica-0.safetensors replica-1.safetensors; do cmp inproc/$ck/$f mpi/$ck/$f; done
+
+# DiLoCo with 2 replicas: pause at step 6 (mid-round) and resume == uninterrupted.
+"$loco" train "${base[@]}" "${dl[@]}" --set distributed.replicas=2 --set train.out_dir=paused --until 6
+"$loco" train --resume paused --quiet
+for f in model.safetensors replica-0.safetensors replica-1.safetensors; do cmp inproc/$ck/$f paused/$ck/$f; done
+
+# A killed MPI worker (SIGKILL) or a stuck one (SIGSTOP): the run exits non-zero with a
+# message, within the timeout (5 s) plus start-up.
+for sig in KILL STOP; do
+  rm -rf dead
+  start=$(date +%s)
+  set +e
+  timeout 60 mpirun -np 2 "$loco" train "${base[@]}" --set train.steps=100000 --set network.timeout=5s \
+    --set train.out_dir=dead --set train.checkpoint_interval=0 > dead.out 2>&1 &
+  launcher=$!
+  victim=""
+  for _ in $(seq 1 100); do
+    for p in $(pgrep -f "train.out_dir=dead" || true); do
+      if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$p; fi
+    done
+    [ -n "$victim" ] && [ -s dead/metrics.jsonl ] && break
+    sleep 0.1
+  done
+  [ -n "$victim" ] || { echo "FAIL: rank 1 not found"; kill $launcher; exit 1; }
+  kill -$sig "$victim"
+  wait $launcher
+  rc=$?
+  set -e
+  took=$(( $(date +%s) - start ))
+  [ "$sig" = STOP ] && kill -KILL "$victim" 2> /dev/null || true
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 40 ]; then
+    echo "FAIL: SIG$sig of rank 1: exit $rc after $took s"; cat dead.out; exit 1
+  fi
+  if [ "$sig" = STOP ]; then
+    grep -q "worker 1 did not answer worker 0 within 5 s" dead.out || { cat dead.out; exit 1; }
+  else
+    grep -qiE "rank 1|worker 1|signal 9|killed" dead.out || { cat dead.out; exit 1; }
+  fi
+  echo "SIG$sig of rank 1: exit $rc after $took s: $(grep -m1 -iE 'loco: error|signal|rank 1' dead.out)"
+done
+echo "distributed: OK"

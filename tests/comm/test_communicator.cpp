@@ -1,0 +1,241 @@
+// Collectives over the in-process transport: results, determinism across ranks, exact traffic
+// counts, bounded waits and abort propagation. The link model against a manual clock.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/inprocess.h"
+#include "comm/link.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+using namespace loco;
+
+namespace {
+
+// Runs fn(comm) on M in-process workers, each in its own thread; rethrows the first failure.
+void run_workers(int M, const std::function<void(Communicator&)>& fn, CommOptions opt = {}) {
+  auto transports = make_inprocess_transports(M);
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr err;
+  for (int r = 0; r < M; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        Communicator comm(std::move(transports[size_t(r)]), opt, nullptr);
+        fn(comm);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!err) err = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (err) std::rethrow_exception(err);
+}
+
+std::vector<float> rank_data(int rank, int64_t n) {
+  Rng rng(uint64_t(rank) + 100);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = float(rng.normal());
+  return v;
+}
+
+class ManualClock : public Clock {
+ public:
+  double now() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return t_;
+  }
+  void sleep_until(double t) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    t_ = std::max(t_, t);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable double t_ = 0;
+};
+
+}  // namespace
+
+TEST(Communicator, AllReduceSumAndMean) {
+  for (int M : {1, 2, 3, 5}) {
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(1000)}) {
+      std::vector<std::vector<float>> results(static_cast<size_t>(M));
+      run_workers(M, [&](Communicator& c) {
+        auto v = rank_data(c.rank(), n);
+        c.all_reduce(v.data(), n, ReduceOp::Sum);
+        auto m = rank_data(c.rank(), n);
+        c.all_reduce(m.data(), n, ReduceOp::Mean);
+        for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(m[size_t(i)], v[size_t(i)] / float(M));
+        results[size_t(c.rank())] = v;
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        double expect = 0;
+        for (int r = 0; r < M; ++r) expect += rank_data(r, n)[size_t(i)];
+        EXPECT_NEAR(results[0][size_t(i)], expect, 1e-5);
+      }
+      for (int r = 1; r < M; ++r) EXPECT_EQ(results[size_t(r)], results[0]) << "ranks disagree bitwise";
+    }
+  }
+}
+
+TEST(Communicator, AllReduceOrderIsFixed) {
+  // Chunk c is summed as ((x_c + x_{c+1}) + ...) in ring order: check against that exact order.
+  const int M = 3;
+  const int64_t n = 3;  // one element per chunk
+  std::vector<float> out(3);
+  run_workers(M, [&](Communicator& c) {
+    std::vector<float> v = {1e8f * float(c.rank() + 1), -1e8f * float(c.rank() + 1), 0.3f + float(c.rank())};
+    c.all_reduce(v.data(), n, ReduceOp::Sum);
+    if (c.rank() == 0) out = v;
+  });
+  auto x = [](int r, int i) {
+    const float vals[3] = {1e8f * float(r + 1), -1e8f * float(r + 1), 0.3f + float(r)};
+    return vals[i];
+  };
+  for (int c = 0; c < 3; ++c) {
+    float acc = x(c, c);
+    for (int k = 1; k < M; ++k) acc = acc + x((c + k) % M, c);
+    EXPECT_EQ(out[size_t(c)], acc) << "chunk " << c;
+  }
+}
+
+TEST(Communicator, TrafficCountsArePayloadBytes) {
+  const int M = 4;
+  const int64_t n = 1001;  // chunks of 250, 250, 250, 251
+  run_workers(M, [&](Communicator& c) {
+    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+    c.all_reduce(v.data(), n, ReduceOp::Sum, "ar");
+    auto chunk = [&](int i) { return n * (i + 1) / M - n * i / M; };
+    const int r = c.rank();
+    const int64_t floats = 2 * n - chunk((r + 1) % M) - chunk((r + 2) % M);
+    auto j = c.traffic().to_json();
+    EXPECT_EQ(j["by_operation"]["ar"]["bytes_sent"].get<int64_t>(), floats * 4);
+    EXPECT_EQ(j["by_operation"]["ar"]["messages_sent"].get<int64_t>(), 2 * (M - 1));
+    // All-gather of variable payloads: rank r sends every payload but its successor's.
+    const auto all = c.all_gather(std::string(size_t(10 * (r + 1)), 'x'), "ag");
+    for (int p = 0; p < M; ++p) EXPECT_EQ(all[size_t(p)], std::string(size_t(10 * (p + 1)), 'x'));
+    j = c.traffic().to_json();
+    EXPECT_EQ(j["by_operation"]["ag"]["bytes_sent"].get<int64_t>(), 10 * (1 + 2 + 3 + 4) - 10 * ((r + 1) % M + 1));
+    EXPECT_EQ(j["by_operation"]["ag"]["bytes_received"].get<int64_t>(), 10 * (1 + 2 + 3 + 4) - 10 * (r + 1));
+  });
+}
+
+TEST(Communicator, PointToPointBroadcastBarrierAndOverlap) {
+  run_workers(3, [&](Communicator& c) {
+    std::string b = c.rank() == 1 ? std::string("hello") : std::string();
+    auto h = c.broadcast_start(&b, 1);
+    c.wait(h);
+    EXPECT_EQ(b, "hello");
+    if (c.rank() < 2) {
+      std::string got;
+      const int peer = 1 - c.rank();
+      auto e = c.exchange_start(peer, "from" + std::to_string(c.rank()), &got);
+      c.wait(e);
+      EXPECT_EQ(got, "from" + std::to_string(peer));
+    }
+    // Non-blocking: start an all-reduce, compute meanwhile, then wait.
+    std::vector<float> v(100000, float(c.rank()));
+    auto ar = c.all_reduce_start(v.data(), int64_t(v.size()), ReduceOp::Sum);
+    double busy = 0;
+    for (int i = 0; i < 1000; ++i) busy += std::sqrt(double(i));
+    EXPECT_GT(busy, 0);
+    c.wait(ar);
+    EXPECT_EQ(v[99999], 3.0f);
+    c.barrier();
+  });
+}
+
+TEST(Communicator, SilentPeerTimesOutNamingIt) {
+  CommOptions opt;
+  opt.timeout_s = 0.3;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_workers(2, [&](Communicator& c) {
+      if (c.rank() == 0) {
+        std::string got;
+        auto h = c.recv_start(1, &got);
+        c.wait(h);  // worker 1 never sends
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      }
+    }, opt);
+    FAIL() << "no timeout";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("worker 1 did not answer worker 0"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+TEST(Communicator, AbortStopsBlockedWorkersAtOnce) {
+  CommOptions opt;
+  opt.timeout_s = 30;  // far longer than the test may take
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string seen;
+  std::mutex mu;
+  auto transports = make_inprocess_transports(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      Communicator c(std::move(transports[size_t(r)]), opt, nullptr);
+      if (r == 2) {
+        c.abort("worker 2 failed: boom");
+        return;
+      }
+      try {
+        std::vector<float> v(10, 1.0f);
+        c.all_reduce(v.data(), 10, ReduceOp::Sum);
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen += e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_NE(seen.find("worker 2 failed: boom"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+TEST(LinkModel, TransferTimeIsLatencyPlusSizeOverBandwidth) {
+  auto clock = std::make_shared<ManualClock>();
+  auto ts = make_inprocess_transports(2);
+  const LinkConfig link{100e6, 0.030};  // 100 Mbit/s, 30 ms
+  auto a = wrap_with_link(std::move(ts[0]), link, clock);
+  auto b = wrap_with_link(std::move(ts[1]), link, clock);
+  const size_t bytes = 1250000;  // 10 Mbit -> 0.1 s on the wire
+  const SendTiming t1 = a->send(1, std::string(bytes, 'a'));
+  EXPECT_DOUBLE_EQ(t1.start, 0.0);
+  EXPECT_DOUBLE_EQ(t1.end, 0.1);
+  // A second transfer on the same link starts when the first has left it.
+  const SendTiming t2 = a->send(1, std::string(bytes, 'b'));
+  EXPECT_DOUBLE_EQ(t2.start, 0.1);
+  EXPECT_DOUBLE_EQ(t2.end, 0.2);
+  EXPECT_EQ(b->recv(0, 1.0), std::string(bytes, 'a'));
+  EXPECT_DOUBLE_EQ(clock->now(), 0.1 + 0.030);
+  EXPECT_EQ(b->recv(0, 1.0), std::string(bytes, 'b'));
+  EXPECT_DOUBLE_EQ(clock->now(), 0.2 + 0.030);
+  // The other direction is a different link: free, so a transfer starts now.
+  const SendTiming t3 = b->send(0, std::string(125, 'c'));
+  EXPECT_DOUBLE_EQ(t3.start, 0.23);
+  EXPECT_DOUBLE_EQ(t3.end, 0.23 + 1000.0 / 100e6);
+}
+
+TEST(LinkModel, PeakRateAndParsing) {
+  TrafficStats s(1.0);
+  s.record_send("x", 1000, 0.0, 2.0);  // 500 B/s over two windows
+  s.record_send("x", 300, 0.5, 0.5);   // instantaneous, in window 0
+  EXPECT_DOUBLE_EQ(s.peak_send_rate(), 800.0);
+  EXPECT_EQ(s.bytes_sent(), 1300);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("100Mbit", "k"), 100e6);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("2.5 Gbit/s", "k"), 2.5e9);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("inf", "k"), 0);
+  EXPECT_DOUBLE_EQ(parse_duration("30ms", "k"), 0.030);
+  EXPECT_DOUBLE_EQ(parse_duration("1.5s", "k"), 1.5);
+  EXPECT_THROW(parse_bandwidth("100 furlongs", "k"), Error);
+  EXPECT_THROW(parse_duration("-3ms", "k"), Error);
+}
