@@ -10,6 +10,7 @@ void add_eval(CLI::App& app);
 void add_data(CLI::App& app);
 void add_train(CLI::App& app);
 void add_plot(CLI::App& app);
+void add_compare(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
 

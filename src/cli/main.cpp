@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   loco::cli::add_data(app);
   loco::cli::add_train(app);
   loco::cli::add_plot(app);
+  loco::cli::add_compare(app);
   loco::cli::add_generate(app);
   loco::cli::add_info(app);
   try {

@@ -1,0 +1,348 @@
+#include "comm/codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loco {
+
+namespace {
+
+void check_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i]))
+      fail("outer gradient contains a non-finite value (" + std::to_string(x[i]) + ") at index " + std::to_string(i) +
+           "; refusing to encode it");
+}
+
+void malformed(const std::string& codec, const std::string& what) {
+  fail("codec " + codec + ": malformed payload (" + what + ")");
+}
+
+template <class T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+
+template <class T>
+T get(const std::string& in, size_t& at, const std::string& codec) {
+  if (at + sizeof(T) > in.size()) malformed(codec, "truncated");
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(T));
+  at += sizeof(T);
+  return v;
+}
+
+class Fp32 : public Codec {
+ public:
+  std::string encode(const float* x, int64_t n, Rng&) const override {
+    check_finite(x, n);
+    return std::string(reinterpret_cast<const char*>(x), size_t(n) * 4);
+  }
+  void decode_add(const std::string& p, float* acc, int64_t n) const override {
+    if (int64_t(p.size()) != 4 * n) malformed(name(), "size");
+    for (int64_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, p.data() + 4 * i, 4);
+      acc[i] += v;
+    }
+  }
+  int64_t encoded_bytes(int64_t n) const override { return 4 * n; }
+  std::string name() const override { return "fp32"; }
+  bool lossless() const override { return true; }
+};
+
+class Bf16 : public Codec {
+ public:
+  explicit Bf16(bool stochastic) : stochastic_(stochastic) {}
+  std::string encode(const float* x, int64_t n, Rng& rng) const override {
+    check_finite(x, n);
+    std::string out;
+    out.reserve(size_t(n) * 2);
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t u = std::bit_cast<uint32_t>(x[i]);
+      // Nearest: add half an ulp of bf16 (ties to even); stochastic: add uniform random low bits.
+      const uint32_t add = stochastic_ ? uint32_t(rng.next_u64() & 0xFFFF) : 0x7FFFu + ((u >> 16) & 1u);
+      const uint64_t sum = uint64_t(u) + add;
+      // Saturate instead of rounding a finite value up to infinity.
+      const uint32_t r = (((sum >> 16) & 0x7F80u) == 0x7F80u) ? (u & 0xFFFF0000u) : uint32_t(sum);
+      put<uint16_t>(out, uint16_t(r >> 16));
+    }
+    return out;
+  }
+  void decode_add(const std::string& p, float* acc, int64_t n) const override {
+    if (int64_t(p.size()) != 2 * n) malformed(name(), "size");
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p.data() + 2 * i, 2);
+      acc[i] += std::bit_cast<float>(uint32_t(h) << 16);
+    }
+  }
+  int64_t encoded_bytes(int64_t n) const override { return 2 * n; }
+  std::string name() const override { return "bf16"; }
+
+ private:
+  bool stochastic_;
+};
+
+// Block-scaled formats whose codes index a sorted grid of non-negative magnitudes, with a
+// power-of-two (E8M0) scale per block.
+class GridCodec : public Codec {
+ public:
+  GridCodec(std::string name, std::vector<float> grid, int bits, int block, bool stochastic)
+      : name_(std::move(name)), grid_(std::move(grid)), bits_(bits), block_(block), stochastic_(stochastic) {}
+
+  std::string encode(const float* x, int64_t n, Rng& rng) const override {
+    check_finite(x, n);
+    std::string out;
+    out.reserve(size_t(encoded_bytes(n)));
+    const float top = grid_.back();
+    for (int64_t b0 = 0; b0 < n; b0 += block_) {
+      const int64_t len = std::min<int64_t>(block_, n - b0);
+      float maxabs = 0;
+      for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
+      const int s = shared_exponent(maxabs / top);
+      put<uint8_t>(out, uint8_t(s + 127));
+      const float inv_scale = std::ldexp(1.0f, -s);
+      uint8_t pending = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = x[b0 + i];
+        const uint8_t code = uint8_t(quantize(std::abs(v) * inv_scale, rng) | (std::signbit(v) ? sign_bit() : 0));
+        if (bits_ == 8) {
+          put<uint8_t>(out, code);
+        } else if (i % 2 == 0) {
+          pending = code;
+          if (i + 1 == len) put<uint8_t>(out, pending);
+        } else {
+          put<uint8_t>(out, uint8_t(pending | (code << 4)));
+        }
+      }
+    }
+    return out;
+  }
+
+  void decode_add(const std::string& p, float* acc, int64_t n) const override {
+    if (int64_t(p.size()) != encoded_bytes(n)) malformed(name_, "size");
+    size_t at = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += block_) {
+      const int64_t len = std::min<int64_t>(block_, n - b0);
+      const float scale = std::ldexp(1.0f, int(get<uint8_t>(p, at, name_)) - 127);
+      for (int64_t i = 0; i < len; ++i) {
+        uint8_t code;
+        if (bits_ == 8) {
+          code = uint8_t(p[at++]);
+        } else {
+          const uint8_t byte = uint8_t(p[at + size_t(i / 2)]);
+          code = i % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+        }
+        const uint8_t mag = code & uint8_t(sign_bit() - 1);
+        if (mag >= grid_.size()) malformed(name_, "code out of range");
+        const float v = grid_[mag] * scale;
+        acc[b0 + i] += (code & sign_bit()) ? -v : v;
+      }
+      if (bits_ == 4) at += size_t((len + 1) / 2);
+    }
+  }
+
+  int64_t encoded_bytes(int64_t n) const override {
+    const int64_t full = n / block_, rest = n % block_;
+    auto block_bytes = [&](int64_t len) { return 1 + (bits_ == 8 ? len : (len + 1) / 2); };
+    return full * block_bytes(block_) + (rest ? block_bytes(rest) : 0);
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  uint8_t sign_bit() const { return uint8_t(1u << (bits_ - 1)); }
+
+  // Smallest s with 2^s >= t (t = max|x| / largest grid value), clamped to the E8M0 range.
+  static int shared_exponent(float t) {
+    if (t <= 0) return -127;
+    int e;
+    const float m = std::frexp(t, &e);  // t = m 2^e, m in [0.5, 1)
+    const int s = m == 0.5f ? e - 1 : e;
+    return std::clamp(s, -127, 127);
+  }
+
+  int quantize(float y, Rng& rng) const {
+    const int last = int(grid_.size()) - 1;
+    if (y >= grid_[size_t(last)]) return last;
+    // grid_[lo] <= y < grid_[lo + 1]
+    const int lo = int(std::upper_bound(grid_.begin(), grid_.end(), y) - grid_.begin()) - 1;
+    const float a = grid_[size_t(lo)], b = grid_[size_t(lo) + 1];
+    if (stochastic_) return rng.uniform() < double(y - a) / double(b - a) ? lo + 1 : lo;
+    if (y - a < b - y) return lo;
+    if (y - a > b - y) return lo + 1;
+    return lo % 2 == 0 ? lo : lo + 1;  // tie: even code
+  }
+
+  std::string name_;
+  std::vector<float> grid_;
+  int bits_, block_;
+  bool stochastic_;
+};
+
+std::vector<float> e4m3_grid() {
+  std::vector<float> g;
+  for (int c = 0; c < 127; ++c) {  // 0x7F is NaN
+    const int e = c >> 3, m = c & 7;
+    g.push_back(e == 0 ? std::ldexp(float(m), -9) : std::ldexp(1.0f + float(m) / 8.0f, e - 7));
+  }
+  return g;
+}
+
+std::vector<float> e3m0_grid() {
+  std::vector<float> g = {0.0f};
+  for (int e = 1; e <= 7; ++e) g.push_back(std::ldexp(1.0f, e - 7));
+  return g;
+}
+
+class Int8 : public Codec {
+ public:
+  Int8(int block, bool stochastic) : block_(block), stochastic_(stochastic) {}
+  std::string encode(const float* x, int64_t n, Rng& rng) const override {
+    check_finite(x, n);
+    std::string out;
+    out.reserve(size_t(encoded_bytes(n)));
+    for (int64_t b0 = 0; b0 < n; b0 += block_) {
+      const int64_t len = std::min<int64_t>(block_, n - b0);
+      float maxabs = 0;
+      for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
+      const float scale = maxabs / 127.0f;
+      put<float>(out, scale);
+      for (int64_t i = 0; i < len; ++i) {
+        const float y = scale > 0 ? x[b0 + i] / scale : 0.0f;
+        float q = stochastic_ ? std::floor(y + float(rng.uniform())) : std::nearbyint(y);
+        q = std::clamp(q, -127.0f, 127.0f);
+        put<int8_t>(out, int8_t(q));
+      }
+    }
+    return out;
+  }
+  void decode_add(const std::string& p, float* acc, int64_t n) const override {
+    if (int64_t(p.size()) != encoded_bytes(n)) malformed(name(), "size");
+    size_t at = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += block_) {
+      const int64_t len = std::min<int64_t>(block_, n - b0);
+      const float scale = get<float>(p, at, name());
+      for (int64_t i = 0; i < len; ++i) acc[b0 + i] += float(get<int8_t>(p, at, name())) * scale;
+    }
+  }
+  int64_t encoded_bytes(int64_t n) const override { return n + 4 * ((n + block_ - 1) / block_); }
+  std::string name() const override { return "int8"; }
+
+ private:
+  int block_;
+  bool stochastic_;
+};
+
+int64_t kept_count(int64_t n, double fraction) {
+  return n == 0 ? 0 : std::clamp<int64_t>(int64_t(std::llround(fraction * double(n))), 1, n);
+}
+
+// Exactly k indices chosen uniformly at random (partial Fisher-Yates), sorted.
+std::vector<int64_t> random_subset(int64_t n, int64_t k, uint64_t seed) {
+  std::vector<int64_t> idx(size_t(n));
+  std::iota(idx.begin(), idx.end(), int64_t(0));
+  Rng r(seed);
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t j = i + int64_t(r.next_u64() % uint64_t(n - i));
+    std::swap(idx[size_t(i)], idx[size_t(j)]);
+  }
+  idx.resize(size_t(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+class RandomDrop : public Codec {
+ public:
+  explicit RandomDrop(double keep) : keep_(keep) {}
+  std::string encode(const float* x, int64_t n, Rng& rng) const override {
+    check_finite(x, n);
+    const uint64_t seed = rng.next_u64();
+    const int64_t k = kept_count(n, keep_);
+    const float rescale = float(double(n) / double(k));  // unbiased
+    std::string out;
+    put<uint64_t>(out, seed);
+    for (int64_t i : random_subset(n, k, seed)) put<float>(out, x[i] * rescale);
+    return out;
+  }
+  void decode_add(const std::string& p, float* acc, int64_t n) const override {
+    if (int64_t(p.size()) != encoded_bytes(n)) malformed(name(), "size");
+    size_t at = 0;
+    const uint64_t seed = get<uint64_t>(p, at, name());
+    for (int64_t i : random_subset(n, kept_count(n, keep_), seed)) acc[i] += get<float>(p, at, name());
+  }
+  int64_t encoded_bytes(int64_t n) const override { return 8 + 4 * kept_count(n, keep_); }
+  std::string name() const override { return "random-drop"; }
+
+ private:
+  double keep_;
+};
+
+class TopK : public Codec {
+ public:
+  explicit TopK(double keep) : keep_(keep) {}
+  std::string encode(const float* x, int64_t n, Rng&) const override {
+    check_finite(x, n);
+    const int64_t k = kept_count(n, keep_);
+    std::vector<int64_t> idx(size_t(n));
+    std::iota(idx.begin(), idx.end(), int64_t(0));
+    std::nth_element(idx.begin(), idx.begin() + k - (k > 0), idx.end(), [&](int64_t a, int64_t b) {
+      const float fa = std::abs(x[a]), fb = std::abs(x[b]);
+      return fa != fb ? fa > fb : a < b;
+    });
+    idx.resize(size_t(k));
+    std::sort(idx.begin(), idx.end());
+    std::string out;
+    put<uint32_t>(out, uint32_t(k));
+    for (int64_t i : idx) {
+      put<uint32_t>(out, uint32_t(i));
+      put<float>(out, x[i]);
+    }
+    return out;
+  }
+  void decode_add(const std::string& p, float* acc, int64_t n) const override {
+    size_t at = 0;
+    const uint32_t k = get<uint32_t>(p, at, name());
+    if (int64_t(k) != kept_count(n, keep_) || p.size() != 4 + 8 * size_t(k)) malformed(name(), "size");
+    for (uint32_t j = 0; j < k; ++j) {
+      const uint32_t i = get<uint32_t>(p, at, name());
+      if (int64_t(i) >= n) malformed(name(), "index out of range");
+      acc[i] += get<float>(p, at, name());
+    }
+  }
+  int64_t encoded_bytes(int64_t n) const override { return 4 + 8 * kept_count(n, keep_); }
+  std::string name() const override { return "topk"; }
+
+ private:
+  double keep_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_codec(const CodecConfig& c) {
+  check(c.rounding == "nearest" || c.rounding == "stochastic",
+        "outer.rounding must be \"nearest\" or \"stochastic\", got \"" + c.rounding + "\"");
+  check(c.block >= 1, "outer.block must be >= 1");
+  check(c.keep_fraction > 0 && c.keep_fraction <= 1, "outer.keep_fraction must be in (0, 1]");
+  const bool sr = c.rounding == "stochastic";
+  if (c.format == "fp32") return std::make_unique<Fp32>();
+  if (c.format == "bf16") return std::make_unique<Bf16>(sr);
+  if (c.format == "fp8") return std::make_unique<GridCodec>("fp8", e4m3_grid(), 8, c.block, sr);
+  if (c.format == "fp4-e3m0") return std::make_unique<GridCodec>("fp4-e3m0", e3m0_grid(), 4, c.block, sr);
+  if (c.format == "fp4-e2m1")
+    return std::make_unique<GridCodec>("fp4-e2m1", std::vector<float>{0, 0.5f, 1, 1.5f, 2, 3, 4, 6}, 4, c.block, sr);
+  if (c.format == "int8") return std::make_unique<Int8>(c.block, sr);
+  if (c.format == "random-drop") return std::make_unique<RandomDrop>(c.keep_fraction);
+  if (c.format == "topk") return std::make_unique<TopK>(c.keep_fraction);
+  fail("unknown outer.codec \"" + c.format + "\" (fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, random-drop, topk)");
+}
+
+}  // namespace loco

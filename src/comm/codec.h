@@ -1,0 +1,57 @@
+#pragma once
+// Codecs for outer gradients (spec 02-streaming.md, "low-precision outer gradients"). Each
+// replica encodes its own, unreduced fragment delta; the payloads are all-gathered and every
+// worker decodes and sums them in float32 in rank order, so all get the same result.
+//
+// Bit layouts (all little-endian; n values, blocks of `block` values, the last one shorter):
+//   fp32        n x f32.
+//   bf16        n x u16: the upper half of the f32 bit pattern after rounding.
+//   fp8         per block: u8 shared exponent E (E8M0: scale 2^(E-127)), then one byte per
+//               value in E4M3 (sign, 4 exponent bits with bias 7, 3 mantissa bits; largest
+//               finite value 448, no infinities; 0x7F/0xFF are NaN and never produced).
+//   fp4-e3m0    per block: u8 shared exponent E (scale 2^(E-127)), then values packed two per
+//               byte (low nibble first): sign bit | 3 exponent bits e; e = 0 is zero, e = 1..7
+//               is 2^(e-7) x scale, i.e. magnitudes 1/64 .. 1 of the scale. Powers of two only.
+//   fp4-e2m1    per block: u8 shared exponent E, then nibbles (low first) in OCP E2M1: sign |
+//               2 exponent bits | 1 mantissa bit, magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} x scale.
+//   int8        per block: f32 scale s = max|x| / 127, then n x i8 with x ~ q s.
+//   random-drop u64 seed, then the kept values as f32, each divided by the keep fraction (an
+//               unbiased estimate); which values are kept follows from the seed, so no indices
+//               travel.
+//   topk        u32 k, then k x (u32 index, f32 value) of the largest magnitudes.
+// The shared exponent of a block is the smallest one for which the block's largest magnitude
+// fits the format's largest value. Rounding is to nearest (ties to even) or stochastic
+// (unbiased: E[decode(encode(x))] = x within the representable range). NaN or infinite inputs
+// are rejected with an error.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/rng.h"
+
+namespace loco {
+
+struct CodecConfig {
+  std::string format = "fp32";    // fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, random-drop, topk
+  std::string rounding = "nearest";  // nearest or stochastic
+  int block = 128;                // values per shared scale
+  double keep_fraction = 0.1;     // random-drop and topk
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  // Encodes x[0..n); `rng` drives stochastic rounding and random dropping.
+  virtual std::string encode(const float* x, int64_t n, Rng& rng) const = 0;
+  // Adds the decoded values to acc[0..n) (fails on a malformed payload).
+  virtual void decode_add(const std::string& payload, float* acc, int64_t n) const = 0;
+  // Exact payload size in bytes for n values (topk and random-drop: for their kept count).
+  virtual int64_t encoded_bytes(int64_t n) const = 0;
+  virtual std::string name() const = 0;
+  // True when decode(encode(x)) == x for every finite float (fp32).
+  virtual bool lossless() const { return false; }
+};
+
+std::unique_ptr<Codec> make_codec(const CodecConfig& config);
+
+}  // namespace loco
