@@ -248,7 +248,7 @@ int64_t kept_count(int64_t n, double fraction) {
 
 // Exactly k indices chosen uniformly at random (partial Fisher-Yates), sorted.
 std::vector<int64_t> random_subset(int64_t n, int64_t k, uint64_t seed) {
-  std::vector<int64_t> idx(size_t(n));
+  std::vector<int64_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), int64_t(0));
   Rng r(seed);
   for (int64_t i = 0; i < k; ++i) {
@@ -292,7 +292,7 @@ class TopK : public Codec {
   std::string encode(const float* x, int64_t n, Rng&) const override {
     check_finite(x, n);
     const int64_t k = kept_count(n, keep_);
-    std::vector<int64_t> idx(size_t(n));
+    std::vector<int64_t> idx(static_cast<size_t>(n));
     std::iota(idx.begin(), idx.end(), int64_t(0));
     std::nth_element(idx.begin(), idx.begin() + k - (k > 0), idx.end(), [&](int64_t a, int64_t b) {
       const float fa = std::abs(x[a]), fb = std::abs(x[b]);
