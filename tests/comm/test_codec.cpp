@@ -1,0 +1,150 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "comm/codec.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+using namespace loco;
+
+namespace {
+
+std::unique_ptr<Codec> codec(const std::string& fmt, const std::string& rounding = "nearest", int block = 128,
+                             double keep = 0.1) {
+  return make_codec({fmt, rounding, block, keep});
+}
+
+std::vector<float> decode(const Codec& c, const std::string& p, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n), 0.0f);
+  c.decode_add(p, out.data(), n);
+  return out;
+}
+
+std::vector<float> randn(int64_t n, uint64_t seed, double scale = 1e-3) {
+  Rng r(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = float(scale * r.normal());
+  return v;
+}
+
+const char* kAll[] = {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"};
+
+}  // namespace
+
+TEST(Codec, EncodedSizeIsExact) {
+  Rng rng(1);
+  for (const char* f : kAll)
+    for (int64_t n : {1, 31, 128, 1000, 4097}) {
+      auto c = codec(f);
+      const auto x = randn(n, uint64_t(n));
+      EXPECT_EQ(int64_t(c->encode(x.data(), n, rng).size()), c->encoded_bytes(n)) << f << " n=" << n;
+    }
+  // Formulas (bits per value, block 128): fp4 = 4 + 8/128, fp8 = 8 + 8/128, int8 = 8 + 32/128.
+  EXPECT_EQ(codec("fp4-e3m0")->encoded_bytes(1024), 1024 / 2 + 8);
+  EXPECT_EQ(codec("fp4-e2m1")->encoded_bytes(1000), 7 * (1 + 64) + (1 + 52));
+  EXPECT_EQ(codec("fp8")->encoded_bytes(1024), 1024 + 8);
+  EXPECT_EQ(codec("int8")->encoded_bytes(1024), 1024 + 4 * 8);
+  EXPECT_EQ(codec("bf16")->encoded_bytes(1000), 2000);
+  EXPECT_EQ(codec("fp4-e3m0", "nearest", 32)->encoded_bytes(1024), 1024 / 2 + 32);  // MX blocks of 32
+  EXPECT_EQ(codec("topk", "nearest", 128, 0.01)->encoded_bytes(1000), 4 + 8 * 10);
+  EXPECT_EQ(codec("random-drop", "nearest", 128, 0.25)->encoded_bytes(1000), 8 + 4 * 250);
+}
+
+TEST(Codec, RepresentableValuesRoundTripExactly) {
+  Rng rng(2);
+  const float s = std::ldexp(1.0f, -9);  // any power-of-two scale
+  const std::vector<std::pair<std::string, std::vector<float>>> cases = {
+      {"fp32", {0.1f, -3e-7f, 12345.678f, 0.0f}},
+      {"bf16", {1.0f, -0.15625f, std::ldexp(1.0f, -20), 0.0f}},
+      {"fp8", {448 * s, -0.0625f * s, 1.125f * s, std::ldexp(3.0f, -9) * s, 0.0f}},
+      {"fp4-e3m0", {1 * s, -0.5f * s, 0.25f * s, -s / 64, 0.0f, s / 8}},
+      {"fp4-e2m1", {6 * s, -3 * s, 1.5f * s, 0.5f * s, 0.0f, -4 * s}},
+      {"int8", {127 * 0.25f, -3 * 0.25f, 0.0f, 64 * 0.25f}},
+  };
+  for (const auto& [fmt, vals] : cases) {
+    for (const char* rounding : {"nearest", "stochastic"}) {
+      auto c = codec(fmt, rounding);
+      const auto out = decode(*c, c->encode(vals.data(), int64_t(vals.size()), rng), int64_t(vals.size()));
+      for (size_t i = 0; i < vals.size(); ++i) EXPECT_EQ(out[i], vals[i]) << fmt << " " << rounding << " [" << i << "]";
+    }
+  }
+}
+
+TEST(Codec, ErrorBoundsOnRandomData) {
+  // |decoded - x| <= bound x (block max |x|); bf16 is relative to |x| itself.
+  const std::vector<std::pair<std::string, double>> bounds = {
+      {"fp8", 1.0 / 16}, {"fp4-e2m1", 1.0 / 3}, {"fp4-e3m0", 0.5}, {"int8", 1.0 / 254 + 1e-7}};
+  Rng rng(3);
+  const int64_t n = 4096, block = 128;
+  const auto x = randn(n, 4);
+  for (const auto& [fmt, bound] : bounds) {
+    auto c = codec(fmt);
+    const auto out = decode(*c, c->encode(x.data(), n, rng), n);
+    double sq = 0, sq_x = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+      float maxabs = 0;
+      for (int64_t i = b0; i < b0 + block; ++i) maxabs = std::max(maxabs, std::abs(x[size_t(i)]));
+      for (int64_t i = b0; i < b0 + block; ++i) {
+        EXPECT_LE(std::abs(out[size_t(i)] - x[size_t(i)]), bound * maxabs * (1 + 1e-6)) << fmt << " [" << i << "]";
+        sq += std::pow(out[size_t(i)] - x[size_t(i)], 2);
+        sq_x += std::pow(x[size_t(i)], 2);
+      }
+    }
+    std::printf("%-9s relative RMS error %.4f\n", fmt.c_str(), std::sqrt(sq / sq_x));
+  }
+  auto c = codec("bf16");
+  const auto out = decode(*c, c->encode(x.data(), n, rng), n);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_LE(std::abs(out[size_t(i)] - x[size_t(i)]), std::abs(x[size_t(i)]) * std::ldexp(1.0, -8));
+}
+
+TEST(Codec, StochasticRoundingIsUnbiased) {
+  // Values between grid points: the mean of many stochastic encodings converges to them.
+  const std::vector<float> x = {0.3f, -0.77f, 0.011f, 0.49f, -0.051f, 1.0f, 0.0f, 0.1234f};
+  const int64_t n = int64_t(x.size());
+  for (const char* fmt : {"bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop"}) {
+    auto c = codec(fmt, "stochastic", 128, 0.5);
+    Rng rng(5);
+    const int draws = 20000;
+    std::vector<double> mean(x.size(), 0.0);
+    for (int d = 0; d < draws; ++d) {
+      const auto out = decode(*c, c->encode(x.data(), n, rng), n);
+      for (size_t i = 0; i < x.size(); ++i) mean[i] += out[i] / draws;
+    }
+    for (size_t i = 0; i < x.size(); ++i)
+      EXPECT_NEAR(mean[i], x[i], 0.01) << fmt << " value " << x[i];  // ~4 standard errors at the worst spacing
+  }
+  // Round-to-nearest is biased on the same values (the test above could not pass by accident).
+  auto nearest = codec("fp4-e3m0");
+  Rng rng(6);
+  const auto out = decode(*nearest, nearest->encode(x.data(), n, rng), n);
+  EXPECT_GT(std::abs(out[0] - x[0]), 0.02);
+}
+
+TEST(Codec, NonFiniteInputIsRejected) {
+  Rng rng(7);
+  for (const char* f : kAll) {
+    auto c = codec(f);
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      const std::vector<float> x = {1.0f, bad, 2.0f};
+      EXPECT_THROW(c->encode(x.data(), 3, rng), Error) << f;
+    }
+  }
+}
+
+TEST(Codec, TopKKeepsTheLargestAndDecodeChecksPayloads) {
+  Rng rng(8);
+  const std::vector<float> x = {0.1f, -5.0f, 0.2f, 3.0f, -0.3f, 0.0f, 4.0f, 0.05f, 0.0f, 0.01f};
+  auto c = codec("topk", "nearest", 128, 0.3);
+  const auto out = decode(*c, c->encode(x.data(), 10, rng), 10);
+  EXPECT_EQ(out, (std::vector<float>{0, -5.0f, 0, 3.0f, 0, 0, 4.0f, 0, 0, 0}));
+  for (const char* f : kAll) {
+    auto k = codec(f);
+    std::vector<float> acc(10, 0.0f);
+    EXPECT_THROW(k->decode_add(std::string(3, 'x'), acc.data(), 10), Error) << f;
+  }
+  EXPECT_THROW(codec("fp5"), Error);
+  EXPECT_THROW(codec("fp8", "sometimes"), Error);
+}
