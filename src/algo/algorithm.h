@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "algo/worker.h"
 #include "io/train_state.h"
 
@@ -21,10 +23,14 @@ class Algorithm {
   virtual void on_gradients(Worker& w) {}
   // After the optimizer step; `done` steps are complete, `last` is the final step.
   virtual void after_step(Worker& w, int64_t done, bool last) {}
-  // Parameters to evaluate and to save as the model (identical on every worker).
-  virtual const std::vector<float>& eval_params(const Worker& w) const { return w.params; }
-  // This worker's algorithm state for checkpoints.
-  virtual void save_state(TrainingState& st) const {}
+  // Parameters to evaluate and to save as the model, identical on every worker. Called by all
+  // workers at the same step (it may communicate).
+  virtual const std::vector<float>& eval_params(Worker& w) { return w.params; }
+  // Algorithm-specific accounting for the run summary.
+  virtual void report(nlohmann::json& out) const {}
+  // This worker's algorithm state for checkpoints (called by every worker at the same step; it
+  // may finish communication in flight, without changing the result).
+  virtual void save_state(TrainingState& st) {}
   virtual void load_state(const TrainingState& st) {}
 };
 
@@ -34,6 +40,8 @@ std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w)
 std::unique_ptr<Algorithm> make_ddp();
 // DiLoCo: every H inner steps, outer gradients averaged and a Nesterov outer step.
 std::unique_ptr<Algorithm> make_diloco(const OuterConfig& outer, size_t num_params);
+// Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized.
+std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w);
 
 // The outer optimizer (SGD with momentum, PyTorch convention) given the average of the
 // replicas' parameters: delta = theta - avg (the averaged outer gradient, old minus new);

@@ -29,9 +29,12 @@ class Diloco : public Algorithm {
     w.params = theta_;
   }
 
-  const std::vector<float>& eval_params(const Worker&) const override { return theta_; }
+  const std::vector<float>& eval_params(Worker&) override { return theta_; }
+  void report(nlohmann::json& out) const override {
+    out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
+  }
 
-  void save_state(TrainingState& st) const override {
+  void save_state(TrainingState& st) override {
     st.tensors["outer.params"] = theta_;
     st.tensors["outer.momentum"] = momentum_;
   }

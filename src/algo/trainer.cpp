@@ -161,6 +161,7 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
                   {"data.epoch", std::to_string(pos.epoch)},
                   {"data.taken", std::to_string(pos.taken)}};
       algo->save_state(rep);
+      const std::vector<float>& eval_params = algo->eval_params(w);
       char name[32];
       std::snprintf(name, sizeof name, "step_%08lld.tmp", (long long)step);
       write_state_file(replica_state_path(s.run_dir + "/checkpoints/" + name, w.rank), rep);
@@ -171,7 +172,7 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
                           {"elapsed_seconds", fmt(elapsed, "%.17g")},
                           {"replicas", std::to_string(w.replicas)},
                           {"algorithm", cfg.algorithm}};
-        sum.checkpoint = commit_checkpoint(s.run_dir, step, cfg.model, layout, algo->eval_params(w).data(), run_state);
+        sum.checkpoint = commit_checkpoint(s.run_dir, step, cfg.model, layout, eval_params.data(), run_state);
       }
       checkpoint_seconds += clock.now() - t0;
     };
@@ -267,6 +268,12 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
     me["checkpoint_s"] = checkpoint_seconds;
     me["wall_s"] = wall;
     me["compute_utilization"] = w.compute_seconds / busy;
+    // Bytes of the training method itself (not evaluation, checkpoint barriers or this report).
+    int64_t train_bytes = 0;
+    for (const auto& [op, v] : me["by_operation"].items())
+      if (op == "gradients" || op == "outer_gradients") train_bytes += v["bytes_sent"].get<int64_t>();
+    me["train_bytes_sent"] = train_bytes;
+    algo->report(me);
     const auto all = comm.all_gather(me.dump(), "report");
     if (trace->enabled()) {
       const auto traces = comm.all_gather(trace->events().dump(), "report");

@@ -131,8 +131,8 @@ void add_compare(CLI::App& app) {
   auto* cmd = app.add_subcommand("compare", "Table of finished runs: loss, traffic, compute utilization");
   cmd->add_option("runs", *runs, "run directories (with summary.json)")->required();
   cmd->callback([runs] {
-    std::printf("%-22s %-9s %3s %10s %9s %12s %13s %11s %7s %8s\n", "run", "method", "M", "tokens", "val loss",
-                "sent/worker", "sent/w/step", "peak send/s", "CU", "wall s");
+    std::printf("%-22s %-9s %3s %10s %9s %12s %13s %13s %11s %7s %8s\n", "run", "method", "M", "tokens", "val loss",
+                "sent/worker", "sent/w/step", "largest sync", "peak send/s", "CU", "wall s");
     for (const auto& dir : *runs) {
       const std::string path = dir + "/summary.json";
       nlohmann::json j;
@@ -141,23 +141,27 @@ void add_compare(CLI::App& app) {
       } catch (const nlohmann::json::exception&) {
         fail(path + ": invalid JSON");
       }
-      double sent = 0, peak = 0, cu = 0;
+      double sent = 0, peak = 0, cu = 0, largest = 0;
       const auto& w = j.at("workers");
       for (const auto& x : w) {
-        sent += x["bytes_sent"].get<double>();
+        sent += x["train_bytes_sent"].get<double>();
+        for (const auto& [op, v] : x["by_operation"].items())
+          if (op == "gradients" || op == "outer_gradients")
+            largest = std::max(largest, v["largest_instance_bytes_sent"].get<double>());
         peak = std::max(peak, x["peak_send_bytes_per_s"].get<double>());
         cu += x["compute_utilization"].get<double>();
       }
       const double n = double(std::max<size_t>(1, w.size()));
       const double steps = std::max(1.0, j.at("steps").get<double>());
       const std::string name = std::filesystem::path(dir).filename().string();
-      std::printf("%-22s %-9s %3d %10.3g %9.4f %12.4g %13.4g %11.4g %6.1f%% %8.1f\n", name.c_str(),
+      std::printf("%-22s %-9s %3d %10.3g %9.4f %12.4g %13.4g %13.4g %11.4g %6.1f%% %8.1f\n", name.c_str(),
                   j.at("algorithm").get<std::string>().c_str(), j.at("replicas").get<int>(),
-                  j.at("tokens").get<double>(), j.at("final_val_loss").get<double>(), sent / n, sent / n / steps, peak,
-                  100 * cu / n, j.at("seconds").get<double>());
+                  j.at("tokens").get<double>(), j.at("final_val_loss").get<double>(), sent / n, sent / n / steps,
+                  largest, peak, 100 * cu / n, j.at("seconds").get<double>());
     }
-    std::printf("(sent: payload bytes per worker; peak: highest per-worker send rate in bytes/s over the run's "
-                "network.peak_window; CU: mean compute utilization)\n");
+    std::printf("(sent: payload bytes of gradient/outer-gradient traffic per worker; largest sync: most bytes one worker "
+                "sent in one reduction; peak: highest send rate in bytes/s over network.peak_window, all traffic; "
+                "CU: mean compute utilization)\n");
   });
 }
 

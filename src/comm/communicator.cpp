@@ -59,11 +59,13 @@ void Communicator::loop() {
     std::exception_ptr error = failed;
     if (!error) {
       const double t0 = clock().now();
+      const int64_t sent_before = traffic_.bytes_sent();
       try {
         item.second();
       } catch (...) {
         error = std::current_exception();
       }
+      traffic_.record_instance(item.first->label, traffic_.bytes_sent() - sent_before);
       trace_->span(item.first->label, "communication", rank_, 1, t0, clock().now());
     }
     {

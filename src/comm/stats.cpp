@@ -31,6 +31,13 @@ void TrafficStats::record_recv(const std::string& op, int64_t bytes) {
   ++o.messages_received;
 }
 
+void TrafficStats::record_instance(const std::string& op, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& o = ops_[op];
+  o.largest_instance = std::max(o.largest_instance, bytes);
+  ++o.instances;
+}
+
 int64_t TrafficStats::bytes_sent() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t s = 0;
@@ -79,7 +86,9 @@ nlohmann::json TrafficStats::to_json() const {
     j["by_operation"][k] = {{"bytes_sent", o.sent},
                             {"bytes_received", o.received},
                             {"messages_sent", o.messages_sent},
-                            {"messages_received", o.messages_received}};
+                            {"messages_received", o.messages_received},
+                            {"instances", o.instances},
+                            {"largest_instance_bytes_sent", o.largest_instance}};
   return j;
 }
 

@@ -17,6 +17,8 @@ class TrafficStats {
   // A sent message whose bytes were on the sender's link during [start, end].
   void record_send(const std::string& op, int64_t bytes, double start, double end);
   void record_recv(const std::string& op, int64_t bytes);
+  // Bytes one instance of an operation (one collective) sent; keeps the largest per operation.
+  void record_instance(const std::string& op, int64_t bytes);
   int64_t bytes_sent() const;
   int64_t bytes_received() const;
   int64_t messages_sent() const;
@@ -30,7 +32,7 @@ class TrafficStats {
   mutable std::mutex mu_;
   double window_;
   struct PerOp {
-    int64_t sent = 0, received = 0, messages_sent = 0, messages_received = 0;
+    int64_t sent = 0, received = 0, messages_sent = 0, messages_received = 0, largest_instance = 0, instances = 0;
   };
   std::map<std::string, PerOp> ops_;
   std::map<int64_t, double> bins_;  // window index -> bytes on the wire in it

@@ -7,8 +7,9 @@ namespace loco {
 
 ConfigSchema run_config_schema(RunConfig& cfg) {
   ConfigSchema s;
-  s.add("algorithm", &cfg.algorithm, "training method: ddp (gradient all-reduce every step) or diloco",
-        {"ddp", "diloco"});
+  s.add("algorithm", &cfg.algorithm,
+        "training method: ddp (gradient all-reduce every step), diloco, streaming (Streaming DiLoCo)",
+        {"ddp", "diloco", "streaming"});
   auto& m = cfg.model;
   s.add("model.vocab_size", &m.vocab_size, "vocabulary size V (must cover the data's token ids)", 2);
   s.add("model.hidden_size", &m.hidden_size, "model width d", 2);
@@ -71,6 +72,21 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("outer.lr", &o2.lr, "outer learning rate eta (diloco)", 0.0, 10.0);
   s.add("outer.momentum", &o2.momentum, "outer momentum mu (diloco)", 0.0, 0.999999);
   s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco; else heavy ball)");
+  s.add("outer.codec", &o2.codec, "outer-gradient encoding (streaming): fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, "
+        "random-drop, topk", {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"});
+  s.add("outer.rounding", &o2.rounding, "rounding of quantized codecs", {"nearest", "stochastic"});
+  s.add("outer.block", &o2.block, "values per shared scale of block-scaled codecs", 1, 1 << 20);
+  s.add("outer.keep_fraction", &o2.keep_fraction, "fraction of values kept by random-drop and topk", 1e-9, 1.0);
+
+  auto& st = cfg.streaming;
+  s.add("streaming.fragment_blocks", &st.fragment_blocks, "|p|: blocks per fragment (0: whole model, one fragment)",
+        0, 1 << 20);
+  s.add("streaming.pattern", &st.pattern, "fragment pattern: strided (l mod P) or sequential", {"strided", "sequential"});
+  s.add("streaming.tau", &st.tau, "tau: inner steps between starting a fragment's sync and applying it", 0);
+  s.add("streaming.worker_tau", &st.worker_tau, "per-replica tau as a list, e.g. \"1,1,3,3\" (\"\": all tau)");
+  s.add("streaming.alpha", &st.alpha, "alpha: weight of the local parameters when merging a delayed sync", 0.0, 1.0);
+  s.add("streaming.eval", &st.eval, "parameters evaluated: outer, replica0 or average (of the replicas)",
+        {"outer", "replica0", "average"});
   return s;
 }
 

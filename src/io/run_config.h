@@ -54,10 +54,23 @@ struct OuterConfig {
   double lr = 0.7;                  // eta
   double momentum = 0.9;            // mu
   bool nesterov = true;
+  std::string codec = "fp32";       // outer-gradient encoding (streaming)
+  std::string rounding = "nearest";
+  int block = 128;                  // values per shared scale
+  double keep_fraction = 0.1;       // random-drop, topk
+};
+
+struct StreamingConfig {
+  int fragment_blocks = 3;          // |p|; 0: the whole model is one fragment
+  std::string pattern = "strided";  // strided or sequential
+  int64_t tau = 1;                  // inner steps between starting and applying a fragment's sync
+  std::string worker_tau;           // per-replica tau, e.g. "1,1,3,3" ("" : all tau)
+  double alpha = 0.5;               // merge factor of the overlapped local progress
+  std::string eval = "outer";       // outer, replica0, average
 };
 
 struct RunConfig {
-  std::string algorithm = "ddp";    // ddp, diloco
+  std::string algorithm = "ddp";    // ddp, diloco, streaming
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;
@@ -65,6 +78,7 @@ struct RunConfig {
   DistributedConfig distributed;
   NetworkConfig network;
   OuterConfig outer;
+  StreamingConfig streaming;
 };
 
 // Binds every key of `cfg` into a schema (keep `cfg` alive while the schema is used).
