@@ -199,7 +199,9 @@ class Streaming : public Algorithm {
   };
 
   void begin_sync(Worker& w, size_t j, int64_t step) {
-    Pending p;
+    // The communication thread writes into the element, so it is placed first: references to
+    // deque elements stay valid across push_back/pop_front.
+    Pending& p = pending_.emplace_back();
     p.fragment = j;
     p.apply_at = step + tau_;
     const auto& ranges = ranges_[j];
@@ -214,7 +216,6 @@ class Streaming : public Algorithm {
       p.handle = w.comm.all_gather_start(codec_->encode(p.buffer.data(), int64_t(p.buffer.size()), rng), &p.gathered,
                                          "outer_gradients");
     }
-    pending_.push_back(std::move(p));
   }
 
   // Waits for the reduction and computes the replicas' average parameters of the fragment.

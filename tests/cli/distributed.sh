@@ -17,19 +17,7 @@ $py "$here/../tools/make_tokens.py" val.tok 256 3000 6
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet)
 ck=checkpoints/step_00000012
 
-params_close() {  # params_close A B TOL: model tensors agree to TOL (max-abs-diff / max-abs)
-  $py - "$1" "$2" "$3" <<'PY'
-import json, struct, sys
-import numpy as np
-def load(p):
-    raw = open(p, "rb").read(); (n,) = struct.unpack("<Q", raw[:8]); h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
-    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], dtype=np.float32) for k, v in h.items()}
-a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
-worst = max(float(np.abs(a[k] - b[k]).max() / max(np.abs(b[k]).max(), 1e-12)) for k in b)
-print(f"worst relative difference {worst:.2e}")
-sys.exit(0 if worst <= tol else 1)
-PY
-}
+params_close() { $py "$here/../tools/params_close.py" "$@"; }  # A B TOL
 
 # DDP, 2 replicas x batch 2 == 1 worker x batch 4 (same windows each step).
 "$loco" train "${base[@]}" --set train.steps=12 --set data.batch_size=2 --set distributed.replicas=2 --set train.out_dir=ddp2
