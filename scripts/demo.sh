@@ -1,28 +1,26 @@
 #!/usr/bin/env bash
 # The main job: installs, builds, fetches the Brown corpus, prepares a 4096-token SentencePiece
 # vocabulary, then trains configs/small.toml with 4 in-process replicas over an emulated
-# 1 Gbit/s, 30 ms link, once with DDP and once with DiLoCo on the same token budget, and prints
-# a comparison (validation loss, bytes sent per worker, compute utilization) and a loss plot.
+# 1 Gbit/s, 30 ms link with DDP, DiLoCo and Streaming DiLoCo (fp4 outer gradients) on the same
+# token budget, and prints a comparison (validation loss, bytes sent per worker, largest sync,
+# peak send rate, compute utilization) and a loss plot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/deps.sh
-loco_install build demo
-scripts/build.sh > /dev/null
-scripts/fetch-corpus.sh brown
-if [ ! -f data/brown/tok4k/train.tok ]; then
-  build/loco data prepare --input data/brown/text --tokenizer sentencepiece --vocab-size 4096 \
-    --val-fraction 0.05 --out data/brown/tok4k
-fi
+scripts/brown-data.sh
 rm -rf runs/demo
-common=(--config configs/small.toml --set distributed.replicas=4 --set data.batch_size=4 --set train.steps=240
-        --set train.eval_interval=60 --set train.checkpoint_interval=0
+common=(--config configs/small.toml --set distributed.replicas=4 --set data.batch_size=4 --set train.steps=160
+        --set train.eval_interval=40 --set train.checkpoint_interval=0
         --set network.bandwidth=1Gbit --set network.latency=30ms)
 echo "== DDP: gradients all-reduced every step =="
 build/loco train "${common[@]}" --set algorithm=ddp --set train.out_dir=runs/demo/ddp
-echo "== DiLoCo: outer gradients all-reduced every H = 30 steps =="
-build/loco train "${common[@]}" --set algorithm=diloco --set outer.inner_steps=30 --set train.out_dir=runs/demo/diloco
+echo "== DiLoCo: outer gradients all-reduced every H = 20 steps =="
+build/loco train "${common[@]}" --set algorithm=diloco --set outer.inner_steps=20 --set train.out_dir=runs/demo/diloco
+echo "== Streaming DiLoCo: strided 3-block fragments, tau = 1, alpha = 0.5, fp4 (E3M0) outer gradients =="
+build/loco train "${common[@]}" --set algorithm=streaming --set outer.inner_steps=20 --set streaming.fragment_blocks=3 \
+  --set streaming.pattern=strided --set streaming.tau=1 --set streaming.alpha=0.5 --set outer.codec=fp4-e3m0 \
+  --set train.out_dir=runs/demo/streaming-fp4
 echo
-build/loco compare runs/demo/ddp runs/demo/diloco
-build/loco plot runs/demo/ddp runs/demo/diloco --out runs/demo/loss.png
-build/loco generate --checkpoint runs/demo/diloco/checkpoints/step_00000240 --prompt "The jury said" \
+build/loco compare runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4
+build/loco plot runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4 --out runs/demo/loss.png
+build/loco generate --checkpoint runs/demo/streaming-fp4/checkpoints/step_00000160 --prompt "The jury said" \
   --max-tokens 40 --seed 1

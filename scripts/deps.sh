@@ -5,7 +5,7 @@ loco_packages() {
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
                 libopenmpi-dev openmpi-bin ;;
-    test) echo python3 python3-numpy python3-torch ;;
+    test) echo python3 python3-numpy python3-torch gnuplot-nox ;;
     demo) echo gnuplot-nox ;;
     plot) echo gnuplot-nox ;;
     corpus) echo python3 ;;

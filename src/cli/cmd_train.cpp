@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/prepare.h"
 #include "io/fs.h"
+#include "io/gnuplot.h"
 #include "io/metrics.h"
 #include "io/run_config.h"
 
@@ -87,12 +88,8 @@ void add_plot(CLI::App& app) {
   cmd->add_option("--x", a->x, "x axis: tokens, step or time")->check(CLI::IsMember({"tokens", "step", "time"}));
   cmd->callback([a] {
     const std::string out = a->out.empty() ? a->runs[0] + "/loss.png" : a->out;
-    const bool svg = out.size() > 4 && out.substr(out.size() - 4) == ".svg";
-    const std::string tmp = std::filesystem::temp_directory_path().string() + "/loco-plot-" +
-                            std::to_string(::getpid());
-    make_dirs(tmp);
-    std::string script = std::string("set terminal ") + (svg ? "svg size 900,540" : "pngcairo size 900,540") +
-                         "\nset output '" + out + "'\nset xlabel '" + a->x +
+    GnuplotJob job;
+    std::string script = GnuplotJob::terminal(out, 900, 540) + "set xlabel '" + a->x +
                          "'\nset ylabel 'loss (nats)'\nset grid\nset key top right\nplot ";
     bool first = true;
     for (size_t i = 0; i < a->runs.size(); ++i) {
@@ -104,20 +101,14 @@ void add_plot(CLI::App& app) {
         if (r.contains("val_loss")) val += std::to_string(x) + " " + std::to_string(r["val_loss"].get<double>()) + "\n";
       }
       const std::string name = std::filesystem::path(a->runs[i]).filename().string();
-      const std::string tf = tmp + "/train" + std::to_string(i), vf = tmp + "/val" + std::to_string(i);
-      write_file_atomic(tf, train);
-      write_file_atomic(vf, val);
+      const std::string tf = job.data("train" + std::to_string(i), train), vf = job.data("val" + std::to_string(i), val);
       script += std::string(first ? "" : ", ") + "'" + tf + "' with lines lw 1 lc " + std::to_string(i + 1) +
                 " title '" + name + " train'";
       if (!val.empty())
         script += ", '" + vf + "' with linespoints lw 2 pt 7 lc " + std::to_string(i + 1) + " title '" + name + " val'";
       first = false;
     }
-    write_file_atomic(tmp + "/plot.gp", script + "\n");
-    const int rc = std::system(("gnuplot '" + tmp + "/plot.gp' 2> '" + tmp + "/err'").c_str());
-    std::string err = file_exists(tmp + "/err") ? read_file(tmp + "/err") : "";
-    std::filesystem::remove_all(tmp);
-    if (rc != 0) fail("gnuplot failed (is gnuplot installed? apt-get install gnuplot-nox): " + err.substr(0, 200));
+    job.run(script);
     std::printf("wrote %s\n", out.c_str());
   });
 }

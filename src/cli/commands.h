@@ -13,5 +13,7 @@ void add_plot(CLI::App& app);
 void add_compare(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
+void add_simulate(CLI::App& app);
+void add_estimate(CLI::App& app);
 
 }  // namespace loco::cli

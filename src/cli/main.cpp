@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   loco::cli::add_compare(app);
   loco::cli::add_generate(app);
   loco::cli::add_info(app);
+  loco::cli::add_simulate(app);
+  loco::cli::add_estimate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

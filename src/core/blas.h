@@ -2,16 +2,28 @@
 // Row-major GEMM through OpenBLAS for float and double (double is used by the gradient tests).
 #include <cblas.h>
 
+#include <atomic>
+#include <cstdint>
+
 namespace loco {
+
+// Floating-point operations (2 m n k per product) of every GEMM issued through gemm(), for
+// checking the FLOPs estimators against what the kernels really do. Relaxed atomic: cheap.
+inline std::atomic<int64_t>& gemm_flop_counter() {
+  static std::atomic<int64_t> counter{0};
+  return counter;
+}
 
 // C (m x n) = alpha * op(A) op(B) + beta * C, row-major, op = transpose if trans_*.
 inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
+  gemm_flop_counter().fetch_add(2 * int64_t(m) * n * k, std::memory_order_relaxed);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
               alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
                  const double* b, int ldb, double beta, double* c, int ldc) {
+  gemm_flop_counter().fetch_add(2 * int64_t(m) * n * k, std::memory_order_relaxed);
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
               alpha, a, lda, b, ldb, beta, c, ldc);
 }

@@ -68,10 +68,10 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("network.peak_window", &n.peak_window, "window over which the peak send rate is measured");
 
   auto& o2 = cfg.outer;
-  s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco)", 1);
-  s.add("outer.lr", &o2.lr, "outer learning rate eta (diloco)", 0.0, 10.0);
-  s.add("outer.momentum", &o2.momentum, "outer momentum mu (diloco)", 0.0, 0.999999);
-  s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco; else heavy ball)");
+  s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco, streaming)", 1);
+  s.add("outer.lr", &o2.lr, "outer learning rate eta (diloco, streaming)", 0.0, 10.0);
+  s.add("outer.momentum", &o2.momentum, "outer momentum mu (diloco, streaming)", 0.0, 0.999999);
+  s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco, streaming; else heavy ball)");
   s.add("outer.codec", &o2.codec, "outer-gradient encoding (streaming): fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, "
         "random-drop, topk", {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"});
   s.add("outer.rounding", &o2.rounding, "rounding of quantized codecs", {"nearest", "stochastic"});

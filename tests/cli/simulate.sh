@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# loco simulate / estimate from the command line: tables, plots, calibration on a real run,
+# and errors for bad input.
+set -euo pipefail
+loco=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+
+"$loco" simulate cu --model 1b --bandwidth-range 0.1:100:4 --plot cu.svg --gantt gantt.svg --gantt-steps 2 > cu.txt
+grep -q "bandwidth (Gbit/s) needed" cu.txt
+grep -qE "^1b +streaming-overlap-fp4 " cu.txt
+[ -s cu.svg ] && [ -s gantt.svg ]
+# A custom profile defined on the command line.
+"$loco" simulate cu --model mine --set mine.layers=8 --set mine.params=2e8 --set mine.nonblock_params=1e7 \
+  --set mine.step_time_s=0.05 --set mine.inner_steps=30 --method diloco --bandwidth-range 1:10:2 > mine.txt
+grep -qE "^mine +diloco " mine.txt
+"$loco" simulate latency --workers 4,16 --sigma 1 --trials 200 --plot lat.svg > lat.txt
+grep -q "global barrier" lat.txt && [ -s lat.svg ]
+"$loco" estimate --paper-table | grep -q "1/4 MLPs + heads"
+"$loco" estimate --config "$root/configs/small.toml" --slices 4 --strategy mlp+heads --nodes 8 --bandwidth 1Gbit |
+  grep -q "ring all-reduce"
+
+# Calibration on a real DiLoCo run over an emulated link.
+py=/usr/bin/python3
+$py "$here/../tools/make_tokens.py" train.tok 256 20000 5
+"$loco" train --config "$root/configs/tiny.toml" --set data.train=train.tok --quiet --set train.steps=20 \
+  --set algorithm=diloco --set outer.inner_steps=10 --set distributed.replicas=2 --set network.bandwidth=50Mbit \
+  --set network.latency=5ms --set train.out_dir=run > /dev/null
+"$loco" simulate cu --calibrate run | tee cal.txt
+grep -qE "predicted [0-9.]+%, measured [0-9.]+%" cal.txt
+
+# Bad input: one line naming the problem, non-zero exit.
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern=$1; shift
+  if "$loco" "$@" > out.txt 2> err.txt; then echo "FAIL: accepted: $*"; exit 1; fi
+  grep -q "$pattern" err.txt || { echo "FAIL: $*: expected '$pattern', got: $(cat err.txt)"; exit 1; }
+}
+expect_error "no such profile" simulate cu --model 7b
+expect_error "unknown method" simulate cu --method fsdp
+expect_error "unknown profile key" simulate cu --set 1b.depth=3
+expect_error "not a number" simulate cu --set 1b.layers=many
+expect_error "tau must be smaller" simulate cu --set 1b.tau=50
+expect_error "MIN:MAX:POINTS" simulate cu --bandwidth-range 10:1:5
+expect_error "power of two" simulate latency --workers 48
+expect_error "divisible" estimate --config "$root/configs/small.toml" --slices 3
+expect_error "no such file\|cannot\|not found\|No such" simulate cu --calibrate does-not-exist
+echo "simulate: OK"

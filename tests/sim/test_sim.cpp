@@ -1,0 +1,194 @@
+// The simulator and estimators against cases with known answers (spec 06-simulator.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/blas.h"
+#include "core/error.h"
+#include "model/layout.h"
+#include "model/transformer.h"
+#include "sim/cu.h"
+#include "sim/estimate.h"
+#include "sim/latency.h"
+
+using namespace loco;
+using namespace loco::sim;
+
+namespace {
+
+Profile small_profile() {
+  Profile p;
+  p.name = "test";
+  p.layers = 6;
+  p.params = 6.4e8;
+  p.nonblock_params = 4e7;  // blocks of 1e8
+  p.step_time_s = 0.5;
+  p.fragment_layers = 2;    // 3 block fragments + the non-block one
+  p.inner_steps = 40;       // a fragment every 10 steps
+  p.tau = 2;
+  return p;
+}
+
+ModelConfig small_model(int vocab, int d, int layers, int heads, int ff) {
+  ModelConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = d;
+  c.num_layers = layers;
+  c.num_heads = heads;
+  c.intermediate_size = ff;
+  return c;
+}
+
+}  // namespace
+
+TEST(SimCu, InfiniteBandwidthGivesFullUtilization) {
+  const Profile p = small_profile();
+  for (Method m : all_methods()) EXPECT_NEAR(simulate_cu(p, m, 1e300).cu, 1.0, 1e-12) << method_name(m);
+}
+
+TEST(SimCu, DdpWithoutOverlapIsComputeOverComputePlusTransfer) {
+  Profile p = small_profile();
+  p.layers = 1;  // one layer: its reduction can only start when the backward has finished
+  p.latency_s = 0.03;
+  const double bw = 1e10, transfer = 8 * p.params * p.bytes_per_value / bw;
+  EXPECT_NEAR(simulate_cu(p, Method::DDP, bw).cu, p.step_time_s / (p.step_time_s + transfer + p.latency_s), 1e-12);
+}
+
+TEST(SimCu, DilocoRoundIsHStepsOverHStepsPlusTransfer) {
+  const Profile p = small_profile();
+  for (double bw : {1e8, 1e9, 1e10}) {
+    const double H = double(p.inner_steps), transfer = 8 * p.params * p.bytes_per_value / bw;
+    EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw).cu, H * p.step_time_s / (H * p.step_time_s + transfer), 1e-12);
+  }
+}
+
+TEST(SimCu, OverlapReachesFullUtilizationWhenAFragmentFitsInTauSteps) {
+  const Profile p = small_profile();
+  // The largest fragment (2 blocks, 2e8 values) takes 0.9 steps: hidden by tau = 2 steps of
+  // compute, but not without overlap.
+  const double bw = 8 * 2e8 * p.bytes_per_value / (0.9 * p.step_time_s);
+  EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlap, bw).cu, 1.0, 1e-12);
+  EXPECT_LT(simulate_cu(p, Method::Streaming, bw).cu, 0.999);
+  // At a quarter of that bandwidth it no longer fits.
+  EXPECT_LT(simulate_cu(p, Method::StreamingOverlap, bw / 4).cu, 0.999);
+  // fp4 moves 0.53125 / 4 of the bytes, so it fits at a quarter.
+  EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlapFp4, bw / 4).cu, 1.0, 1e-12);
+}
+
+TEST(SimCu, UtilizationNeverFallsWithBandwidthAndFp4NeverNeedsMore) {
+  for (const auto& [name, p] : load_profiles(std::string(LOCO_SOURCE_DIR) + "/configs/sim-profiles.toml")) {
+    for (Method m : all_methods()) {
+      double prev = 0;
+      for (double bw = 1e7; bw <= 1e14; bw *= 1.7) {
+        const double cu = simulate_cu(p, m, bw).cu;
+        EXPECT_GE(cu, prev - 1e-12) << name << " " << method_name(m) << " at " << bw;
+        EXPECT_LE(cu, 1.0 + 1e-12);
+        prev = cu;
+      }
+    }
+    for (double target : {0.5, 0.9, 0.99})
+      EXPECT_LE(bandwidth_for_cu(p, Method::StreamingOverlapFp4, target),
+                bandwidth_for_cu(p, Method::StreamingOverlap, target))
+          << name;
+  }
+}
+
+TEST(SimCu, ProfileErrors) {
+  Profile p = small_profile();
+  EXPECT_THROW(set_profile_key(p, "layers=2.5"), Error);
+  EXPECT_THROW(set_profile_key(p, "nope=1"), Error);
+  EXPECT_THROW(set_profile_key(p, "layers"), Error);
+  set_profile_key(p, "tau=10");
+  EXPECT_THROW(validate_profile(p), Error);  // tau >= H / fragments
+  EXPECT_THROW(parse_method("fsdp"), Error);
+  EXPECT_THROW(load_profiles("/nonexistent/profiles.toml"), Error);
+}
+
+TEST(Estimate, ParameterCountsEqualTheEngineLayout) {
+  for (bool tied : {false, true})
+    for (bool qk : {false, true}) {
+      ModelConfig c = small_model(97, 24, 3, 4, 40);
+      c.tie_embeddings = tied;
+      c.qk_norm = qk;
+      EXPECT_EQ(param_counts(arch_of(c)).total, double(ParamLayout(c).size())) << tied << qk;
+    }
+}
+
+TEST(Estimate, SlicedTrainableCountsFollowTheSlices) {
+  const Arch a = gpt3_xl();
+  const auto full = param_counts(a), half = param_counts(a, {2, "mlp"}), heads = param_counts(a, {4, "mlp+heads"});
+  EXPECT_DOUBLE_EQ(full.trainable, full.total);
+  EXPECT_DOUBLE_EQ(full.total - half.trainable, a.layers * full.mlp_per_block / 2);
+  EXPECT_DOUBLE_EQ(full.total - heads.trainable, a.layers * 0.75 * (full.mlp_per_block + full.qkv_per_block));
+  EXPECT_THROW(param_counts(a, {3, "mlp"}), Error);  // 8192 not divisible by 3
+}
+
+TEST(Estimate, MatmulFlopsEqualTheKernelsProducts) {
+  // Two sequence lengths: one attention row block, and several (causal blocks of 64 rows).
+  for (int S : {24, 150}) {
+    ModelConfig c = small_model(50, 16, 2, 2, 24);
+    c.max_seq_len = S;
+    const int B = 2;
+    Transformer model(c);
+    std::vector<float> params(size_t(model.layout().size())), grads(params.size(), 0.0f);
+    model.init_params(params.data(), 5);
+    std::vector<int32_t> tokens(size_t(B * S)), targets(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = int32_t(i * 7 % 50);
+      targets[i] = int32_t(i * 11 % 50);
+    }
+    Workspace ws(c, model.stage(), B, S);
+    const Flops f = step_flops(arch_of(c), B, S);
+    gemm_flop_counter() = 0;
+    model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws);
+    EXPECT_EQ(double(gemm_flop_counter().load()), f.matmul_forward) << S;
+    gemm_flop_counter() = 0;
+    model.backward(params.data(), grads.data(), tokens.data(), targets.data(), 1.0, nullptr, nullptr, ws);
+    EXPECT_EQ(double(gemm_flop_counter().load()), f.matmul_backward) << S;
+  }
+}
+
+TEST(Estimate, SlicingScalesOnlyParameterGradients) {
+  const Arch a = gpt3_xl();
+  const double B = 4, S = 2048, H = a.d, F = a.ff, L = a.layers;
+  const Flops full = step_flops(a, B, S), mlp4 = step_flops(a, B, S, {4, "mlp"});
+  EXPECT_DOUBLE_EQ(full.forward, mlp4.forward);
+  EXPECT_DOUBLE_EQ(full.backward_input, mlp4.backward_input);
+  // Appendix C.2: the MLP's parameter term 4 B S H D_ff becomes 4 rho B S H D_ff.
+  EXPECT_NEAR(full.backward_params - mlp4.backward_params, L * 4 * B * S * H * F * 0.75, 1.0);
+}
+
+TEST(Estimate, RingAllReduceTime) {
+  // 2.6 GB of bf16 gradients over 32 nodes at 2.875 GB/s: 2 x 31/32 x 2.6 / 2.875 s.
+  EXPECT_NEAR(ring_allreduce_seconds(2.6e9, 32, 2.875e9 * 8), 2.0 * 31 / 32 * 2.6 / 2.875, 1e-12);
+}
+
+TEST(Latency, ClosedFormsAgreeWithMonteCarlo) {
+  for (double sigma : {0.3, 1.0, 1.5})
+    for (int n : {4, 64, 1024}) {
+      const auto tree = tree_allreduce_mc(n, 0.2, sigma, 20000, 7);
+      EXPECT_NEAR(tree.mean, tree_allreduce_closed(n, 0.2, sigma), 4 * tree.stderr_) << n << " " << sigma;
+    }
+  for (double sigma : {0.3, 1.0}) {
+    const auto pair = pair_average_mc(0.0, sigma, 40000, 9);
+    EXPECT_NEAR(pair.mean, pair_average_closed(0.0, sigma), 4 * pair.stderr_) << sigma;
+  }
+  // The hop ratio is log2 n; the full tree (max over paths) is slower, more so with variance.
+  EXPECT_NEAR(tree_allreduce_closed(1024, 0, 1) / pair_average_closed(0, 1), 10.0, 1e-12);
+  const double full_low = tree_allreduce_full_mc(256, 0, 0.3, 200, 3).mean / tree_allreduce_closed(256, 0, 0.3);
+  const double full_high = tree_allreduce_full_mc(256, 0, 1.5, 200, 3).mean / tree_allreduce_closed(256, 0, 1.5);
+  EXPECT_GT(full_low, 1.0);
+  EXPECT_GT(full_high, full_low);
+  EXPECT_THROW(tree_allreduce_closed(48, 0, 1), Error);
+}
+
+TEST(Latency, BarrierCostNormalApproximationAgreesWithMonteCarlo) {
+  // Pairs: E[max of two normals] is exact, so only the normal approximation of the sum errs.
+  const auto pair = barrier_cost_mc(2, 100, 1.0, 0.5, 4000, 11);
+  EXPECT_NEAR(pair.mean, barrier_cost_closed(2, 100, 1.0, 0.5), 4 * pair.stderr_ + 0.002);
+  // 1024 workers: Blom's approximation of the expected maximum, within 15%. About 20% at H = 100.
+  const auto global = barrier_cost_mc(1024, 100, 1.0, 0.5, 40, 12);
+  EXPECT_NEAR(global.mean, barrier_cost_closed(1024, 100, 1.0, 0.5), 0.15 * global.mean);
+  EXPECT_GT(global.mean, 0.15);
+  EXPECT_LT(pair.mean, 0.05);
+}
