@@ -8,7 +8,7 @@ std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w)
   if (cfg.algorithm == "ddp") return make_ddp();
   if (cfg.algorithm == "diloco") {
     if (cfg.outer.codec != "fp32") fail("outer.codec applies to algorithm = \"streaming\"; diloco sends fp32");
-    return make_diloco(cfg.outer, w.params.size());
+    return make_diloco(cfg, w);
   }
   if (cfg.algorithm == "streaming") return make_streaming(cfg, w);
   fail("unknown algorithm \"" + cfg.algorithm + "\"");

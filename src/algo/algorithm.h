@@ -39,7 +39,7 @@ std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w)
 // Data-parallel baseline: gradients averaged with an all-reduce every step.
 std::unique_ptr<Algorithm> make_ddp();
 // DiLoCo: every H inner steps, outer gradients averaged and a Nesterov outer step.
-std::unique_ptr<Algorithm> make_diloco(const OuterConfig& outer, size_t num_params);
+std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w);
 // Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized.
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w);
 

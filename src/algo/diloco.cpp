@@ -5,8 +5,10 @@
 // inner steps count. Evaluation uses the outer parameters.
 // In fp32 the all-reduce carries the replicas' parameters theta_m: every worker knows theta,
 // so this is the same information as Delta_m in the same bytes, and it keeps the outer step
-// exact (see outer_sgd_step).
+// exact (see outer_sgd_step). With partial updates each entry is averaged over the replicas
+// that train it (algo/partial.h).
 #include "algo/algorithm.h"
+#include "algo/partial.h"
 
 namespace loco {
 
@@ -14,7 +16,12 @@ namespace {
 
 class Diloco : public Algorithm {
  public:
-  Diloco(const OuterConfig& outer, size_t n) : outer_(outer), theta_(n), momentum_(n, 0.0f), avg_(n) {}
+  Diloco(const RunConfig& cfg, const Worker& w)
+      : outer_(cfg.outer),
+        theta_(w.params.size()),
+        momentum_(w.params.size(), 0.0f),
+        average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
+        whole_{{0, int64_t(w.params.size())}} {}
 
   void start(Worker& w, bool resumed) override {
     if (!resumed) theta_ = w.params;
@@ -23,8 +30,10 @@ class Diloco : public Algorithm {
   void after_step(Worker& w, int64_t done, bool last) override {
     if (done % outer_.inner_steps != 0 && !last) return;
     const int64_t n = int64_t(theta_.size());
-    avg_ = w.params;
-    w.comm.all_reduce(avg_.data(), n, ReduceOp::Mean, "outer_gradients");
+    // With partial updates, each entry is averaged over the replicas that train it.
+    CountVectorAverage::Op op;
+    average_.start(w.comm, w.params.data(), whole_, op);
+    average_.finish(w.comm, op, whole_, avg_);
     outer_sgd_step(theta_.data(), momentum_.data(), avg_.data(), n, outer_);
     w.params = theta_;
   }
@@ -46,12 +55,14 @@ class Diloco : public Algorithm {
  private:
   OuterConfig outer_;
   std::vector<float> theta_, momentum_, avg_;
+  CountVectorAverage average_;
+  std::vector<Range> whole_;
 };
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_diloco(const OuterConfig& outer, size_t num_params) {
-  return std::make_unique<Diloco>(outer, num_params);
+std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w) {
+  return std::make_unique<Diloco>(cfg, w);
 }
 
 }  // namespace loco

@@ -17,9 +17,12 @@
 #include <sstream>
 
 #include "algo/algorithm.h"
+#include "algo/outer_store.h"
+#include "algo/partial.h"
 #include "comm/codec.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/fs.h"
 
 namespace loco {
 
@@ -83,8 +86,7 @@ class Streaming : public Algorithm {
         codec_(make_codec({cfg.outer.codec, cfg.outer.rounding, cfg.outer.block, cfg.outer.keep_fraction})),
         tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
         seed_(uint64_t(cfg.train.seed)),
-        theta_(w.params.size()),
-        momentum_(w.params.size(), 0.0f),
+        average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
         comm_(w.comm) {
     const auto& layout = w.model.layout();
     for (const auto& f : plan_) {
@@ -94,6 +96,12 @@ class Streaming : public Algorithm {
         for (const auto& x : layout.nonblock_ranges()) r.push_back(x);
       ranges_.push_back(merge_ranges(r));
     }
+    std::string scratch;
+    if (cfg.streaming.offload_outer) {
+      make_dirs(cfg.train.out_dir);
+      scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.rank) + ".scratch";
+    }
+    store_ = std::make_unique<OuterStore>(ranges_, int64_t(w.params.size()), scratch);
     int64_t max_tau = tau_;
     if (!cfg.streaming.worker_tau.empty())
       for (int r = 0; r < w.replicas; ++r)
@@ -107,7 +115,7 @@ class Streaming : public Algorithm {
   }
 
   void start(Worker& w, bool resumed) override {
-    if (!resumed) theta_ = w.params;
+    if (!resumed) store_->write_all(w.params, std::vector<float>(w.params.size(), 0.0f));
   }
 
   void after_step(Worker& w, int64_t done, bool last) override {
@@ -128,7 +136,11 @@ class Streaming : public Algorithm {
   }
 
   const std::vector<float>& eval_params(Worker& w) override {
-    if (cfg_.eval == "outer") return theta_;
+    if (cfg_.eval == "outer") {
+      std::vector<float> momentum;
+      store_->read_all(eval_buffer_, momentum);
+      return eval_buffer_;
+    }
     eval_buffer_ = w.params;
     if (cfg_.eval == "average") {
       w.comm.all_reduce(eval_buffer_.data(), int64_t(eval_buffer_.size()), ReduceOp::Mean, "eval");
@@ -142,8 +154,7 @@ class Streaming : public Algorithm {
   }
 
   void save_state(TrainingState& st) override {
-    st.tensors["outer.params"] = theta_;
-    st.tensors["outer.momentum"] = momentum_;
+    store_->read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
     // Syncs in flight: completed (their averages stored) but not yet applied.
     std::string list;
     for (auto& p : pending_) {
@@ -157,8 +168,10 @@ class Streaming : public Algorithm {
   }
 
   void load_state(const TrainingState& st) override {
-    st.take("outer.params", theta_);
-    st.take("outer.momentum", momentum_);
+    std::vector<float> theta(static_cast<size_t>(total_size_all())), momentum(theta.size());
+    st.take("outer.params", theta);
+    st.take("outer.momentum", momentum);
+    store_->write_all(theta, momentum);
     pending_.clear();
     const auto it = st.meta.find("pending");
     if (it == st.meta.end() || it->second.empty()) return;
@@ -173,6 +186,7 @@ class Streaming : public Algorithm {
       p.avg.assign(size_t(total_size(ranges_[p.fragment])), 0.0f);
       st.take(key + ".avg", p.avg);
       p.completed = true;
+      store_->read(p.fragment, p.theta, p.momentum);
       pending_.push_back(std::move(p));
     }
   }
@@ -182,8 +196,11 @@ class Streaming : public Algorithm {
     for (const auto& r : ranges_) largest = std::max(largest, total_size(r));
     out["fragments"] = int64_t(plan_.size());
     out["largest_fragment_params"] = largest;
-    out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
-    out["outer_state_bytes_needed_at_once"] = 2 * largest * 4 * (1 + int64_t(tau_ > 0));
+    // Held for the whole run (all of it, or nothing when offloaded), plus what a sync in flight
+    // holds: the fragment's outer parameters and momentum and the received average.
+    out["outer_state_bytes"] = store_->resident_bytes() + 3 * largest * 4;
+    out["outer_state_bytes_needed_at_once"] = 3 * largest * 4;
+    out["outer_state_offloaded"] = store_->offloaded();
     out["tau"] = tau_;
   }
 
@@ -192,9 +209,11 @@ class Streaming : public Algorithm {
     size_t fragment = 0;
     int64_t apply_at = 0;
     Communicator::Handle handle;
-    std::vector<float> buffer;           // fp32: this replica's parameters, reduced in place
+    CountVectorAverage::Op op;           // fp32: the replicas' parameters, averaged per entry
+    std::vector<float> buffer;           // codecs: this replica's delta
     std::vector<std::string> gathered;   // codecs: every replica's encoded delta
     std::vector<float> avg;              // the replicas' average parameters, once completed
+    std::vector<float> theta, momentum;  // the fragment's outer state, packed
     bool completed = false;
   };
 
@@ -204,14 +223,14 @@ class Streaming : public Algorithm {
     Pending& p = pending_.emplace_back();
     p.fragment = j;
     p.apply_at = step + tau_;
+    store_->read(j, p.theta, p.momentum);
     const auto& ranges = ranges_[j];
-    for (const auto& r : ranges) p.buffer.insert(p.buffer.end(), w.params.begin() + r.begin, w.params.begin() + r.end);
     if (codec_->lossless()) {
-      p.handle = w.comm.all_reduce_start(p.buffer.data(), int64_t(p.buffer.size()), ReduceOp::Mean, "outer_gradients");
+      average_.start(w.comm, w.params.data(), ranges, p.op);
     } else {
-      size_t k = 0;
-      for (const auto& r : ranges)  // Delta_{m,j} = theta_j - theta_{m,j}
-        for (int64_t i = r.begin; i < r.end; ++i, ++k) p.buffer[k] = theta_[size_t(i)] - p.buffer[k];
+      for (const auto& r : ranges)
+        p.buffer.insert(p.buffer.end(), w.params.begin() + r.begin, w.params.begin() + r.end);
+      for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
       Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(w.rank), uint64_t(step) * 1024 + j));
       p.handle = w.comm.all_gather_start(codec_->encode(p.buffer.data(), int64_t(p.buffer.size()), rng), &p.gathered,
                                          "outer_gradients");
@@ -221,17 +240,15 @@ class Streaming : public Algorithm {
   // Waits for the reduction and computes the replicas' average parameters of the fragment.
   void complete(Pending& p) {
     if (p.completed) return;
-    comm_.wait(p.handle);
     if (codec_->lossless()) {
-      p.avg = std::move(p.buffer);
+      average_.finish(comm_, p.op, ranges_[p.fragment], p.avg);
     } else {
+      comm_.wait(p.handle);
       std::vector<float> sum(p.buffer.size(), 0.0f);
       for (const auto& payload : p.gathered) codec_->decode_add(payload, sum.data(), int64_t(sum.size()));
       const float M = float(p.gathered.size());
       p.avg.resize(sum.size());
-      size_t k = 0;
-      for (const auto& r : ranges_[p.fragment])
-        for (int64_t i = r.begin; i < r.end; ++i, ++k) p.avg[k] = theta_[size_t(i)] - sum[k] / M;
+      for (size_t k = 0; k < sum.size(); ++k) p.avg[k] = p.theta[k] - sum[k] / M;
     }
     p.buffer.clear();
     p.gathered.clear();
@@ -241,19 +258,25 @@ class Streaming : public Algorithm {
   // Outer step on the fragment, then merge into (or replace) the replica's parameters.
   void apply(Worker& w, Pending& p, bool replace) {
     complete(p);
+    outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
+    store_->write(p.fragment, p.theta, p.momentum);
     size_t k = 0;
     const float a = float(cfg_.alpha);
     for (const auto& r : ranges_[p.fragment]) {
-      const int64_t n = r.size();
-      outer_sgd_step(theta_.data() + r.begin, momentum_.data() + r.begin, p.avg.data() + k, n, outer_);
-      k += size_t(n);
       float* local = w.params.data() + r.begin;
-      const float* synced = theta_.data() + r.begin;
+      const float* synced = p.theta.data() + k;
       if (replace)
-        std::copy(synced, synced + n, local);
+        std::copy(synced, synced + r.size(), local);
       else
-        for (int64_t i = 0; i < n; ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
+        for (int64_t i = 0; i < r.size(); ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
+      k += size_t(r.size());
     }
+  }
+
+  int64_t total_size_all() const {
+    int64_t n = 0;
+    for (const auto& r : ranges_) n += total_size(r);
+    return n;
   }
 
   StreamingConfig cfg_;
@@ -263,8 +286,10 @@ class Streaming : public Algorithm {
   std::unique_ptr<Codec> codec_;
   int64_t tau_;
   uint64_t seed_;
-  std::vector<float> theta_, momentum_, eval_buffer_;
+  std::unique_ptr<OuterStore> store_;
+  std::vector<float> eval_buffer_;
   std::deque<Pending> pending_;
+  CountVectorAverage average_;
   Communicator& comm_;
 };
 

@@ -1,5 +1,7 @@
 #include "algo/trainer.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -21,8 +23,18 @@
 #include "io/progress.h"
 #include "model/evaluate.h"
 #include "optim/schedule.h"
+#include "sim/estimate.h"
 
 namespace loco {
+
+namespace {
+// Peak resident set of the process (all in-process workers together), from getrusage.
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
+}
+}  // namespace
 
 namespace {
 
@@ -179,7 +191,8 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
 
     const double t_start = clock.now();
     auto elapsed = [&] { return elapsed_before + clock.now() - t_start; };
-    double loss_sum = 0, last_loss = 0, last_log_time = t_start;
+    double loss_sum = 0, last_loss = 0, last_log_time = t_start, backward_seconds = 0;
+    int64_t steps_run = 0;
     int64_t loss_count = 0;
     for (int64_t step = start_step; step < cfg.train.steps; ++step) {
       const double lr = schedule.at(step);
@@ -190,8 +203,12 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
       if (!std::isfinite(loss))
         fail("non-finite training loss at step " + std::to_string(step + 1) + " on replica " +
              std::to_string(w.rank) + " (lower optimizer.lr?); stopped before the update");
-      w.model.backward(w.params.data(), w.grads.data(), inputs.data(), targets.data(), 1.0, nullptr, nullptr, ws);
+      const double tb = clock.now();
+      w.model.backward(w.params.data(), w.grads.data(), inputs.data(), targets.data(), 1.0, nullptr, nullptr, ws,
+                       &w.trainable);
       const double t1 = clock.now();
+      backward_seconds += t1 - tb;
+      ++steps_run;
       trace->span("forward+backward", "compute", w.rank, 0, t0, t1);
       algo->on_gradients(w);
       const double t2 = clock.now();
@@ -268,6 +285,16 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
     me["checkpoint_s"] = checkpoint_seconds;
     me["wall_s"] = wall;
     me["compute_utilization"] = w.compute_seconds / busy;
+    // What this replica holds and computes (partial updates shrink all but the parameters).
+    const auto flops = sim::step_flops(sim::arch_of(cfg.model), cfg.data.batch_size, cfg.data.seq_len,
+                                       {cfg.partial.slices, cfg.partial.strategy});
+    me["trainable_params"] = w.trainable.size();
+    me["param_bytes"] = int64_t(w.params.size() * sizeof(float));
+    me["grad_bytes"] = int64_t(w.grads.size() * sizeof(float));
+    me["optimizer_bytes"] = int64_t((w.adamw.m().size() + w.adamw.v().size()) * sizeof(float));
+    me["backward_flops_per_step"] = flops.backward();
+    me["backward_s_per_step"] = steps_run > 0 ? backward_seconds / double(steps_run) : 0.0;
+    me["peak_rss_bytes"] = peak_rss_bytes();
     // Bytes of the training method itself (not evaluation, checkpoint barriers or this report).
     int64_t train_bytes = 0;
     for (const auto& [op, v] : me["by_operation"].items())

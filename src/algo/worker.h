@@ -19,9 +19,12 @@ struct Worker {
         rank(comm.rank()),
         replicas(comm.size()),
         model(cfg.model),
+        trainable(cfg.partial.slices > 1 ? TrainableSet(model.layout(), rank % cfg.partial.slices,
+                                                        cfg.partial.slices, cfg.partial.strategy)
+                                         : TrainableSet(model.layout())),
         params(size_t(model.layout().size())),
-        grads(params.size()),
-        adamw(cfg.optim.adamw, model.layout()),
+        grads(size_t(trainable.size())),
+        adamw(cfg.optim.adamw, model.layout(), &trainable),
         loader(std::move(train_tokens), cfg.data.seq_len, cfg.data.batch_size, rank, replicas,
                uint64_t(cfg.data.seed)) {}
 
@@ -29,6 +32,7 @@ struct Worker {
   Communicator& comm;
   const int rank, replicas;
   Transformer model;
+  TrainableSet trainable;          // what this replica trains (partial.slices); grads are compact
   std::vector<float> params, grads;
   AdamW adamw;
   DataLoader loader;

@@ -16,7 +16,9 @@
 #include "io/run_config.h"
 #include "io/safetensors.h"
 #include "model/evaluate.h"
+#include "model/trainable.h"
 #include "model/transformer.h"
+#include "sim/estimate.h"
 
 namespace loco::cli {
 
@@ -153,7 +155,6 @@ void add_generate(CLI::App& app) {
            std::to_string(m.config.vocab_size) + ")");
     std::vector<int32_t> ids = tok->encode(a->prompt);
     if (ids.empty()) fail("--prompt encodes to no tokens");
-    const size_t prompt_len = ids.size();
     Transformer model(m.config);
     Rng rng(a->seed);
     const int V = m.config.vocab_size;
@@ -181,16 +182,21 @@ void add_generate(CLI::App& app) {
       if (next == tok->eos_id()) break;
       ids.push_back(next);
     }
-    std::printf("%s%s\n", a->prompt.c_str(),
-                tok->decode(std::vector<int32_t>(ids.begin() + std::ptrdiff_t(prompt_len), ids.end())).c_str());
+    // Decoding the whole sequence keeps the word boundary between prompt and continuation
+    // (SentencePiece drops a leading space when a piece starts the decoded text).
+    std::printf("%s\n", tok->decode(ids).c_str());
   });
 }
 
 void add_info(CLI::App& app) {
   auto path = std::make_shared<std::string>();
+  auto slices = std::make_shared<int>(0);
+  auto strategy = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("info", "Parameter count, FLOPs per token and memory estimate of a config");
   cmd->add_option("--config", *path, "TOML run config or Hugging Face config.json")->required();
-  cmd->callback([path] {
+  cmd->add_option("--slices", *slices, "partial updates: N slices (default: the config's partial.slices)");
+  cmd->add_option("--strategy", *strategy, "partial updates: mlp or mlp+heads (default: the config's)");
+  cmd->callback([path, slices, strategy] {
     RunConfig rc;
     const bool json = path->size() >= 5 && path->compare(path->size() - 5, 5, ".json") == 0;
     if (json)
@@ -219,6 +225,16 @@ void add_info(CLI::App& app) {
     std::printf("                      activations %.1f MiB for batch %d x %d\n", mib(act_bytes), batch, seq);
     std::printf("                      total %.1f MiB per replica (DiLoCo adds outer parameters and momentum: %.1f MiB)\n",
                 mib(16.0 * n + act_bytes), mib(8.0 * n));
+    // Per node under partial updates: what a worker really allocates (node 0's slice).
+    const int N = *slices > 0 ? *slices : rc.partial.slices;
+    const std::string strat = strategy->empty() ? rc.partial.strategy : *strategy;
+    const TrainableSet trainable = N > 1 ? TrainableSet(layout, 0, N, strat) : TrainableSet(layout);
+    const double t = double(trainable.size());
+    const auto flops = sim::step_flops(sim::arch_of(c), batch, seq, {N, strat});
+    std::printf("per node (%d slice(s), %s): trainable %lld (%.1f%%); params %.1f MiB, gradients %.1f MiB, "
+                "AdamW %.1f MiB, outer (DiLoCo) %.1f MiB; backward %.4g FLOPs per step (batch %d x %d)\n",
+                N, strat.c_str(), (long long)trainable.size(), 100.0 * t / double(n), mib(4.0 * n), mib(4.0 * t),
+                mib(8.0 * t), mib(8.0 * n), flops.backward(), batch, seq);
   });
 }
 

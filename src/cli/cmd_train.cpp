@@ -72,6 +72,14 @@ void add_train(CLI::App& app) {
                   (long long)w["messages_sent"].get<int64_t>(), w["peak_send_bytes_per_s"].get<double>(),
                   w["compute_s"].get<double>(), w["comm_wait_s"].get<double>(),
                   100 * w["compute_utilization"].get<double>());
+    std::printf("  %-6s %12s %12s %12s %12s %12s %14s %12s\n", "worker", "trainable", "params B", "grads B",
+                "optimizer B", "outer B", "bwd FLOPs/step", "bwd s/step");
+    for (const auto& w : s.workers)
+      std::printf("  %-6d %12lld %12lld %12lld %12lld %12lld %14.4g %12.4f\n", w["rank"].get<int>(),
+                  (long long)w["trainable_params"].get<int64_t>(), (long long)w["param_bytes"].get<int64_t>(),
+                  (long long)w["grad_bytes"].get<int64_t>(), (long long)w["optimizer_bytes"].get<int64_t>(),
+                  (long long)w.value("outer_state_bytes", int64_t(0)), w["backward_flops_per_step"].get<double>(),
+                  w["backward_s_per_step"].get<double>());
   });
 }
 

@@ -67,6 +67,12 @@ void linear_backward(T* din, T* dw, const T* dout, const T* in, const T* w, int6
 }
 
 template <class T>
+void linear_backward_weight_rows(T* dw_rows, const T* dout, const T* in, int64_t n, int in_dim, int out_dim, int r0,
+                                 int r1) {
+  gemm_mt(true, false, r1 - r0, in_dim, int(n), T(1), dout + r0, out_dim, in, in_dim, T(1), dw_rows, in_dim);
+}
+
+template <class T>
 void linear_t_forward(T* out, const T* in, const T* wt, int64_t n, int in_dim, int out_dim) {
   gemm_mt(false, false, int(n), out_dim, in_dim, T(1), in, in_dim, wt, out_dim, T(0), out, out_dim);
 }
@@ -75,6 +81,12 @@ template <class T>
 void linear_t_backward(T* din, T* dwt, const T* dout, const T* in, const T* wt, int64_t n, int in_dim, int out_dim) {
   if (din) gemm_mt(false, true, int(n), in_dim, out_dim, T(1), dout, out_dim, wt, out_dim, T(1), din, in_dim);
   if (dwt) gemm_mt(true, false, in_dim, out_dim, int(n), T(1), in, in_dim, dout, out_dim, T(1), dwt, out_dim);
+}
+
+template <class T>
+void linear_t_backward_weight_rows(T* dwt_rows, const T* dout, const T* in, int64_t n, int in_dim, int out_dim,
+                                   int r0, int r1) {
+  gemm_mt(true, false, r1 - r0, out_dim, int(n), T(1), in + r0, in_dim, dout, out_dim, T(1), dwt_rows, out_dim);
 }
 
 template <class T>
@@ -310,6 +322,8 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int);                \
   template void linear_forward<T>(T*, const T*, const T*, int64_t, int, int);                                     \
   template void linear_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int, int);                      \
+  template void linear_backward_weight_rows<T>(T*, const T*, const T*, int64_t, int, int, int, int);              \
+  template void linear_t_backward_weight_rows<T>(T*, const T*, const T*, int64_t, int, int, int, int);            \
   template void linear_t_forward<T>(T*, const T*, const T*, int64_t, int, int);                                   \
   template void linear_t_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int, int);                    \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int);                                 \

@@ -25,6 +25,12 @@ void linear_forward(T* out, const T* in, const T* w, int64_t n, int in_dim, int 
 template <class T>
 void linear_backward(T* din, T* dw, const T* dout, const T* in, const T* w, int64_t n, int in_dim, int out_dim);
 
+// Rows [r0, r1) of dw only: dw_rows (r1 - r0, IN) += dout[:, r0:r1]^T in. For partial updates:
+// the weight gradient of a trained slice, without computing the frozen rest.
+template <class T>
+void linear_backward_weight_rows(T* dw_rows, const T* dout, const T* in, int64_t n, int in_dim, int out_dim, int r0,
+                                 int r1);
+
 // Linear with weight stored transposed, Wt (IN, OUT): out (N, OUT) = in (N, IN) Wt.
 // Used for down_proj so that a slice of the hidden (IN) dimension is a block of rows.
 template <class T>
@@ -32,6 +38,10 @@ void linear_t_forward(T* out, const T* in, const T* wt, int64_t n, int in_dim, i
 // din (N, IN) += dout Wt^T; dwt (IN, OUT) += in^T dout.
 template <class T>
 void linear_t_backward(T* din, T* dwt, const T* dout, const T* in, const T* wt, int64_t n, int in_dim, int out_dim);
+// Rows [r0, r1) of dwt only: dwt_rows (r1 - r0, OUT) += in[:, r0:r1]^T dout.
+template <class T>
+void linear_t_backward_weight_rows(T* dwt_rows, const T* dout, const T* in, int64_t n, int in_dim, int out_dim,
+                                   int r0, int r1);
 
 // out (N, C) = E[tokens] with E (V, C).
 template <class T>

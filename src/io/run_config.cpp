@@ -87,6 +87,13 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("streaming.alpha", &st.alpha, "alpha: weight of the local parameters when merging a delayed sync", 0.0, 1.0);
   s.add("streaming.eval", &st.eval, "parameters evaluated: outer, replica0 or average (of the replicas)",
         {"outer", "replica0", "average"});
+  s.add("streaming.offload_outer", &st.offload_outer,
+        "keep the outer parameters and momentum in a scratch file in the run directory; only the fragments "
+        "being synchronized are in memory");
+  auto& pa = cfg.partial;
+  s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (1: everything)", 1);
+  s.add("partial.strategy", &pa.strategy, "sliced matrices: mlp (gate/up/down) or mlp+heads (also q/k/v)",
+        {"mlp", "mlp+heads"});
   return s;
 }
 
@@ -107,6 +114,16 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");
   need(parse_duration(c.network.peak_window, source + ": network.peak_window") > 0,
        "network.peak_window must be > 0");
+  if (c.partial.slices > 1) {
+    need(c.algorithm == "diloco" || c.algorithm == "streaming",
+         "partial.slices > 1 needs algorithm = \"diloco\" or \"streaming\"");
+    need(c.model.intermediate_size % c.partial.slices == 0,
+         "partial.slices must divide model.intermediate_size (" + std::to_string(c.model.intermediate_size) + ")");
+    need(c.partial.strategy == "mlp" || c.model.num_heads % c.partial.slices == 0,
+         "partial.slices must divide model.num_heads (" + std::to_string(c.model.num_heads) + ")");
+    need(c.algorithm != "streaming" || c.outer.codec == "fp32",
+         "partial updates with streaming send float32 (outer.codec = \"fp32\")");
+  }
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

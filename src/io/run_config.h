@@ -67,6 +67,12 @@ struct StreamingConfig {
   std::string worker_tau;           // per-replica tau, e.g. "1,1,3,3" ("" : all tau)
   double alpha = 0.5;               // merge factor of the overlapped local progress
   std::string eval = "outer";       // outer, replica0, average
+  bool offload_outer = false;       // keep outer state in a scratch file, not in memory
+};
+
+struct PartialConfig {
+  int slices = 1;                // N: node k trains slice k mod N of the sliced matrices
+  std::string strategy = "mlp";  // mlp, or mlp+heads (also q/k/v by head groups)
 };
 
 struct RunConfig {
@@ -79,6 +85,7 @@ struct RunConfig {
   NetworkConfig network;
   OuterConfig outer;
   StreamingConfig streaming;
+  PartialConfig partial;
 };
 
 // Binds every key of `cfg` into a schema (keep `cfg` alive while the schema is used).

@@ -102,6 +102,31 @@ std::vector<Range> ParamLayout::slice_ranges(int n, int num_slices, SliceStrateg
   return merge_ranges(out);
 }
 
+std::vector<Range> intersect_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
+  std::vector<Range> out;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const int64_t lo = std::max(a[i].begin, b[j].begin), hi = std::min(a[i].end, b[j].end);
+    if (lo < hi) out.push_back({lo, hi});
+    (a[i].end < b[j].end ? i : j)++;
+  }
+  return out;
+}
+
+std::vector<Range> subtract_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
+  std::vector<Range> out;
+  size_t j = 0;
+  for (Range r : a) {
+    while (j < b.size() && b[j].end <= r.begin) ++j;
+    for (size_t k = j; k < b.size() && b[k].begin < r.end; ++k) {
+      if (b[k].begin > r.begin) out.push_back({r.begin, b[k].begin});
+      r.begin = std::max(r.begin, b[k].end);
+    }
+    if (r.begin < r.end) out.push_back(r);
+  }
+  return out;
+}
+
 std::vector<Range> merge_ranges(std::vector<Range> ranges) {
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
   std::vector<Range> out;

@@ -74,6 +74,9 @@ class ParamLayout {
 };
 
 std::vector<Range> merge_ranges(std::vector<Range> ranges);
+// Set operations on sorted, merged range lists.
+std::vector<Range> intersect_ranges(const std::vector<Range>& a, const std::vector<Range>& b);
+std::vector<Range> subtract_ranges(const std::vector<Range>& a, const std::vector<Range>& b);
 int64_t total_size(const std::vector<Range>& ranges);
 
 }  // namespace loco

@@ -189,13 +189,33 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
 }
 
 void Transformer::backward(const float* params, float* grads, const int32_t* tokens, const int32_t* targets,
-                           double dloss, const float* dy, float* dx_in, Workspace& ws) const {
+                           double dloss, const float* dy, float* dx_in, Workspace& ws,
+                           const TrainableSet* trainable) const {
   const auto& c = config_;
   const auto& st = layout_.stage();
   const int64_t n = ws.rows();
   const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim();
   auto P = [&](TensorKind k, int block = -1) { return params + layout_.get(k, block).offset; };
-  auto G = [&](TensorKind k, int block = -1) { return grads + layout_.get(k, block).offset; };
+  // Gradient of a tensor trained as a whole (norms, embeddings, o: never sliced).
+  auto G = [&](TensorKind k, int block = -1) {
+    const auto& t = layout_.get(k, block);
+    return grads + (trainable ? trainable->rows(size_t(&t - layout_.tensors().data())).compact : t.offset);
+  };
+  // A linear layer whose weight may be sliced: full input gradient, weight gradient of the
+  // trained rows only. transposed: the weight is stored (IN, OUT) (down_proj).
+  auto linear_back = [&](float* din, TensorKind k, int l, const float* dout, const float* in, int in_dim,
+                         int out_dim, bool transposed) {
+    const auto& t = layout_.get(k, l);
+    const float* w = params + t.offset;
+    const auto backward_full = transposed ? linear_t_backward<float> : linear_backward<float>;
+    if (!trainable) return backward_full(din, grads + t.offset, dout, in, w, n, in_dim, out_dim);
+    const auto& r = trainable->rows(size_t(&t - layout_.tensors().data()));
+    if (r.begin == 0 && r.end == t.rows) return backward_full(din, grads + r.compact, dout, in, w, n, in_dim, out_dim);
+    backward_full(din, nullptr, dout, in, w, n, in_dim, out_dim);
+    if (r.end > r.begin)
+      (transposed ? linear_t_backward_weight_rows<float> : linear_backward_weight_rows<float>)(
+          grads + r.compact, dout, in, n, in_dim, out_dim, int(r.begin), int(r.end));
+  };
 
   // ws.dx: gradient of the loss with respect to the residual stream, walked down the blocks.
   zero(ws.dx);
@@ -217,15 +237,13 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
     auto& b = ws.blocks[i];
     // MLP: dx is dL/dx_next and, by the residual, already part of dL/dx_mid.
     zero(ws.dact);
-    linear_t_backward(ws.dact.data(), G(TensorKind::Down, l), ws.dx.data(), b.act.data(), P(TensorKind::Down, l), n,
-                      f, d);
+    linear_back(ws.dact.data(), TensorKind::Down, l, ws.dx.data(), b.act.data(), f, d, true);
     zero(ws.dgate);
     zero(ws.dup);
     swiglu_backward(ws.dgate.data(), ws.dup.data(), ws.dact.data(), b.gate.data(), b.up.data(), n * f);
     zero(ws.dln);
-    linear_backward(ws.dln.data(), G(TensorKind::Gate, l), ws.dgate.data(), b.ln2.data(), P(TensorKind::Gate, l), n,
-                    d, f);
-    linear_backward(ws.dln.data(), G(TensorKind::Up, l), ws.dup.data(), b.ln2.data(), P(TensorKind::Up, l), n, d, f);
+    linear_back(ws.dln.data(), TensorKind::Gate, l, ws.dgate.data(), b.ln2.data(), d, f, false);
+    linear_back(ws.dln.data(), TensorKind::Up, l, ws.dup.data(), b.ln2.data(), d, f, false);
     rmsnorm_backward(ws.dx.data(), G(TensorKind::PostNorm, l), ws.dln.data(), b.x_mid.data(),
                      P(TensorKind::PostNorm, l), b.rstd2.data(), n, d);
     // Attention: dx is now dL/dx_mid, and by the residual part of dL/dx_in.
@@ -254,9 +272,9 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
       dk_lin = ws.dk.data();
     }
     zero(ws.dln);
-    linear_backward(ws.dln.data(), G(TensorKind::Q, l), dq_lin, b.ln1.data(), P(TensorKind::Q, l), n, d, d);
-    linear_backward(ws.dln.data(), G(TensorKind::K, l), dk_lin, b.ln1.data(), P(TensorKind::K, l), n, d, d);
-    linear_backward(ws.dln.data(), G(TensorKind::V, l), ws.dv.data(), b.ln1.data(), P(TensorKind::V, l), n, d, d);
+    linear_back(ws.dln.data(), TensorKind::Q, l, dq_lin, b.ln1.data(), d, d, false);
+    linear_back(ws.dln.data(), TensorKind::K, l, dk_lin, b.ln1.data(), d, d, false);
+    linear_back(ws.dln.data(), TensorKind::V, l, ws.dv.data(), b.ln1.data(), d, d, false);
     rmsnorm_backward(ws.dx.data(), G(TensorKind::InputNorm, l), ws.dln.data(), b.x_in.data(),
                      P(TensorKind::InputNorm, l), b.rstd1.data(), n, d);
   }

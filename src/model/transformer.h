@@ -7,6 +7,7 @@
 
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/trainable.h"
 
 namespace loco {
 
@@ -55,8 +56,11 @@ class Transformer {
   // Backward after forward on the same workspace. grads (+=, layout-sized).
   // Head stage: `dloss` scales the loss gradient (e.g. 1/micro-batches); else `dy` (B*S, d) is
   // the gradient of the output residual stream. Non-embedding stage: dx_in (B*S, d) +=.
+  // With `trainable`, grads is its compact buffer: parameter gradients are computed only for
+  // the trained rows (the frozen slices' weight-gradient products are skipped), while the
+  // gradients with respect to activations stay complete.
   void backward(const float* params, float* grads, const int32_t* tokens, const int32_t* targets, double dloss,
-                const float* dy, float* dx_in, Workspace& ws) const;
+                const float* dy, float* dx_in, Workspace& ws, const TrainableSet* trainable = nullptr) const;
 
  private:
   ModelConfig config_;

@@ -1,19 +1,34 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace loco {
 
-AdamW::AdamW(const AdamWConfig& config, const ParamLayout& layout)
-    : config_(config), m_(size_t(layout.size()), 0.0f), v_(size_t(layout.size()), 0.0f) {
-  for (const auto& t : layout.tensors()) {
+AdamW::AdamW(const AdamWConfig& config, const ParamLayout& layout, const TrainableSet* trainable)
+    : config_(config) {
+  int64_t compact_size = 0;
+  for (size_t i = 0; i < layout.tensors().size(); ++i) {
+    const auto& t = layout.tensors()[i];
     bool decay = t.is_matrix();
     if (t.kind == TensorKind::Embedding || t.kind == TensorKind::LmHead) decay = config_.decay_embeddings;
     if (!t.is_matrix()) decay = config_.decay_norms;
-    (decay ? decay_ranges_ : no_decay_ranges_).push_back({t.offset, t.offset + t.numel()});
+    Segment seg{t.offset, t.offset, t.numel()};
+    if (trainable) {
+      const auto& r = trainable->rows(i);
+      seg = {t.offset + r.begin * t.cols, r.compact, (r.end - r.begin) * t.cols};
+    }
+    if (seg.size == 0) continue;
+    compact_size = std::max(compact_size, seg.compact + seg.size);
+    auto& list = decay ? decay_ : no_decay_;
+    if (!list.empty() && list.back().param + list.back().size == seg.param &&
+        list.back().compact + list.back().size == seg.compact)
+      list.back().size += seg.size;
+    else
+      list.push_back(seg);
   }
-  decay_ranges_ = merge_ranges(decay_ranges_);
-  no_decay_ranges_ = merge_ranges(no_decay_ranges_);
+  m_.assign(size_t(compact_size), 0.0f);
+  v_.assign(size_t(compact_size), 0.0f);
 }
 
 void AdamW::step(float* params, const float* grads, double lr) {
@@ -25,22 +40,26 @@ void AdamW::step(float* params, const float* grads, double lr) {
   const double bc2 = 1.0 - std::pow(config_.beta2, double(step_));
   const float step_size = float(lr / bc1);
   const float bc2_sqrt = float(std::sqrt(bc2));
-  auto update = [&](const std::vector<Range>& ranges, float decay_factor) {
-    for (const auto& r : ranges) {
-      for (int64_t i = r.begin; i < r.end; ++i) {
-        const float g = grads[i];
-        float p = params[i] * decay_factor;
-        const float m = m_[i] * b1 + g * one_minus_b1;
-        const float v = v_[i] * b2 + g * g * one_minus_b2;
-        m_[i] = m;
-        v_[i] = v;
+  auto update = [&](const std::vector<Segment>& segments, float decay_factor) {
+    for (const auto& s : segments) {
+      float* p_seg = params + s.param;
+      const float* g_seg = grads + s.compact;
+      float* m_seg = m_.data() + s.compact;
+      float* v_seg = v_.data() + s.compact;
+      for (int64_t i = 0; i < s.size; ++i) {
+        const float g = g_seg[i];
+        float p = p_seg[i] * decay_factor;
+        const float m = m_seg[i] * b1 + g * one_minus_b1;
+        const float v = v_seg[i] * b2 + g * g * one_minus_b2;
+        m_seg[i] = m;
+        v_seg[i] = v;
         p -= step_size * (m / (std::sqrt(v) / bc2_sqrt + eps));
-        params[i] = p;
+        p_seg[i] = p;
       }
     }
   };
-  update(decay_ranges_, float(1.0 - lr * config_.weight_decay));
-  update(no_decay_ranges_, 1.0f);
+  update(decay_, float(1.0 - lr * config_.weight_decay));
+  update(no_decay_, 1.0f);
 }
 
 double clip_grad_norm(float* grads, int64_t n, double max_norm) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "model/trainable.h"
 
 namespace loco {
 
@@ -21,8 +22,10 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(const AdamWConfig& config, const ParamLayout& layout);
-  // One update of every parameter with learning rate `lr`.
+  // Moments for the trained entries only (all parameters without `trainable`).
+  AdamW(const AdamWConfig& config, const ParamLayout& layout, const TrainableSet* trainable = nullptr);
+  // One update of every trained parameter with learning rate `lr`; grads is compact (the
+  // trainable set's buffer), params is the full layout.
   void step(float* params, const float* grads, double lr);
   int64_t steps() const { return step_; }
   void set_steps(int64_t s) { step_ = s; }
@@ -32,7 +35,10 @@ class AdamW {
 
  private:
   AdamWConfig config_;
-  std::vector<Range> decay_ranges_, no_decay_ranges_;
+  struct Segment {
+    int64_t param, compact, size;  // params[param + i] pairs with grads/m/v[compact + i]
+  };
+  std::vector<Segment> decay_, no_decay_;
   std::vector<float> m_, v_;
   int64_t step_ = 0;
 };

@@ -6,14 +6,7 @@
 #  - DiLoCo with 2 replicas resumes bit for bit;
 #  - a killed or stuck MPI worker makes the run exit non-zero with a message within the timeout.
 set -euo pipefail
-loco=$1 work=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-py=/usr/bin/python3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-$py "$here/../tools/make_tokens.py" train.tok 256 20000 5
-$py "$here/../tools/make_tokens.py" val.tok 256 3000 6
+source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet)
 ck=checkpoints/step_00000012
 

@@ -10,14 +10,7 @@
 #    and equals them after the final synchronization;
 #  - per-worker tau runs and changes the result.
 set -euo pipefail
-loco=$1 work=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-py=/usr/bin/python3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-$py "$here/../tools/make_tokens.py" train.tok 256 20000 5
-$py "$here/../tools/make_tokens.py" val.tok 256 3000 6
+source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet
       --set train.steps=12 --set distributed.replicas=2 --set outer.inner_steps=6)
 ck=checkpoints/step_00000012
@@ -34,16 +27,29 @@ for f in replica-0 replica-1; do  # same tensors (streaming adds a "pending" ent
 done
 
 # Three fragments (2 blocks of 1 + the rest), offsets 0, 2, 4: fragment 1 syncs after step 8 and
-# is applied after step 9. Stopping at 8 leaves it in flight; resuming must match.
+# is applied after step 9. Stopping at 8 leaves it in flight; resuming must match (the paused run
+# also keeps its outer state offloaded to a scratch file).
 st=(--set algorithm=streaming --set streaming.fragment_blocks=1 --set streaming.tau=1 --set streaming.alpha=0.5
     --set outer.codec=fp4-e3m0)
 "$loco" train "${base[@]}" "${st[@]}" --set train.out_dir=fp4
-"$loco" train "${base[@]}" "${st[@]}" --set train.out_dir=paused --until 8
+"$loco" train "${base[@]}" "${st[@]}" --set streaming.offload_outer=true --set train.out_dir=paused --until 8
 grep -q '"pending.1.apply_at":"9"' paused/checkpoints/step_00000008/replica-0.safetensors || { echo "FAIL: no sync in flight at 8"; exit 1; }
 "$loco" train --resume paused --quiet
 for f in $files; do cmp fp4/$ck/$f paused/$ck/$f; done
 # ... and it is not DiLoCo.
 if cmp -s fp4/$ck/model.safetensors diloco/$ck/model.safetensors; then echo "FAIL: streaming == diloco"; exit 1; fi
+
+# Outer state offloaded to a scratch file: the same numbers, less resident outer state, and
+# the scratch file is gone afterwards.
+"$loco" train "${base[@]}" "${st[@]}" --set streaming.offload_outer=true --set train.out_dir=offload
+for f in $files; do cmp fp4/$ck/$f offload/$ck/$f; done
+ls offload/*.scratch 2> /dev/null && { echo "FAIL: scratch file left behind"; exit 1; }
+$py - fp4/summary.json offload/summary.json <<'PY'
+import json, sys
+mem, off = (json.load(open(p))["workers"][0] for p in sys.argv[1:3])
+print(f"resident outer state: in memory {mem['outer_state_bytes']} B, offloaded {off['outer_state_bytes']} B")
+sys.exit(0 if off["outer_state_offloaded"] and off["outer_state_bytes"] < mem["outer_state_bytes"] else 1)
+PY
 
 # In-process == MPI.
 timeout 120 mpirun -np 2 "$loco" train "${base[@]}" "${st[@]}" --set train.out_dir=mpi > mpi.out 2>&1 ||

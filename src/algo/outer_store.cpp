@@ -1,0 +1,116 @@
+#include "algo/outer_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace loco {
+
+OuterStore::OuterStore(std::vector<std::vector<Range>> fragments, int64_t n, const std::string& file)
+    : fragments_(std::move(fragments)), n_(n), file_(file) {
+  if (file_.empty()) {
+    theta_.assign(size_t(n_), 0.0f);
+    momentum_.assign(size_t(n_), 0.0f);
+    return;
+  }
+  fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd_ < 0) fail("cannot create the outer-state file " + file_ + ": " + std::strerror(errno));
+  if (::ftruncate(fd_, off_t(2 * n_ * int64_t(sizeof(float)))) != 0)
+    fail("cannot size the outer-state file " + file_ + ": " + std::strerror(errno));
+}
+
+OuterStore::~OuterStore() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(file_.c_str());
+}
+
+void OuterStore::read_at(int64_t offset, float* data, int64_t count) const {
+  char* p = reinterpret_cast<char*>(data);
+  int64_t left = count * int64_t(sizeof(float)), at = offset * int64_t(sizeof(float));
+  while (left > 0) {
+    const ssize_t done = ::pread(fd_, p, size_t(left), off_t(at));
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) fail("outer-state file " + file_ + ": " + (done < 0 ? std::strerror(errno) : "short read"));
+    p += done;
+    at += done;
+    left -= done;
+  }
+}
+
+void OuterStore::write_at(int64_t offset, const float* data, int64_t count) const {
+  const char* p = reinterpret_cast<const char*>(data);
+  int64_t left = count * int64_t(sizeof(float)), at = offset * int64_t(sizeof(float));
+  while (left > 0) {
+    const ssize_t done = ::pwrite(fd_, p, size_t(left), off_t(at));
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) fail("outer-state file " + file_ + ": " + (done < 0 ? std::strerror(errno) : "short write"));
+    p += done;
+    at += done;
+    left -= done;
+  }
+}
+
+void OuterStore::read(size_t j, std::vector<float>& theta, std::vector<float>& momentum) const {
+  const auto& ranges = fragments_[j];
+  theta.resize(size_t(total_size(ranges)));
+  momentum.resize(theta.size());
+  size_t k = 0;
+  for (const auto& r : ranges) {
+    if (fd_ < 0) {
+      std::copy(theta_.begin() + r.begin, theta_.begin() + r.end, theta.begin() + std::ptrdiff_t(k));
+      std::copy(momentum_.begin() + r.begin, momentum_.begin() + r.end, momentum.begin() + std::ptrdiff_t(k));
+    } else {
+      read_at(r.begin, theta.data() + k, r.size());
+      read_at(n_ + r.begin, momentum.data() + k, r.size());
+    }
+    k += size_t(r.size());
+  }
+}
+
+void OuterStore::write(size_t j, const std::vector<float>& theta, const std::vector<float>& momentum) {
+  const auto& ranges = fragments_[j];
+  check(int64_t(theta.size()) == total_size(ranges) && momentum.size() == theta.size(),
+        "internal: outer-state fragment of the wrong size");
+  size_t k = 0;
+  for (const auto& r : ranges) {
+    if (fd_ < 0) {
+      std::copy_n(theta.begin() + std::ptrdiff_t(k), r.size(), theta_.begin() + r.begin);
+      std::copy_n(momentum.begin() + std::ptrdiff_t(k), r.size(), momentum_.begin() + r.begin);
+    } else {
+      write_at(r.begin, theta.data() + k, r.size());
+      write_at(n_ + r.begin, momentum.data() + k, r.size());
+    }
+    k += size_t(r.size());
+  }
+}
+
+void OuterStore::read_all(std::vector<float>& theta, std::vector<float>& momentum) const {
+  if (fd_ < 0) {
+    theta = theta_;
+    momentum = momentum_;
+    return;
+  }
+  theta.resize(size_t(n_));
+  momentum.resize(size_t(n_));
+  read_at(0, theta.data(), n_);
+  read_at(n_, momentum.data(), n_);
+}
+
+void OuterStore::write_all(const std::vector<float>& theta, const std::vector<float>& momentum) {
+  check(int64_t(theta.size()) == n_ && int64_t(momentum.size()) == n_, "internal: outer state of the wrong size");
+  if (fd_ < 0) {
+    theta_ = theta;
+    momentum_ = momentum;
+    return;
+  }
+  write_at(0, theta.data(), n_);
+  write_at(n_, momentum.data(), n_);
+}
+
+}  // namespace loco

@@ -1,0 +1,199 @@
+// Partial parameter updates (spec 03-partial.md): sliced backward, trainable-only state,
+// count-vector synchronization.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "algo/algorithm.h"
+#include "comm/inprocess.h"
+#include "core/rng.h"
+#include "model/trainable.h"
+#include "optim/adamw.h"
+
+using namespace loco;
+
+namespace {
+
+ModelConfig model_config() {
+  ModelConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.intermediate_size = 24;
+  c.max_seq_len = 8;
+  c.qk_norm = true;
+  return c;
+}
+
+bool in_ranges(const std::vector<Range>& ranges, int64_t i) {
+  for (const auto& r : ranges)
+    if (i >= r.begin && i < r.end) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(Partial, SlicedBackwardEqualsTheFullBackwardOnTrainedEntries) {
+  const ModelConfig c = model_config();
+  // A stage without the embedding, so the gradient with respect to its input is visible.
+  const StageSpec stage{0, c.num_layers, false, true};
+  Transformer model(c, stage);
+  const auto& layout = model.layout();
+  std::vector<float> params(size_t(layout.size()));
+  model.init_params(params.data(), 3);
+  const int B = 2, S = 8, d = c.hidden_size;
+  Rng rng(4);
+  std::vector<float> x(size_t(B * S * d));
+  for (auto& v : x) v = float(rng.normal());
+  std::vector<int32_t> targets(size_t(B * S));
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t((i * 13) % 40);
+
+  Workspace ws(c, stage, B, S);
+  model.forward(params.data(), nullptr, x.data(), targets.data(), ws);
+  std::vector<float> full(params.size(), 0.0f), dx_full(x.size(), 0.0f);
+  model.backward(params.data(), full.data(), nullptr, targets.data(), 1.0, nullptr, dx_full.data(), ws);
+
+  for (const std::string strategy : {"mlp", "mlp+heads"})
+    for (int N : {1, 2, 4})
+      for (int n = 0; n < N; ++n) {
+        const TrainableSet set(layout, n, N, strategy);
+        std::vector<float> compact(size_t(set.size()), 0.0f), dx(x.size(), 0.0f);
+        model.forward(params.data(), nullptr, x.data(), targets.data(), ws);
+        model.backward(params.data(), compact.data(), nullptr, targets.data(), 1.0, nullptr, dx.data(), ws, &set);
+        // Activation gradients: unchanged by slicing (the same products, bit for bit).
+        EXPECT_EQ(dx, dx_full) << strategy << " " << N;
+        // Parameter gradients: the full backward's entries, range by range.
+        double worst = 0, scale = 0;
+        for (size_t k = 0; k < set.ranges().size(); ++k) {
+          const auto& r = set.ranges()[k];
+          for (int64_t i = 0; i < r.size(); ++i) {
+            const double a = compact[size_t(set.compact_offsets()[k] + i)], b = full[size_t(r.begin + i)];
+            worst = std::max(worst, std::abs(a - b));
+            scale = std::max(scale, std::abs(b));
+          }
+        }
+        EXPECT_LT(worst, 1e-6 * scale) << strategy << " N=" << N << " n=" << n;
+        if (N == 1) {
+          EXPECT_TRUE(set.full());
+          EXPECT_EQ(compact, full) << "N = 1 is the full backward, bitwise";
+        }
+      }
+}
+
+TEST(Partial, OnlyTrainedEntriesGetGradientAndOptimizerStorage) {
+  const ModelConfig c = model_config();
+  const ParamLayout layout(c);
+  const int64_t d = c.hidden_size, f = c.intermediate_size, L = c.num_layers, P = layout.size();
+  for (int N : {1, 2, 4}) {
+    const TrainableSet mlp(layout, 1 % N, N, "mlp"), heads(layout, N - 1, N, "mlp+heads");
+    // Frozen: (1 - 1/N) of gate, up, down (3 f d) and, with heads, of q, k, v (3 d d) per block.
+    EXPECT_EQ(mlp.size(), P - L * 3 * f * d * (N - 1) / N) << N;
+    EXPECT_EQ(heads.size(), P - L * (3 * f * d + 3 * d * d) * (N - 1) / N) << N;
+    EXPECT_EQ(total_size(heads.ranges()), heads.size());
+    AdamW opt({}, layout, &heads);
+    EXPECT_EQ(int64_t(opt.m().size() + opt.v().size()), 2 * heads.size());
+  }
+}
+
+TEST(Partial, InnerStepsLeaveFrozenSlicesUntouched) {
+  const ModelConfig c = model_config();
+  Transformer model(c);
+  const auto& layout = model.layout();
+  const TrainableSet set(layout, 1, 2, "mlp+heads");
+  std::vector<float> params(size_t(layout.size())), grads(size_t(set.size()));
+  model.init_params(params.data(), 9);
+  const auto before = params;
+  AdamW opt({}, layout, &set);
+  std::vector<int32_t> tokens(16), targets(16);
+  Workspace ws(c, model.stage(), 2, 8);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = int32_t((i * 7 + size_t(step)) % 40);
+      targets[i] = int32_t((i * 5 + 3) % 40);
+    }
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws);
+    model.backward(params.data(), grads.data(), tokens.data(), targets.data(), 1.0, nullptr, nullptr, ws, &set);
+    opt.step(params.data(), grads.data(), 1e-2);
+  }
+  int64_t changed = 0, frozen_changed = 0;
+  for (int64_t i = 0; i < layout.size(); ++i) {
+    const bool moved = params[size_t(i)] != before[size_t(i)];
+    (in_ranges(set.ranges(), i) ? changed : frozen_changed) += moved;
+  }
+  EXPECT_EQ(frozen_changed, 0);
+  EXPECT_GT(changed, set.size() / 2);
+}
+
+TEST(Partial, RoundAveragesEachEntryOverTheNodesThatTrainIt) {
+  RunConfig cfg;
+  cfg.model = model_config();
+  cfg.data.seq_len = 8;
+  cfg.data.batch_size = 1;
+  cfg.algorithm = "diloco";
+  cfg.outer = {4, 0.7, 0.9, true};
+  cfg.partial = {2, "mlp+heads"};
+  const int M = 4;
+  const ParamLayout layout(cfg.model);
+  const size_t n = size_t(layout.size());
+  auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1));
+  std::vector<float> theta0(n);
+  Rng init(1);
+  for (auto& x : theta0) x = float(init.normal());
+  // "Training": each node moves only the entries it trains.
+  std::vector<std::vector<float>> trained(M, theta0);
+  std::vector<TrainableSet> sets;
+  for (int r = 0; r < M; ++r) {
+    sets.emplace_back(layout, r % 2, 2, "mlp+heads");
+    Rng noise(uint64_t(50 + r));
+    for (const auto& range : sets.back().ranges())
+      for (int64_t i = range.begin; i < range.end; ++i) trained[size_t(r)][size_t(i)] += float(0.01 * noise.normal());
+  }
+  // Independent reference in double: count vector, then Nesterov.
+  std::vector<double> expect(n);
+  for (size_t i = 0; i < n; ++i) {
+    double sum = 0;
+    int count = 0;
+    for (int r = 0; r < M; ++r)
+      if (in_ranges(sets[size_t(r)].ranges(), int64_t(i))) {
+        sum += theta0[i] - trained[size_t(r)][i];
+        ++count;
+      }
+    EXPECT_TRUE(count == M || count == M / 2);
+    const double delta = sum / count, v = delta;
+    expect[i] = theta0[i] - 0.7 * (delta + 0.9 * v);
+  }
+  auto transports = make_inprocess_transports(M);
+  std::vector<std::vector<float>> after(M);
+  std::vector<int64_t> sent(M);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < M; ++rank)
+    threads.emplace_back([&, rank] {
+      Communicator comm(std::move(transports[size_t(rank)]), {}, nullptr);
+      Worker w(cfg, comm, tokens);
+      EXPECT_EQ(w.grads.size(), size_t(sets[size_t(rank)].size()));
+      auto algo = make_algorithm(cfg, w);
+      w.params = theta0;
+      algo->start(w, false);
+      w.params = trained[size_t(rank)];
+      for (int64_t step = 1; step <= 4; ++step) algo->after_step(w, step, false);
+      after[size_t(rank)] = w.params;
+      sent[size_t(rank)] = comm.traffic().to_json()["bytes_sent"].get<int64_t>();
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < M; ++r) EXPECT_EQ(after[size_t(r)], after[0]) << "every node ends with the same parameters";
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(after[0][i] - expect[i]) / (std::abs(expect[i]) + 1e-3));
+  EXPECT_LT(worst, 1e-5);
+  // On the wire: the shared entries by ring all-reduce (2 (M-1)/M of them), the own slice to
+  // each of the M - 1 others; no zeros for slices a node does not train.
+  const int64_t shared = total_size(subtract_ranges({{0, int64_t(n)}}, merge_ranges([&] {
+    auto all = layout.slice_ranges(0, 2, SliceStrategy::MlpHeads);
+    for (const auto& r : layout.slice_ranges(1, 2, SliceStrategy::MlpHeads)) all.push_back(r);
+    return all;
+  }())));
+  const int64_t own = sets[0].size() - shared;
+  EXPECT_EQ(sent[0], 4 * (2 * (M - 1) * shared / M + (M - 1) * own));
+}
