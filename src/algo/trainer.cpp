@@ -141,7 +141,10 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
     std::unique_ptr<MetricsLog> metrics;
     if (reporter) metrics = std::make_unique<MetricsLog>(s.run_dir + "/metrics.jsonl", s.resuming ? start_step : -1);
     Progress progress(cfg.train.steps, s.opt.quiet || !reporter);
-    Workspace ws(cfg.model, w.model.stage(), cfg.data.batch_size, cfg.data.seq_len);
+    // Gradient accumulation: the batch runs as micro-batches through a workspace sized for one.
+    const int micro = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size : cfg.data.batch_size;
+    const int micro_batches = cfg.data.batch_size / micro;
+    Workspace ws(cfg.model, w.model.stage(), micro, cfg.data.seq_len);
     std::vector<int32_t> inputs, targets;
     const int64_t tokens_per_step = int64_t(cfg.data.batch_size) * cfg.data.seq_len * w.replicas;
 
@@ -199,15 +202,22 @@ TrainSummary run_worker(RunSetup& s, std::unique_ptr<Transport> transport, std::
       const double t0 = clock.now();
       std::fill(w.grads.begin(), w.grads.end(), 0.0f);
       w.loader.next(inputs, targets);
-      const double loss = w.model.forward(w.params.data(), inputs.data(), nullptr, targets.data(), ws);
-      if (!std::isfinite(loss))
-        fail("non-finite training loss at step " + std::to_string(step + 1) + " on replica " +
-             std::to_string(w.rank) + " (lower optimizer.lr?); stopped before the update");
-      const double tb = clock.now();
-      w.model.backward(w.params.data(), w.grads.data(), inputs.data(), targets.data(), 1.0, nullptr, nullptr, ws,
-                       &w.trainable);
+      double loss = 0;
+      const int64_t window_tokens = int64_t(micro) * cfg.data.seq_len;
+      for (int mb = 0; mb < micro_batches; ++mb) {
+        const int32_t* in = inputs.data() + mb * window_tokens;
+        const int32_t* tg = targets.data() + mb * window_tokens;
+        const double mb_loss = w.model.forward(w.params.data(), in, nullptr, tg, ws);
+        if (!std::isfinite(mb_loss))
+          fail("non-finite training loss at step " + std::to_string(step + 1) + " on replica " +
+               std::to_string(w.rank) + " (lower optimizer.lr?); stopped before the update");
+        loss += mb_loss / micro_batches;
+        const double tb = clock.now();
+        w.model.backward(w.params.data(), w.grads.data(), in, tg, 1.0 / micro_batches, nullptr, nullptr, ws,
+                         &w.trainable);
+        backward_seconds += clock.now() - tb;
+      }
       const double t1 = clock.now();
-      backward_seconds += t1 - tb;
       ++steps_run;
       trace->span("forward+backward", "compute", w.rank, 0, t0, t1);
       algo->on_gradients(w);

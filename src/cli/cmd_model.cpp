@@ -214,7 +214,9 @@ void add_info(CLI::App& app) {
     // head does a product); attention adds 2 x 2 x S x d per layer and token for QK^T and PV.
     const int64_t matmul_params = n - (c.tie_embeddings ? 0 : int64_t(c.vocab_size) * c.hidden_size);
     const double fwd = 2.0 * double(matmul_params) + 4.0 * c.num_layers * double(seq) * c.hidden_size;
-    const double act_bytes = 4.0 * double(Workspace::floats_for(c, {}, batch, seq));
+    // Activations of one micro-batch (train.micro_batch_size; the whole batch by default).
+    const int micro = rc.train.micro_batch_size > 0 ? rc.train.micro_batch_size : batch;
+    const double act_bytes = 4.0 * double(Workspace::floats_for(c, {}, micro, seq));
     auto mib = [](double b) { return b / (1024.0 * 1024.0); };
     std::printf("parameters            %lld (%lld in embeddings/head, %lld in blocks)\n", (long long)n,
                 (long long)embedding, (long long)(n - embedding));
@@ -222,7 +224,7 @@ void add_info(CLI::App& app) {
                 3 * fwd, seq);
     std::printf("memory (float32)      parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB\n", mib(4.0 * n),
                 mib(4.0 * n), mib(8.0 * n));
-    std::printf("                      activations %.1f MiB for batch %d x %d\n", mib(act_bytes), batch, seq);
+    std::printf("                      activations %.1f MiB for micro-batch %d x %d\n", mib(act_bytes), micro, seq);
     std::printf("                      total %.1f MiB per replica (DiLoCo adds outer parameters and momentum: %.1f MiB)\n",
                 mib(16.0 * n + act_bytes), mib(8.0 * n));
     // Per node under partial updates: what a worker really allocates (node 0's slice).

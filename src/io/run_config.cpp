@@ -54,6 +54,8 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "steps between checkpoints (0: only at the end; a multiple of log_interval)", 0);
   s.add("train.out_dir", &t.out_dir, "run directory: config, metrics, checkpoints");
   s.add("train.threads", &t.threads, "compute threads per worker (0: cores / workers on this host)", 0, 1024);
+  s.add("train.micro_batch_size", &t.micro_batch_size,
+        "gradient accumulation: windows per forward/backward, dividing data.batch_size (0: the whole batch)", 0);
 
   auto& dc = cfg.distributed;
   s.add("distributed.replicas", &dc.replicas, "data-parallel replicas M (in-process workers; MPI: the world size)", 1,
@@ -109,6 +111,9 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   need(c.train.checkpoint_interval % c.train.log_interval == 0,
        "train.checkpoint_interval must be a multiple of train.log_interval");
   need(!c.train.out_dir.empty(), "train.out_dir must not be empty");
+  need(c.train.micro_batch_size == 0 || c.data.batch_size % c.train.micro_batch_size == 0,
+       "train.micro_batch_size (" + std::to_string(c.train.micro_batch_size) + ") must divide data.batch_size (" +
+           std::to_string(c.data.batch_size) + ")");
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
   parse_duration(c.network.latency, source + ": network.latency");
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");

@@ -35,6 +35,7 @@ struct TrainConfig {
   int64_t checkpoint_interval = 500;  // 0: only at the end
   std::string out_dir = "runs/run";
   int threads = 0;           // compute threads (0: all cores)
+  int micro_batch_size = 0;  // gradient accumulation: windows per forward/backward (0: the whole batch)
 };
 
 struct DistributedConfig {

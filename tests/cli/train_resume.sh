@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Resume == uninterrupted (bitwise), also after a checkpoint torn mid-write; the trained
-# checkpoint loads in the PyTorch oracle; data prepare -> train -> generate -> plot works.
+# checkpoint loads in the PyTorch oracle; data prepare -> train -> generate -> plot works;
+# gradient accumulation == one big batch.
 set -euo pipefail
 loco=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +25,26 @@ sets=(--set data.train=data/train.tok --set data.val=data/val.tok)
 
 # Uninterrupted run.
 "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.out_dir=full --quiet > /dev/null
+# Gradient accumulation: micro-batches of 1 and 2 windows == the whole batch of 4 (float
+# tolerance), with the same loss curve.
+for m in 1 2; do
+  "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.micro_batch_size=$m \
+    --set train.out_dir=micro$m --quiet > /dev/null
+  $py "$here/../tools/params_close.py" micro$m/checkpoints/step_00000040/model.safetensors \
+    full/checkpoints/step_00000040/model.safetensors 1e-4
+  # The logged losses and gradient norms (before clipping) agree too: this catches a wrong
+  # scaling of the accumulated gradient, which AdamW alone would mostly hide.
+  $py - micro$m/metrics.jsonl full/metrics.jsonl <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+worst = max(abs(x[k] - y[k]) / abs(y[k]) for x, y in zip(a, b) for k in ("train_loss", "grad_norm"))
+print(f"metrics worst relative difference {worst:.2e}")
+sys.exit(0 if len(a) == len(b) and worst < 1e-4 else 1)
+PY
+done
+"$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.micro_batch_size=3 --quiet \
+  > /dev/null 2> micro_err.txt && { echo "FAIL: micro_batch_size 3 of batch 4 accepted"; exit 1; }
+grep -q "train.micro_batch_size (3) must divide data.batch_size (4)" micro_err.txt
 # Interrupted at 20 (--until), a torn checkpoint of step 40 left behind, then resumed.
 "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.out_dir=split --until 20 --quiet > /dev/null
 [ "$(cat split/checkpoints/latest)" = step_00000020 ]
