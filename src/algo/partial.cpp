@@ -1,22 +1,11 @@
 #include "algo/partial.h"
 
-#include <cstring>
 
 #include "core/error.h"
 #include "model/trainable.h"
 
 namespace loco {
 namespace {
-
-std::string pack(const float* params, const std::vector<Range>& ranges) {
-  std::string out(size_t(total_size(ranges)) * sizeof(float), '\0');
-  size_t at = 0;
-  for (const auto& r : ranges) {
-    std::memcpy(out.data() + at, params + r.begin, size_t(r.size()) * sizeof(float));
-    at += size_t(r.size()) * sizeof(float);
-  }
-  return out;
-}
 
 // Position of each range of `part` within the packed order of `region` (part is a subset).
 std::vector<int64_t> packed_offsets(const std::vector<Range>& region, const std::vector<Range>& part) {
@@ -46,6 +35,8 @@ CountVectorAverage::CountVectorAverage(const ParamLayout& layout, int slices, co
     for (const auto& r : slice_ranges_.back()) all_sliced_.push_back(r);
   }
   all_sliced_ = merge_ranges(all_sliced_);
+  for (int r = rank % slices; r < replicas; r += slices) group_.push_back(r);
+  for (int n = 0; n < slices; ++n) column_.push_back(rank / slices * slices + n);
 }
 
 void CountVectorAverage::start(Communicator& comm, const float* params, const std::vector<Range>& region,
@@ -61,7 +52,17 @@ void CountVectorAverage::start(Communicator& comm, const float* params, const st
                                            "outer_gradients");
   if (slices_ == 1) return;
   op.own = intersect_ranges(region, slice_ranges_[size_t(rank_ % slices_)]);
-  op.gather_handle = comm.all_gather_start(pack(params, op.own), &op.gathered, "outer_gradients");
+  op.own_values.resize(size_t(total_size(op.own)));
+  at = 0;
+  for (const auto& r : op.own) {
+    std::copy(params + r.begin, params + r.end, op.own_values.begin() + std::ptrdiff_t(at));
+    at += size_t(r.size());
+  }
+  op.group_handle = comm.all_reduce_group_start(op.own_values.data(), int64_t(op.own_values.size()), ReduceOp::Mean,
+                                                group_, "outer_gradients");
+  // Runs after the group reduction (operations run in order): forwards its result.
+  op.gather_handle = comm.all_gather_floats_group_start(op.own_values.data(), int64_t(op.own_values.size()),
+                                                        &op.gathered, column_, "outer_gradients");
 }
 
 void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Range>& region,
@@ -77,25 +78,23 @@ void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Ra
     }
   }
   if (slices_ == 1) return;
+  comm.wait(op.group_handle);
   comm.wait(op.gather_handle);
-  check(int(op.gathered.size()) == replicas_, "partial sync: expected a payload from every replica");
-  const float trainers = float(replicas_ / slices_);  // m[i] for a sliced entry
-  for (int n = 0; n < slices_; ++n) {
+  check(int(op.gathered.size()) == slices_, "partial sync: expected one payload per slice");
+  for (int n = 0; n < slices_; ++n) {  // column member n holds slice n's group average
     const auto part = intersect_ranges(region, slice_ranges_[size_t(n)]);
     const auto offsets = packed_offsets(region, part);
-    const int64_t count = total_size(part);
-    std::vector<float> sum(size_t(count), 0.0f);
-    for (int r = n; r < replicas_; r += slices_) {  // rank order: the same sum everywhere
-      const std::string& payload = op.gathered[size_t(r)];
-      check(int64_t(payload.size()) == count * int64_t(sizeof(float)), "partial sync: payload of the wrong size");
-      const float* x = reinterpret_cast<const float*>(payload.data());
-      for (int64_t i = 0; i < count; ++i) sum[size_t(i)] += x[i];
+    const std::string& payload = op.gathered[size_t(n)];
+    check(int64_t(payload.size()) == total_size(part) * int64_t(sizeof(float)),
+          "partial sync: payload of the wrong size");
+    const float* x = reinterpret_cast<const float*>(payload.data());
+    for (size_t i = 0; i < part.size(); ++i) {
+      std::copy_n(x, part[i].size(), avg.begin() + offsets[i]);
+      x += part[i].size();
     }
-    size_t at = 0;
-    for (size_t i = 0; i < part.size(); ++i)
-      for (int64_t j = 0; j < part[i].size(); ++j) avg[size_t(offsets[i] + j)] = sum[at++] / trainers;
   }
   op.shared_values.clear();
+  op.own_values.clear();
   op.gathered.clear();
 }
 

@@ -1,8 +1,11 @@
 #pragma once
 // Count-vector averaging of partial parameter updates (spec 03-partial.md). Entries every node
-// trains are averaged over all M nodes (ring all-reduce); the entries of slice n are averaged
-// over the M / N nodes that train it, which send only their own slice (all-gather, summed in
-// rank order). Every node ends with the same averages of the whole region.
+// trains are averaged over all M nodes (ring all-reduce). The entries of slice n are averaged
+// over the G = M / N nodes that train it: a ring all-reduce within that group (ranks n, n + N,
+// ...), and then each "column" of N nodes (ranks iN .. iN + N - 1, one per slice) all-gathers
+// its slices' averages. No node sends a slice it does not hold, and every node ends with the
+// same averages of the whole region. Bytes per node: 2 (M-1)/M of the shared entries, plus
+// 2 (G-1)/G + (N-1) times one slice.
 #include <string>
 #include <vector>
 
@@ -19,8 +22,9 @@ class CountVectorAverage {
   struct Op {
     std::vector<Range> shared, own;           // parts of the region (sorted)
     std::vector<float> shared_values;         // reduced in place
-    std::vector<std::string> gathered;        // every node's own-slice values
-    Communicator::Handle shared_handle, gather_handle;
+    std::vector<float> own_values;            // this node's slice, averaged within its group
+    std::vector<std::string> gathered;        // every slice's average, from this node's column
+    Communicator::Handle shared_handle, group_handle, gather_handle;
   };
   // Starts averaging params over `region` (sorted, merged ranges). `op` must stay in place
   // until finish: the communication thread writes into it.
@@ -34,6 +38,7 @@ class CountVectorAverage {
   int slices_, rank_, replicas_;
   std::vector<std::vector<Range>> slice_ranges_;  // per slice n
   std::vector<Range> all_sliced_;
+  std::vector<int> group_, column_;  // ranks training this node's slice; this node's column
 };
 
 }  // namespace loco

@@ -111,15 +111,38 @@ std::string Communicator::recv_msg(const std::string& op, int peer) {
   return msg;
 }
 
-void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label) {
-  const int M = size_;
+namespace {
+// This worker's position in a ring of `members` (empty: all `size` workers).
+struct Ring {
+  int size, index, left, right;
+  int rank_of(int i) const { return members.empty() ? i : members[size_t(i)]; }
+  std::vector<int> members;
+};
+Ring make_ring(int rank, int size, const std::vector<int>& members) {
+  Ring r{size, rank, 0, 0, members};
+  if (!members.empty()) {
+    r.size = int(members.size());
+    r.index = -1;
+    for (int i = 0; i < r.size; ++i)
+      if (members[size_t(i)] == rank) r.index = i;
+    check(r.index >= 0, "group collective: worker " + std::to_string(rank) + " is not a member");
+  }
+  r.right = r.rank_of((r.index + 1) % r.size);
+  r.left = r.rank_of((r.index + r.size - 1) % r.size);
+  return r;
+}
+}  // namespace
+
+void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label,
+                                   const std::vector<int>& members) {
+  const Ring ring = make_ring(rank_, size_, members);
+  const int M = ring.size, me = ring.index, right = ring.right, left = ring.left;
   if (M == 1) return;
   auto begin = [&](int c) { return n * c / M; };
   auto chunk_bytes = [&](int c) { return size_t(begin(c + 1) - begin(c)) * sizeof(float); };
-  const int right = (rank_ + 1) % M, left = (rank_ + M - 1) % M;
-  // Reduce-scatter: after M-1 steps this worker holds the full sum of chunk (rank+1) mod M.
+  // Reduce-scatter: after M-1 steps this worker holds the full sum of chunk (me+1) mod M.
   for (int s = 0; s < M - 1; ++s) {
-    const int send_c = (rank_ - s + 2 * M) % M, recv_c = (rank_ - s - 1 + 2 * M) % M;
+    const int send_c = (me - s + 2 * M) % M, recv_c = (me - s - 1 + 2 * M) % M;
     send_msg(label, right, std::string(reinterpret_cast<const char*>(data + begin(send_c)), chunk_bytes(send_c)));
     const std::string in = recv_msg(label, left);
     if (in.size() != chunk_bytes(recv_c))
@@ -131,14 +154,14 @@ void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const st
     std::memcpy(partial.data(), in.data(), in.size());
     for (int64_t i = 0; i < len; ++i) dst[i] = partial[size_t(i)] + dst[i];
   }
-  const int owned = (rank_ + 1) % M;
+  const int owned = (me + 1) % M;
   if (op == ReduceOp::Mean) {
     const float m = float(M);
     for (int64_t i = begin(owned); i < begin(owned + 1); ++i) data[i] /= m;
   }
   // All-gather the reduced chunks.
   for (int s = 0; s < M - 1; ++s) {
-    const int send_c = (rank_ + 1 - s + 2 * M) % M, recv_c = (rank_ - s + 2 * M) % M;
+    const int send_c = (me + 1 - s + 2 * M) % M, recv_c = (me - s + 2 * M) % M;
     send_msg(label, right, std::string(reinterpret_cast<const char*>(data + begin(send_c)), chunk_bytes(send_c)));
     const std::string in = recv_msg(label, left);
     if (in.size() != chunk_bytes(recv_c)) fail("all_reduce: mismatched chunk from worker " + std::to_string(left));
@@ -146,16 +169,32 @@ void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const st
   }
 }
 
-void Communicator::ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label) {
-  const int M = size_;
+void Communicator::ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label,
+                                   const std::vector<int>& members) {
+  const Ring ring = make_ring(rank_, size_, members);
+  const int M = ring.size, me = ring.index;
   out->assign(size_t(M), std::string());
-  (*out)[size_t(rank_)] = std::move(payload);
-  const int right = (rank_ + 1) % M, left = (rank_ + M - 1) % M;
+  (*out)[size_t(me)] = std::move(payload);
   for (int s = 0; s < M - 1; ++s) {
-    const int send_i = (rank_ - s + 2 * M) % M, recv_i = (rank_ - s - 1 + 2 * M) % M;
-    send_msg(label, right, (*out)[size_t(send_i)]);
-    (*out)[size_t(recv_i)] = recv_msg(label, left);
+    const int send_i = (me - s + 2 * M) % M, recv_i = (me - s - 1 + 2 * M) % M;
+    send_msg(label, ring.right, (*out)[size_t(send_i)]);
+    (*out)[size_t(recv_i)] = recv_msg(label, ring.left);
   }
+}
+
+Communicator::Handle Communicator::all_reduce_group_start(float* data, int64_t n, ReduceOp op,
+                                                          std::vector<int> members, const std::string& label) {
+  make_ring(rank_, size_, members);  // validates membership now, in the caller's thread
+  return enqueue(label, [=, this] { ring_all_reduce(data, n, op, label, members); });
+}
+
+Communicator::Handle Communicator::all_gather_floats_group_start(const float* data, int64_t n,
+                                                                 std::vector<std::string>* out,
+                                                                 std::vector<int> members, const std::string& label) {
+  make_ring(rank_, size_, members);
+  return enqueue(label, [=, this] {
+    ring_all_gather(std::string(reinterpret_cast<const char*>(data), size_t(n) * sizeof(float)), out, label, members);
+  });
 }
 
 Communicator::Handle Communicator::all_reduce_start(float* data, int64_t n, ReduceOp op, const std::string& label) {

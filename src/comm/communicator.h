@@ -64,6 +64,15 @@ class Communicator {
   Handle recv_start(int peer, std::string* out, const std::string& label = "recv");
   Handle exchange_start(int peer, std::string payload, std::string* out, const std::string& label = "exchange");
   Handle barrier_start();
+  // The same ring collectives among a group of workers: `members` lists ascending ranks and
+  // includes this one; only the members call it, in the same order as their other operations.
+  // all_gather_floats_group_start reads data[0..n) when the operation runs (after the
+  // operations started before it), so it can forward the result of a previous reduction;
+  // out[i] is members[i]'s payload.
+  Handle all_reduce_group_start(float* data, int64_t n, ReduceOp op, std::vector<int> members,
+                                const std::string& label = "all_reduce");
+  Handle all_gather_floats_group_start(const float* data, int64_t n, std::vector<std::string>* out,
+                                       std::vector<int> members, const std::string& label = "all_gather");
   // Blocks until the operation is done (time blocked is accounted as communication wait);
   // rethrows its error.
   void wait(Handle& h);
@@ -86,8 +95,11 @@ class Communicator {
   void loop();
   void send_msg(const std::string& op, int peer, std::string msg);
   std::string recv_msg(const std::string& op, int peer);
-  void ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label);
-  void ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label);
+  // Ring collectives among `members` (ascending ranks, this one included); empty: everyone.
+  void ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label,
+                       const std::vector<int>& members = {});
+  void ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label,
+                       const std::vector<int>& members = {});
 
   std::unique_ptr<Transport> transport_;
   CommOptions options_;

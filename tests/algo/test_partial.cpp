@@ -187,13 +187,15 @@ TEST(Partial, RoundAveragesEachEntryOverTheNodesThatTrainIt) {
   double worst = 0;
   for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(after[0][i] - expect[i]) / (std::abs(expect[i]) + 1e-3));
   EXPECT_LT(worst, 1e-5);
-  // On the wire: the shared entries by ring all-reduce (2 (M-1)/M of them), the own slice to
-  // each of the M - 1 others; no zeros for slices a node does not train.
+  // On the wire: the shared entries by ring all-reduce (2 (M-1)/M of them); the own slice by
+  // a ring all-reduce in its group of G = M/N nodes (2 (G-1)/G of it) and to the N - 1 other
+  // members of its column; no zeros for slices a node does not train.
   const int64_t shared = total_size(subtract_ranges({{0, int64_t(n)}}, merge_ranges([&] {
     auto all = layout.slice_ranges(0, 2, SliceStrategy::MlpHeads);
     for (const auto& r : layout.slice_ranges(1, 2, SliceStrategy::MlpHeads)) all.push_back(r);
     return all;
   }())));
   const int64_t own = sets[0].size() - shared;
-  EXPECT_EQ(sent[0], 4 * (2 * (M - 1) * shared / M + (M - 1) * own));
+  const int N = 2, G = M / N;
+  EXPECT_EQ(sent[0], 4 * (2 * (M - 1) * shared / M + 2 * (G - 1) * own / G + (N - 1) * own));
 }

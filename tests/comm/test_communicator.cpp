@@ -239,3 +239,38 @@ TEST(LinkModel, PeakRateAndParsing) {
   EXPECT_THROW(parse_bandwidth("100 furlongs", "k"), Error);
   EXPECT_THROW(parse_duration("-3ms", "k"), Error);
 }
+
+TEST(Communicator, GroupCollectivesInvolveOnlyTheirMembers) {
+  // Groups {0, 2} and {1, 3} reduce; then columns {0, 1} and {2, 3} gather the group results.
+  const int M = 4;
+  const int64_t n = 7;
+  std::vector<std::vector<float>> reduced(M);
+  std::vector<std::vector<std::string>> gathered(M);
+  std::vector<int64_t> sent(M);
+  run_workers(M, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<float> data = rank_data(r, n);
+    auto h1 = comm.all_reduce_group_start(data.data(), n, ReduceOp::Mean, {r % 2, r % 2 + 2});
+    std::vector<std::string> out;
+    auto h2 = comm.all_gather_floats_group_start(data.data(), n, &out, {r / 2 * 2, r / 2 * 2 + 1});
+    comm.wait(h1);
+    comm.wait(h2);
+    reduced[size_t(r)] = data;
+    gathered[size_t(r)] = out;
+    sent[size_t(r)] = comm.traffic().to_json()["bytes_sent"].get<int64_t>();
+    EXPECT_THROW(comm.all_reduce_group_start(data.data(), n, ReduceOp::Sum, {(r + 1) % 4}), Error);
+  });
+  for (int r = 0; r < M; ++r) {
+    const auto a = rank_data(r % 2, n), b = rank_data(r % 2 + 2, n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(reduced[size_t(r)][size_t(i)], (a[size_t(i)] + b[size_t(i)]) / 2);
+    EXPECT_EQ(reduced[size_t(r)], reduced[size_t(r % 2)]) << "the same bits in a group";
+    ASSERT_EQ(gathered[size_t(r)].size(), 2u);
+    for (int k = 0; k < 2; ++k) {  // column member k's reduced data, read after the reduction
+      const int from = r / 2 * 2 + k;
+      EXPECT_EQ(gathered[size_t(r)][size_t(k)],
+                std::string(reinterpret_cast<const char*>(reduced[size_t(from)].data()), size_t(n) * 4));
+    }
+    // Group of 2: all of the buffer once (two chunks); column of 2: one payload.
+    EXPECT_EQ(sent[size_t(r)], 4 * n + 4 * n);
+  }
+}
