@@ -87,7 +87,8 @@ class Streaming : public Algorithm {
         tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
         seed_(uint64_t(cfg.train.seed)),
         average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
-        comm_(w.comm) {
+        comm_(w.comm),
+        num_params_(w.params.size()) {
     const auto& layout = w.model.layout();
     for (const auto& f : plan_) {
       std::vector<Range> r;
@@ -101,7 +102,7 @@ class Streaming : public Algorithm {
       make_dirs(cfg.train.out_dir);
       scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.rank) + ".scratch";
     }
-    store_ = std::make_unique<OuterStore>(ranges_, int64_t(w.params.size()), scratch);
+    store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch);
     int64_t max_tau = tau_;
     if (!cfg.streaming.worker_tau.empty())
       for (int r = 0; r < w.replicas; ++r)
@@ -115,7 +116,7 @@ class Streaming : public Algorithm {
   }
 
   void start(Worker& w, bool resumed) override {
-    if (!resumed) store_->write_all(w.params, std::vector<float>(w.params.size(), 0.0f));
+    if (!resumed) store_->write_all(w.params, std::vector<float>(num_params_, 0.0f));
   }
 
   void after_step(Worker& w, int64_t done, bool last) override {
@@ -168,7 +169,7 @@ class Streaming : public Algorithm {
   }
 
   void load_state(const TrainingState& st) override {
-    std::vector<float> theta(static_cast<size_t>(total_size_all())), momentum(theta.size());
+    std::vector<float> theta(num_params_), momentum(num_params_);
     st.take("outer.params", theta);
     st.take("outer.momentum", momentum);
     store_->write_all(theta, momentum);
@@ -273,12 +274,6 @@ class Streaming : public Algorithm {
     }
   }
 
-  int64_t total_size_all() const {
-    int64_t n = 0;
-    for (const auto& r : ranges_) n += total_size(r);
-    return n;
-  }
-
   StreamingConfig cfg_;
   OuterConfig outer_;
   std::vector<FragmentPlan> plan_;
@@ -291,6 +286,7 @@ class Streaming : public Algorithm {
   std::deque<Pending> pending_;
   CountVectorAverage average_;
   Communicator& comm_;
+  size_t num_params_;
 };
 
 }  // namespace
