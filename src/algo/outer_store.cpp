@@ -58,17 +58,17 @@ void OuterStore::write_at(int64_t offset, const float* data, int64_t count) cons
 
 void OuterStore::read(size_t j, std::vector<float>& theta, std::vector<float>& momentum) const {
   const auto& ranges = fragments_[j];
+  if (fd_ < 0) {
+    pack_ranges(theta_.data(), ranges, theta);
+    pack_ranges(momentum_.data(), ranges, momentum);
+    return;
+  }
   theta.resize(size_t(total_size(ranges)));
   momentum.resize(theta.size());
   size_t k = 0;
   for (const auto& r : ranges) {
-    if (fd_ < 0) {
-      std::copy(theta_.begin() + r.begin, theta_.begin() + r.end, theta.begin() + std::ptrdiff_t(k));
-      std::copy(momentum_.begin() + r.begin, momentum_.begin() + r.end, momentum.begin() + std::ptrdiff_t(k));
-    } else {
-      read_at(r.begin, theta.data() + k, r.size());
-      read_at(n_ + r.begin, momentum.data() + k, r.size());
-    }
+    read_at(r.begin, theta.data() + k, r.size());
+    read_at(n_ + r.begin, momentum.data() + k, r.size());
     k += size_t(r.size());
   }
 }
@@ -77,28 +77,35 @@ void OuterStore::write(size_t j, const std::vector<float>& theta, const std::vec
   const auto& ranges = fragments_[j];
   check(int64_t(theta.size()) == total_size(ranges) && momentum.size() == theta.size(),
         "internal: outer-state fragment of the wrong size");
+  if (fd_ < 0) {
+    unpack_ranges(theta.data(), ranges, theta_.data());
+    unpack_ranges(momentum.data(), ranges, momentum_.data());
+    return;
+  }
   size_t k = 0;
   for (const auto& r : ranges) {
-    if (fd_ < 0) {
-      std::copy_n(theta.begin() + std::ptrdiff_t(k), r.size(), theta_.begin() + r.begin);
-      std::copy_n(momentum.begin() + std::ptrdiff_t(k), r.size(), momentum_.begin() + r.begin);
-    } else {
-      write_at(r.begin, theta.data() + k, r.size());
-      write_at(n_ + r.begin, momentum.data() + k, r.size());
-    }
+    write_at(r.begin, theta.data() + k, r.size());
+    write_at(n_ + r.begin, momentum.data() + k, r.size());
     k += size_t(r.size());
   }
 }
 
-void OuterStore::read_all(std::vector<float>& theta, std::vector<float>& momentum) const {
+void OuterStore::read_params(std::vector<float>& theta) const {
   if (fd_ < 0) {
     theta = theta_;
-    momentum = momentum_;
     return;
   }
   theta.resize(size_t(n_));
-  momentum.resize(size_t(n_));
   read_at(0, theta.data(), n_);
+}
+
+void OuterStore::read_all(std::vector<float>& theta, std::vector<float>& momentum) const {
+  read_params(theta);
+  if (fd_ < 0) {
+    momentum = momentum_;
+    return;
+  }
+  momentum.resize(size_t(n_));
   read_at(n_, momentum.data(), n_);
 }
 

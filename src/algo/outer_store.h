@@ -23,7 +23,8 @@ class OuterStore {
   // Fragment j, packed in range order.
   void read(size_t j, std::vector<float>& theta, std::vector<float>& momentum) const;
   void write(size_t j, const std::vector<float>& theta, const std::vector<float>& momentum);
-  // The whole model in layout order (evaluation, checkpoints).
+  // The whole model in layout order: the outer parameters (evaluation), or both (checkpoints).
+  void read_params(std::vector<float>& theta) const;
   void read_all(std::vector<float>& theta, std::vector<float>& momentum) const;
   void write_all(const std::vector<float>& theta, const std::vector<float>& momentum);
 

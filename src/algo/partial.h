@@ -32,10 +32,8 @@ class CountVectorAverage {
   // Waits, then writes the averages over the region, packed in range order, to avg.
   void finish(Communicator& comm, Op& op, const std::vector<Range>& region, std::vector<float>& avg) const;
 
-  int slices() const { return slices_; }
-
  private:
-  int slices_, rank_, replicas_;
+  int slices_, rank_;
   std::vector<std::vector<Range>> slice_ranges_;  // per slice n
   std::vector<Range> all_sliced_;
   std::vector<int> group_, column_;  // ranks training this node's slice; this node's column

@@ -138,8 +138,7 @@ class Streaming : public Algorithm {
 
   const std::vector<float>& eval_params(Worker& w) override {
     if (cfg_.eval == "outer") {
-      std::vector<float> momentum;
-      store_->read_all(eval_buffer_, momentum);
+      store_->read_params(eval_buffer_);
       return eval_buffer_;
     }
     eval_buffer_ = w.params;
@@ -229,8 +228,7 @@ class Streaming : public Algorithm {
     if (codec_->lossless()) {
       average_.start(w.comm, w.params.data(), ranges, p.op);
     } else {
-      for (const auto& r : ranges)
-        p.buffer.insert(p.buffer.end(), w.params.begin() + r.begin, w.params.begin() + r.end);
+      pack_ranges(w.params.data(), ranges, p.buffer);
       for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
       Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(w.rank), uint64_t(step) * 1024 + j));
       p.handle = w.comm.all_gather_start(codec_->encode(p.buffer.data(), int64_t(p.buffer.size()), rng), &p.gathered,

@@ -70,36 +70,61 @@ std::vector<Range> ParamLayout::nonblock_ranges() const {
   return merge_ranges(out);
 }
 
-std::vector<Range> ParamLayout::slice_ranges(int n, int num_slices, SliceStrategy strategy) const {
-  check(num_slices >= 1 && n >= 0 && n < num_slices, "slice index out of range");
+int64_t ParamLayout::slice_height(const TensorInfo& t, int num_slices, SliceStrategy strategy) const {
+  check(num_slices >= 1, "slice count must be >= 1");
   const int64_t f = config_.intermediate_size, h = config_.num_heads, hd = config_.head_dim();
   check(f % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
                                  ") must divide the MLP hidden size " + std::to_string(f));
   if (strategy == SliceStrategy::MlpHeads)
     check(h % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
                                    ") must divide the number of heads " + std::to_string(h));
+  int64_t rows_per_slice = 0;
+  switch (t.kind) {
+    case TensorKind::Gate:
+    case TensorKind::Up:
+    case TensorKind::Down:
+      rows_per_slice = f / num_slices;
+      break;
+    case TensorKind::Q:
+    case TensorKind::K:
+    case TensorKind::V:
+      if (strategy == SliceStrategy::MlpHeads) rows_per_slice = h / num_slices * hd;
+      break;
+    default:
+      break;
+  }
+  return rows_per_slice;
+}
+
+std::pair<int64_t, int64_t> ParamLayout::slice_rows(const TensorInfo& t, int n, int num_slices,
+                                                   SliceStrategy strategy) const {
+  check(n >= 0 && n < num_slices, "slice index out of range");
+  const int64_t h = slice_height(t, num_slices, strategy);
+  if (h == 0) return {0, t.rows};
+  return {n * h, (n + 1) * h};
+}
+
+std::vector<Range> ParamLayout::slice_ranges(int n, int num_slices, SliceStrategy strategy) const {
   std::vector<Range> out;
   for (const auto& t : tensors_) {
-    int64_t rows_per_slice = 0;
-    switch (t.kind) {
-      case TensorKind::Gate:
-      case TensorKind::Up:
-      case TensorKind::Down:
-        rows_per_slice = f / num_slices;
-        break;
-      case TensorKind::Q:
-      case TensorKind::K:
-      case TensorKind::V:
-        if (strategy == SliceStrategy::MlpHeads) rows_per_slice = h / num_slices * hd;
-        break;
-      default:
-        break;
-    }
-    if (rows_per_slice == 0) continue;
-    const int64_t begin = t.offset + n * rows_per_slice * t.cols;
-    out.push_back({begin, begin + rows_per_slice * t.cols});
+    if (slice_height(t, num_slices, strategy) == 0) continue;  // not a sliced tensor
+    const auto [r0, r1] = slice_rows(t, n, num_slices, strategy);
+    out.push_back({t.offset + r0 * t.cols, t.offset + r1 * t.cols});
   }
   return merge_ranges(out);
+}
+
+void pack_ranges(const float* params, const std::vector<Range>& ranges, std::vector<float>& packed) {
+  packed.resize(size_t(total_size(ranges)));
+  float* out = packed.data();
+  for (const auto& r : ranges) out = std::copy(params + r.begin, params + r.end, out);
+}
+
+void unpack_ranges(const float* packed, const std::vector<Range>& ranges, float* params) {
+  for (const auto& r : ranges) {
+    std::copy_n(packed, r.size(), params + r.begin);
+    packed += r.size();
+  }
 }
 
 std::vector<Range> intersect_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {

@@ -11,6 +11,7 @@
 //   - slice n of N (MLP hidden units, or q/k/v heads) is one range per sliced matrix.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -63,8 +64,13 @@ class ParamLayout {
   // Slice n of num_slices of every block in the stage: rows of gate/up/down for the MLP hidden
   // units [n f/N, (n+1) f/N) and, with MlpHeads, rows of q/k/v for heads [n h/N, (n+1) h/N).
   std::vector<Range> slice_ranges(int n, int num_slices, SliceStrategy strategy) const;
+  // The rows of tensor t (as stored) in slice n of num_slices: a row block for the sliced
+  // tensors, [0, rows) for every other one.
+  std::pair<int64_t, int64_t> slice_rows(const TensorInfo& t, int n, int num_slices, SliceStrategy strategy) const;
 
  private:
+  // Rows per slice of a sliced tensor; 0 for the others. Checks divisibility.
+  int64_t slice_height(const TensorInfo& t, int num_slices, SliceStrategy strategy) const;
   void add(const std::string& name, TensorKind kind, int block, int64_t rows, int64_t cols, bool transposed);
   ModelConfig config_;
   StageSpec stage_;
@@ -74,6 +80,10 @@ class ParamLayout {
 };
 
 std::vector<Range> merge_ranges(std::vector<Range> ranges);
+// Copies params[r.begin, r.end) of every range, in order, into `packed` (resized).
+void pack_ranges(const float* params, const std::vector<Range>& ranges, std::vector<float>& packed);
+// The inverse: packed values back into params at the ranges.
+void unpack_ranges(const float* packed, const std::vector<Range>& ranges, float* params);
 // Set operations on sorted, merged range lists.
 std::vector<Range> intersect_ranges(const std::vector<Range>& a, const std::vector<Range>& b);
 std::vector<Range> subtract_ranges(const std::vector<Range>& a, const std::vector<Range>& b);

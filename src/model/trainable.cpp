@@ -16,24 +16,12 @@ TrainableSet::TrainableSet(const ParamLayout& layout) {
   build(layout, rows);
 }
 
-TrainableSet::TrainableSet(const ParamLayout& layout, int slice, int slices, const std::string& strategy)
-    : slice_(slice), slices_(slices) {
+TrainableSet::TrainableSet(const ParamLayout& layout, int slice, int slices, const std::string& strategy) {
   const SliceStrategy s = parse_slice_strategy(strategy);
-  // The layout checks divisibility and describes the slice as ranges; here the same slice is
-  // kept per tensor as a row range.
-  layout.slice_ranges(slice, slices, s);
-  const auto& c = layout.tensors();
   std::vector<TensorRows> rows;
-  for (const auto& t : c) {
-    bool sliced = t.kind == TensorKind::Gate || t.kind == TensorKind::Up || t.kind == TensorKind::Down;
-    if (s == SliceStrategy::MlpHeads)
-      sliced = sliced || t.kind == TensorKind::Q || t.kind == TensorKind::K || t.kind == TensorKind::V;
-    if (!sliced || slices == 1) {
-      rows.push_back({0, t.rows, 0});
-    } else {
-      const int64_t per = t.rows / slices;
-      rows.push_back({slice * per, (slice + 1) * per, 0});
-    }
+  for (const auto& t : layout.tensors()) {
+    const auto [r0, r1] = layout.slice_rows(t, slice, slices, s);
+    rows.push_back({r0, r1, 0});
   }
   build(layout, rows);
 }

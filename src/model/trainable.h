@@ -29,8 +29,6 @@ class TrainableSet {
   const std::vector<int64_t>& compact_offsets() const { return compact_offsets_; }
   int64_t size() const { return size_; }
   bool full() const { return full_; }
-  int slice() const { return slice_; }
-  int slices() const { return slices_; }
 
  private:
   void build(const ParamLayout& layout, const std::vector<TensorRows>& rows);
@@ -39,7 +37,6 @@ class TrainableSet {
   std::vector<int64_t> compact_offsets_;
   int64_t size_ = 0;
   bool full_ = true;
-  int slice_ = 0, slices_ = 1;
 };
 
 SliceStrategy parse_slice_strategy(const std::string& name);

@@ -144,22 +144,32 @@ TEST(Kernels, Rope) {
   for (int i = 0; i < heads * hd; ++i) EXPECT_DOUBLE_EQ(out[i], in[i]);
 }
 
-TEST(Kernels, Attention) {
-  const int batch = 2, seq = 6, heads = 2, hd = 4;
-  const size_t size = size_t(batch) * seq * heads * hd;
-  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), g = randn(size, 4), out(size),
-      lse(batch * heads * seq);
-  auto f = [&] {
+// Random q, k, v and upstream gradient g for attention, f = <attention(q, k, v), g>, and the
+// backward into sentinel-filled gradients.
+struct AttentionCase {
+  AttentionCase(int batch, int seq, int heads, int hd)
+      : batch(batch), seq(seq), heads(heads), hd(hd), size(size_t(batch) * seq * heads * hd),
+        q(randn(size, 1)), k(randn(size, 2)), v(randn(size, 3)), g(randn(size, 4)), out(size),
+        lse(size_t(batch) * heads * seq), dq(sentinel(size)), dk(sentinel(size)), dv(sentinel(size)) {
+    f();
+    attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(),
+                       lse.data(), batch, seq, heads, hd);
+  }
+  double f() {
     attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
     return dot(out, g);
-  };
-  f();
-  Vec dq = sentinel(size), dk = sentinel(size), dv = sentinel(size);
-  attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
-                     batch, seq, heads, hd);
-  expect_grad("attention dq", q, dq, f);
-  expect_grad("attention dk", k, dk, f);
-  expect_grad("attention dv", v, dv, f);
+  }
+  int batch, seq, heads, hd;
+  size_t size;
+  Vec q, k, v, g, out, lse, dq, dk, dv;
+};
+
+TEST(Kernels, Attention) {
+  AttentionCase c(2, 6, 2, 4);
+  auto f = [&] { return c.f(); };
+  expect_grad("attention dq", c.q, c.dq, f);
+  expect_grad("attention dk", c.k, c.dk, f);
+  expect_grad("attention dv", c.v, c.dv, f);
 }
 
 TEST(Kernels, AttentionIsCausal) {
@@ -245,27 +255,16 @@ TEST(Kernels, FastExpAccuracy) {
 TEST(Kernels, AttentionAcrossRowBlocks) {
   // A sequence longer than the 64-row block, with more (batch, head) pairs than threads:
   // gradients of a few entries still match finite differences.
-  const int batch = 2, seq = 150, heads = 3, hd = 4;
-  const size_t size = size_t(batch) * seq * heads * hd;
-  Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), g = randn(size, 4), out(size),
-      lse(batch * heads * seq);
-  auto f = [&] {
-    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
-    return dot(out, g);
-  };
-  f();
-  Vec dq = sentinel(size), dk = sentinel(size), dv = sentinel(size);
-  attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
-                     batch, seq, heads, hd);
+  AttentionCase c(2, 150, 3, 4);
   // Check a strided subset (every entry would be slow): rows in every block, both batches.
-  for (Vec* x : {&q, &k, &v}) {
-    Vec* acc = x == &q ? &dq : x == &k ? &dk : &dv;
-    for (size_t i = 0; i < size; i += 37) {
+  for (Vec* x : {&c.q, &c.k, &c.v}) {
+    const Vec* acc = x == &c.q ? &c.dq : x == &c.k ? &c.dk : &c.dv;
+    for (size_t i = 0; i < c.size; i += 37) {
       const double saved = (*x)[i];
       (*x)[i] = saved + 1e-6;
-      const double fp = f();
+      const double fp = c.f();
       (*x)[i] = saved - 1e-6;
-      const double fm = f();
+      const double fm = c.f();
       (*x)[i] = saved;
       const double numeric = (fp - fm) / 2e-6;
       EXPECT_NEAR((*acc)[i] - kSentinel, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << i;
