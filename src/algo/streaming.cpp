@@ -22,6 +22,7 @@
 #include "comm/codec.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/config_schema.h"
 #include "io/fs.h"
 
 namespace loco {
@@ -55,19 +56,7 @@ bool syncs_at(const FragmentPlan& f, int64_t step, int64_t H) { return step > f.
 
 int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas) {
   if (list.empty()) return tau;
-  std::vector<int64_t> values;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(item, &used);
-      if (used != item.size() || v < 0) throw std::invalid_argument(item);
-      values.push_back(v);
-    } catch (const std::exception&) {
-      fail("streaming.worker_tau: \"" + item + "\" is not a non-negative integer");
-    }
-  }
+  const auto values = parse_int_list(list, "streaming.worker_tau", 0, "a non-negative integer");
   if (int(values.size()) != replicas)
     fail("streaming.worker_tau has " + std::to_string(values.size()) + " entries for " + std::to_string(replicas) +
          " replicas");

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -12,14 +13,15 @@ struct Communicator::Handle::State {
   std::exception_ptr error;
 };
 
-Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options,
-                           std::shared_ptr<TraceRecorder> trace)
+Communicator::Communicator(std::shared_ptr<Transport> transport, CommOptions options,
+                           std::shared_ptr<TraceRecorder> trace, int channel, std::shared_ptr<TrafficStats> traffic)
     : transport_(std::move(transport)),
       options_(options),
       trace_(trace ? std::move(trace) : std::make_shared<TraceRecorder>(false)),
+      channel_(channel),
       rank_(transport_->rank()),
       size_(transport_->size()),
-      traffic_(options.peak_window_s) {
+      traffic_(traffic ? std::move(traffic) : std::make_shared<TrafficStats>(options.peak_window_s)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -59,13 +61,13 @@ void Communicator::loop() {
     std::exception_ptr error = failed;
     if (!error) {
       const double t0 = clock().now();
-      const int64_t sent_before = traffic_.bytes_sent();
+      op_bytes_sent_ = 0;
       try {
         item.second();
       } catch (...) {
         error = std::current_exception();
       }
-      traffic_.record_instance(item.first->label, traffic_.bytes_sent() - sent_before);
+      traffic_->record_instance(item.first->label, op_bytes_sent_);
       trace_->span(item.first->label, "communication", rank_, 1, t0, clock().now());
     }
     {
@@ -101,13 +103,14 @@ bool Communicator::done(const Handle& h) const {
 
 void Communicator::send_msg(const std::string& op, int peer, std::string msg) {
   const int64_t bytes = int64_t(msg.size());
-  const SendTiming t = transport_->send(peer, std::move(msg));
-  traffic_.record_send(op, bytes, t.start, t.end);
+  const SendTiming t = transport_->send(peer, channel_, std::move(msg));
+  traffic_->record_send(op, bytes, t.start, t.end);
+  op_bytes_sent_ += bytes;
 }
 
 std::string Communicator::recv_msg(const std::string& op, int peer) {
-  std::string msg = transport_->recv(peer, options_.timeout_s);
-  traffic_.record_recv(op, int64_t(msg.size()));
+  std::string msg = transport_->recv(peer, channel_, options_.timeout_s);
+  traffic_->record_recv(op, int64_t(msg.size()));
   return msg;
 }
 
@@ -133,39 +136,90 @@ Ring make_ring(int rank, int size, const std::vector<int>& members) {
 }
 }  // namespace
 
+namespace {
+// Ring chunks are interleaved blocks: block j = [jQ, (j+1)Q) of the buffer belongs to chunk
+// j mod M. The replica order in which an element is summed then depends only on its offset,
+// not on the buffer's length, so equal tensors at equal offsets of different buffers (a tied
+// embedding on the first and last pipeline stage) reduce to the same bits.
+constexpr int64_t kRingBlock = 256;
+
+struct RingChunks {
+  int64_t n;
+  int M;
+  // Calls fn(offset, length) for every block of chunk c, in order.
+  template <class Fn>
+  void for_blocks(int c, Fn&& fn) const {
+    for (int64_t b = int64_t(c) * kRingBlock; b < n; b += int64_t(M) * kRingBlock) fn(b, std::min(kRingBlock, n - b));
+  }
+  int64_t size(int c) const {
+    int64_t total = 0;
+    for_blocks(c, [&](int64_t, int64_t len) { total += len; });
+    return total;
+  }
+  std::string pack(const float* data, int c) const {
+    std::string out(size_t(size(c)) * sizeof(float), '\0');
+    char* dst = out.data();
+    for_blocks(c, [&](int64_t b, int64_t len) {
+      std::memcpy(dst, data + b, size_t(len) * sizeof(float));
+      dst += len * int64_t(sizeof(float));
+    });
+    return out;
+  }
+};
+}  // namespace
+
+int64_t ring_all_reduce_floats_sent(int64_t n, int M, int index) {
+  if (M <= 1) return 0;
+  const RingChunks chunks{n, M};
+  // Reduce-scatter sends every chunk but (index + 1), the all-gather every chunk but (index + 2).
+  return 2 * n - chunks.size((index + 1) % M) - chunks.size((index + 2) % M);
+}
+
 void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label,
                                    const std::vector<int>& members) {
   const Ring ring = make_ring(rank_, size_, members);
   const int M = ring.size, me = ring.index, right = ring.right, left = ring.left;
   if (M == 1) return;
-  auto begin = [&](int c) { return n * c / M; };
-  auto chunk_bytes = [&](int c) { return size_t(begin(c + 1) - begin(c)) * sizeof(float); };
+  const RingChunks chunks{n, M};
+  auto receive = [&](int c) {
+    std::string in = recv_msg(label, left);
+    if (int64_t(in.size()) != chunks.size(c) * int64_t(sizeof(float)))
+      fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
+           std::to_string(chunks.size(c) * 4) + " (mismatched buffers across workers)");
+    return in;
+  };
   // Reduce-scatter: after M-1 steps this worker holds the full sum of chunk (me+1) mod M.
+  std::vector<float> partial;
   for (int s = 0; s < M - 1; ++s) {
     const int send_c = (me - s + 2 * M) % M, recv_c = (me - s - 1 + 2 * M) % M;
-    send_msg(label, right, std::string(reinterpret_cast<const char*>(data + begin(send_c)), chunk_bytes(send_c)));
-    const std::string in = recv_msg(label, left);
-    if (in.size() != chunk_bytes(recv_c))
-      fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
-           std::to_string(chunk_bytes(recv_c)) + " (mismatched buffers across workers)");
-    float* dst = data + begin(recv_c);
-    const int64_t len = begin(recv_c + 1) - begin(recv_c);
-    std::vector<float> partial(static_cast<size_t>(len));
+    send_msg(label, right, chunks.pack(data, send_c));
+    const std::string in = receive(recv_c);
+    partial.resize(in.size() / sizeof(float));
     std::memcpy(partial.data(), in.data(), in.size());
-    for (int64_t i = 0; i < len; ++i) dst[i] = partial[size_t(i)] + dst[i];
+    const float* p = partial.data();
+    chunks.for_blocks(recv_c, [&](int64_t b, int64_t len) {
+      float* dst = data + b;
+      for (int64_t i = 0; i < len; ++i) dst[i] = p[i] + dst[i];
+      p += len;
+    });
   }
   const int owned = (me + 1) % M;
   if (op == ReduceOp::Mean) {
     const float m = float(M);
-    for (int64_t i = begin(owned); i < begin(owned + 1); ++i) data[i] /= m;
+    chunks.for_blocks(owned, [&](int64_t b, int64_t len) {
+      for (int64_t i = b; i < b + len; ++i) data[i] /= m;
+    });
   }
   // All-gather the reduced chunks.
   for (int s = 0; s < M - 1; ++s) {
     const int send_c = (me + 1 - s + 2 * M) % M, recv_c = (me - s + 2 * M) % M;
-    send_msg(label, right, std::string(reinterpret_cast<const char*>(data + begin(send_c)), chunk_bytes(send_c)));
-    const std::string in = recv_msg(label, left);
-    if (in.size() != chunk_bytes(recv_c)) fail("all_reduce: mismatched chunk from worker " + std::to_string(left));
-    std::memcpy(data + begin(recv_c), in.data(), in.size());
+    send_msg(label, right, chunks.pack(data, send_c));
+    const std::string in = receive(recv_c);
+    const char* p = in.data();
+    chunks.for_blocks(recv_c, [&](int64_t b, int64_t len) {
+      std::memcpy(data + b, p, size_t(len) * sizeof(float));
+      p += len * int64_t(sizeof(float));
+    });
   }
 }
 

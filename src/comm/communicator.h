@@ -3,9 +3,11 @@
 // background communication thread so that they overlap with compute: *_start() returns at
 // once, wait() blocks until the operation is done. Every worker must issue the same
 // collectives in the same order. Built on Transport messages only:
-//  - all_reduce: ring reduce-scatter + all-gather; each chunk is summed in the fixed ring order
-//    (x_c + x_{c+1}) + ... so results are deterministic and identical on every backend, and
-//    each worker sends 2 (M-1)/M of the buffer;
+//  - all_reduce: ring reduce-scatter + all-gather over M chunks made of interleaved blocks of
+//    256 floats (block j in chunk j mod M); chunk c is summed in the fixed ring order
+//    (x_c + x_{c+1}) + ..., so results are deterministic, identical on every backend, and an
+//    element's order depends only on its offset; each worker sends about 2 (M-1)/M of the
+//    buffer;
 //  - all_gather (variable-size payloads): ring, M-1 messages per worker;
 //  - broadcast: the root sends to every other worker;
 //  - send / recv / exchange (paired send+recv with one peer); barrier.
@@ -28,6 +30,10 @@ namespace loco {
 
 enum class ReduceOp { Sum, Mean };
 
+// Floats that member `index` of an M-member ring all-reduce of n floats sends: every chunk but
+// two (about 2 (M-1)/M of n).
+int64_t ring_all_reduce_floats_sent(int64_t n, int M, int index);
+
 struct CommOptions {
   double timeout_s = 60;
   double peak_window_s = 1;
@@ -46,7 +52,10 @@ class Communicator {
     std::shared_ptr<State> state_;
   };
 
-  Communicator(std::unique_ptr<Transport> transport, CommOptions options, std::shared_ptr<TraceRecorder> trace);
+  // Operations run on `channel` of `transport`; traffic is counted into `traffic` (shared by
+  // the communicators of one worker) or into counters of this communicator's own.
+  Communicator(std::shared_ptr<Transport> transport, CommOptions options, std::shared_ptr<TraceRecorder> trace,
+               int channel = kControlChannel, std::shared_ptr<TrafficStats> traffic = nullptr);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -87,7 +96,7 @@ class Communicator {
   // Stops every worker of the run (those blocked on this one fail with `reason`).
   void abort(const std::string& reason);
 
-  TrafficStats& traffic() { return traffic_; }
+  TrafficStats& traffic() { return *traffic_; }
   double wait_seconds() const { return wait_seconds_; }
 
  private:
@@ -101,11 +110,13 @@ class Communicator {
   void ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label,
                        const std::vector<int>& members = {});
 
-  std::unique_ptr<Transport> transport_;
+  std::shared_ptr<Transport> transport_;
   CommOptions options_;
   std::shared_ptr<TraceRecorder> trace_;
+  int channel_;
   int rank_, size_;
-  TrafficStats traffic_;
+  std::shared_ptr<TrafficStats> traffic_;
+  int64_t op_bytes_sent_ = 0;  // by the operation running on the communication thread
   double wait_seconds_ = 0;
 
   mutable std::mutex mu_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <mutex>
 
 #include "core/error.h"
 
@@ -17,21 +18,26 @@ class LinkTransport : public Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
 
-  SendTiming send(int peer, std::string message) override {
+  SendTiming send(int peer, int channel, std::string message) override {
     const double now = clock_->now();
-    const double start = std::max(now, link_free_);
-    const double end = start + (link_.bandwidth_bps > 0 ? 8.0 * double(message.size()) / link_.bandwidth_bps : 0.0);
-    link_free_ = end;
+    double start, end;
+    {
+      // One outgoing link per worker, shared by every channel and thread.
+      std::lock_guard<std::mutex> lock(mu_);
+      start = std::max(now, link_free_);
+      end = start + (link_.bandwidth_bps > 0 ? 8.0 * double(message.size()) / link_.bandwidth_bps : 0.0);
+      link_free_ = end;
+    }
     const double arrival = end + link_.latency_s;
     std::string framed(sizeof(double), '\0');
     std::memcpy(framed.data(), &arrival, sizeof(double));
     framed += message;
-    inner_->send(peer, std::move(framed));
+    inner_->send(peer, channel, std::move(framed));
     return {start, end};
   }
 
-  std::string recv(int peer, double timeout) override {
-    std::string framed = inner_->recv(peer, timeout);
+  std::string recv(int peer, int channel, double timeout) override {
+    std::string framed = inner_->recv(peer, channel, timeout);
     if (framed.size() < sizeof(double)) fail("link model: malformed message from worker " + std::to_string(peer));
     double arrival;
     std::memcpy(&arrival, framed.data(), sizeof(double));
@@ -47,6 +53,7 @@ class LinkTransport : public Transport {
   std::unique_ptr<Transport> inner_;
   LinkConfig link_;
   std::shared_ptr<Clock> clock_;
+  std::mutex mu_;
   double link_free_ = 0;
 };
 

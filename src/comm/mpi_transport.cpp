@@ -4,8 +4,13 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <list>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -14,7 +19,7 @@ namespace loco {
 
 namespace {
 
-constexpr int kTag = 7411;
+constexpr int kTagBase = 7400;  // tag = kTagBase + channel
 bool g_initialized = false;
 
 int env_int(const char* name) {
@@ -22,47 +27,51 @@ int env_int(const char* name) {
   return v ? std::atoi(v) : -1;
 }
 
+// Every MPI call after initialization is made by one progress thread, which posts the queued
+// sends, completes them and receives every arriving message into a queue per (peer, channel).
+// So transfers advance while the workers compute (Open MPI's TCP transport moves data only
+// inside MPI calls), send() and recv() may be called from any thread, and the library only needs
+// MPI_THREAD_SERIALIZED.
 class MpiTransport : public Transport {
  public:
   MpiTransport() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    inbox_.resize(size_t(size_) * kNumChannels);
+    progress_ = std::thread([this] { loop(); });
   }
   ~MpiTransport() override {
-    // Let buffered sends complete before MPI_Finalize.
-    for (auto& p : pending_) MPI_Wait(&p.second, MPI_STATUS_IGNORE);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    progress_.join();
+    MPI_Comm_free(&comm_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  SendTiming send(int peer, std::string message) override {
+  SendTiming send(int peer, int channel, std::string message) override {
+    check(peer >= 0 && peer < size_ && channel >= 0 && channel < kNumChannels, "internal: MPI send out of range");
+    if (message.size() > size_t(INT32_MAX))
+      fail("MPI: a message of " + std::to_string(message.size()) + " bytes exceeds MPI's 2 GiB count limit");
     const double t = clock().now();
-    pending_.emplace_back(std::move(message), MPI_REQUEST_NULL);
-    auto& p = pending_.back();
-    MPI_Isend(p.first.data(), int(p.first.size()), MPI_BYTE, peer, kTag, MPI_COMM_WORLD, &p.second);
-    reap();
+    std::lock_guard<std::mutex> lock(mu_);
+    outgoing_.push_back({peer, channel, std::move(message), MPI_REQUEST_NULL});
     return {t, t};
   }
 
-  std::string recv(int peer, double timeout) override {
+  std::string recv(int peer, int channel, double timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto& q = inbox_[size_t(peer) * kNumChannels + size_t(channel)];
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-    int flag = 0;
-    MPI_Status st;
-    auto pause = std::chrono::microseconds(20);
-    for (;;) {
-      MPI_Iprobe(peer, kTag, MPI_COMM_WORLD, &flag, &st);
-      if (flag) break;
-      reap();
-      if (std::chrono::steady_clock::now() > deadline)
-        fail("worker " + std::to_string(peer) + " did not answer worker " + std::to_string(rank_) + " within " +
-             std::to_string(int(timeout)) + " s (network.timeout); it may have died");
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
-    }
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    std::string msg(size_t(count), '\0');
-    MPI_Recv(msg.data(), count, MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (!cv_.wait_until(lock, deadline, [&] { return !q.empty() || !error_.empty(); }))
+      fail("worker " + std::to_string(peer) + " did not answer worker " + std::to_string(rank_) + " within " +
+           std::to_string(int(timeout)) + " s (network.timeout); it may have died");
+    if (q.empty()) fail(error_);
+    std::string msg = std::move(q.front());
+    q.pop_front();
     return msg;
   }
 
@@ -75,16 +84,87 @@ class MpiTransport : public Transport {
   const Clock& clock() const override { return *real_clock(); }
 
  private:
-  void reap() {
-    while (!pending_.empty()) {
-      int done = 0;
-      MPI_Test(&pending_.front().second, &done, MPI_STATUS_IGNORE);
-      if (!done) break;
-      pending_.pop_front();
+  struct Outgoing {
+    int peer, channel;
+    std::string data;
+    MPI_Request request;
+  };
+
+  void loop() {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point stop_deadline{};
+    std::list<Outgoing> in_flight;
+    auto idle = std::chrono::microseconds(10);
+    for (;;) {
+      bool active = false, stopping;
+      std::deque<Outgoing> to_post;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        to_post.swap(outgoing_);
+        stopping = stop_;
+      }
+      for (auto& o : to_post) {
+        in_flight.push_back(std::move(o));
+        auto& f = in_flight.back();
+        MPI_Isend(f.data.data(), int(f.data.size()), MPI_BYTE, f.peer, kTagBase + f.channel, comm_, &f.request);
+        active = true;
+      }
+      for (auto it = in_flight.begin(); it != in_flight.end();) {
+        int done = 0;
+        MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+        it = done ? in_flight.erase(it) : std::next(it);
+      }
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st);
+      if (flag) {
+        int count = 0;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        std::string msg(size_t(count), '\0');
+        MPI_Recv(msg.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm_, MPI_STATUS_IGNORE);
+        const int channel = st.MPI_TAG - kTagBase;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (channel >= 0 && channel < kNumChannels)
+            inbox_[size_t(st.MPI_SOURCE) * kNumChannels + size_t(channel)].push_back(std::move(msg));
+          else if (error_.empty())
+            error_ = "worker " + std::to_string(st.MPI_SOURCE) + " sent a message with unknown tag " +
+                     std::to_string(st.MPI_TAG);
+        }
+        cv_.notify_all();
+        active = true;
+      }
+      // Stop once every send has left (receivers hold what they have not read), or give up
+      // after a bound if a peer is gone.
+      if (stopping) {
+        if (stop_deadline == Clock::time_point{}) stop_deadline = Clock::now() + std::chrono::seconds(30);
+        std::lock_guard<std::mutex> lock(mu_);
+        if (in_flight.empty() && outgoing_.empty()) return;
+        if (Clock::now() > stop_deadline) {
+          std::fprintf(stderr, "loco: warning: worker %d: %zu messages not delivered at exit\n", rank_,
+                       in_flight.size());
+          return;
+        }
+      }
+      // Poll quickly while data moves, back off when idle (a sleeping thread costs no core).
+      if (active) {
+        idle = std::chrono::microseconds(10);
+        continue;
+      }
+      std::this_thread::sleep_for(idle);
+      idle = std::min(idle * 2, std::chrono::microseconds(in_flight.empty() ? 1000 : 200));
     }
   }
+
+  MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
-  std::deque<std::pair<std::string, MPI_Request>> pending_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Outgoing> outgoing_;
+  std::vector<std::deque<std::string>> inbox_;
+  std::string error_;
+  bool stop_ = false;
+  std::thread progress_;
 };
 
 }  // namespace

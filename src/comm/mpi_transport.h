@@ -1,6 +1,7 @@
 #pragma once
-// MPI backend (Open MPI): one process per worker, `mpirun -np M loco train ...`. Only the
-// communication thread makes MPI calls after initialization (MPI_THREAD_SERIALIZED).
+// MPI backend (Open MPI): one process per worker, `mpirun -np N loco train ...`. After
+// initialization only the transport's own progress thread makes MPI calls
+// (MPI_THREAD_SERIALIZED); channels map to MPI tags on a duplicate of MPI_COMM_WORLD.
 #include <memory>
 
 #include "comm/transport.h"

@@ -25,8 +25,26 @@ uint64_t name_hash(const std::string& s) {
 
 }  // namespace
 
-Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_, int seq_)
-    : batch(batch_), seq(seq_) {
+BackwardScratch::BackwardScratch(const ModelConfig& c, int batch, int seq) {
+  const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size;
+  for (auto* v : {&dx, &dln, &dq, &dk, &dv, &dq2, &dk2, &datt}) v->resize(n * d);
+  for (auto* v : {&dgate, &dup, &dact}) v->resize(n * f);
+}
+
+int64_t BackwardScratch::floats() const {
+  int64_t total = 0;
+  for (const auto* v : {&dx, &dln, &dq, &dk, &dv, &dq2, &dk2, &datt, &dgate, &dup, &dact}) total += int64_t(v->size());
+  return total;
+}
+
+int64_t BackwardScratch::floats_for(const ModelConfig& c, int batch, int seq) {
+  const int64_t n = int64_t(batch) * seq;
+  return 8 * n * c.hidden_size + 3 * n * c.intermediate_size;
+}
+
+Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_, int seq_,
+                     std::shared_ptr<BackwardScratch> scratch_in)
+    : batch(batch_), seq(seq_), scratch(std::move(scratch_in)) {
   check(batch >= 1 && seq >= 1, "batch and sequence length must be >= 1");
   check(seq <= c.max_seq_len, "sequence length " + std::to_string(seq) + " exceeds model.max_seq_len " +
                                   std::to_string(c.max_seq_len));
@@ -68,24 +86,22 @@ Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_
   rope_cos.resize(size_t(seq) * c.head_dim() / 2);
   rope_sin.resize(rope_cos.size());
   rope_tables(rope_cos.data(), rope_sin.data(), seq, c.head_dim(), c.rope_theta);
-  for (auto* v : {&dx, &dln, &dq, &dk, &dv, &dq2, &dk2, &datt}) v->resize(n * d);
-  for (auto* v : {&dgate, &dup, &dact}) v->resize(n * f);
+  if (!scratch) scratch = std::make_shared<BackwardScratch>(c, batch, seq);
+  check(int64_t(scratch->dx.size()) == n * d, "internal: backward scratch of another shape");
 }
 
-int64_t Workspace::floats() const {
+int64_t Workspace::activation_floats() const {
   int64_t total = 0;
   auto add = [&](const std::vector<float>& v) { total += int64_t(v.size()); };
   for (const auto& b : blocks)
     for (const auto* v : {&b.x_in, &b.ln1, &b.rstd1, &b.q_lin, &b.k_lin, &b.v, &b.q_normed, &b.rstd_q, &b.k_normed,
                           &b.rstd_k, &b.q, &b.k, &b.att, &b.lse, &b.x_mid, &b.ln2, &b.rstd2, &b.gate, &b.up, &b.act})
       add(*v);
-  for (const auto* v : {&x_out, &final_ln, &rstd_f, &logits, &logits_lse, &rope_cos, &rope_sin, &dx, &dln, &dq, &dk,
-                        &dv, &dq2, &dk2, &datt, &dgate, &dup, &dact})
-    add(*v);
+  for (const auto* v : {&x_out, &final_ln, &rstd_f, &logits, &logits_lse, &rope_cos, &rope_sin}) add(*v);
   return total;
 }
 
-int64_t Workspace::floats_for(const ModelConfig& c, const StageSpec& stage_in, int batch, int seq) {
+int64_t Workspace::activation_floats_for(const ModelConfig& c, const StageSpec& stage_in, int batch, int seq) {
   StageSpec stage = stage_in;
   if (stage.last_block < 0) stage.last_block = c.num_layers;
   const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size, h = c.num_heads;
@@ -93,7 +109,7 @@ int64_t Workspace::floats_for(const ModelConfig& c, const StageSpec& stage_in, i
   if (c.qk_norm) per_block += 2 * n * d + 2 * n * h;
   int64_t total = per_block * (stage.last_block - stage.first_block) + n * d;
   if (stage.head) total += n * d + n + n * c.vocab_size + n;
-  total += int64_t(seq) * (c.head_dim() / 2) * 2 + 8 * n * d + 3 * n * f;
+  total += int64_t(seq) * (c.head_dim() / 2) * 2;
   return total;
 }
 
@@ -196,6 +212,7 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
   const int64_t n = ws.rows();
   const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim();
   auto P = [&](TensorKind k, int block = -1) { return params + layout_.get(k, block).offset; };
+  BackwardScratch& sc = *ws.scratch;
   // Gradient of a tensor trained as a whole (norms, embeddings, o: never sliced).
   auto G = [&](TensorKind k, int block = -1) {
     const auto& t = layout_.get(k, block);
@@ -217,72 +234,72 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
           grads + r.compact, dout, in, n, in_dim, out_dim, int(r.begin), int(r.end));
   };
 
-  // ws.dx: gradient of the loss with respect to the residual stream, walked down the blocks.
-  zero(ws.dx);
+  // sc.dx: gradient of the loss with respect to the residual stream, walked down the blocks.
+  zero(sc.dx);
   if (st.head) {
     const TensorKind head_kind = c.tie_embeddings ? TensorKind::Embedding : TensorKind::LmHead;
     cross_entropy_backward(ws.logits.data(), ws.logits.data(), ws.logits_lse.data(), targets, n, c.vocab_size,
                            c.z_loss, dloss);
-    zero(ws.dln);
-    linear_backward(ws.dln.data(), G(head_kind), ws.logits.data(), ws.final_ln.data(), P(head_kind), n, d,
+    zero(sc.dln);
+    linear_backward(sc.dln.data(), G(head_kind), ws.logits.data(), ws.final_ln.data(), P(head_kind), n, d,
                     c.vocab_size);
-    rmsnorm_backward(ws.dx.data(), G(TensorKind::FinalNorm), ws.dln.data(), ws.x_out.data(),
+    rmsnorm_backward(sc.dx.data(), G(TensorKind::FinalNorm), sc.dln.data(), ws.x_out.data(),
                      P(TensorKind::FinalNorm), ws.rstd_f.data(), n, d);
   } else {
-    std::copy_n(dy, n * d, ws.dx.data());
+    std::copy_n(dy, n * d, sc.dx.data());
   }
 
   for (size_t i = ws.blocks.size(); i-- > 0;) {
     const int l = st.first_block + int(i);
     auto& b = ws.blocks[i];
     // MLP: dx is dL/dx_next and, by the residual, already part of dL/dx_mid.
-    zero(ws.dact);
-    linear_back(ws.dact.data(), TensorKind::Down, l, ws.dx.data(), b.act.data(), f, d, true);
-    zero(ws.dgate);
-    zero(ws.dup);
-    swiglu_backward(ws.dgate.data(), ws.dup.data(), ws.dact.data(), b.gate.data(), b.up.data(), n * f);
-    zero(ws.dln);
-    linear_back(ws.dln.data(), TensorKind::Gate, l, ws.dgate.data(), b.ln2.data(), d, f, false);
-    linear_back(ws.dln.data(), TensorKind::Up, l, ws.dup.data(), b.ln2.data(), d, f, false);
-    rmsnorm_backward(ws.dx.data(), G(TensorKind::PostNorm, l), ws.dln.data(), b.x_mid.data(),
+    zero(sc.dact);
+    linear_back(sc.dact.data(), TensorKind::Down, l, sc.dx.data(), b.act.data(), f, d, true);
+    zero(sc.dgate);
+    zero(sc.dup);
+    swiglu_backward(sc.dgate.data(), sc.dup.data(), sc.dact.data(), b.gate.data(), b.up.data(), n * f);
+    zero(sc.dln);
+    linear_back(sc.dln.data(), TensorKind::Gate, l, sc.dgate.data(), b.ln2.data(), d, f, false);
+    linear_back(sc.dln.data(), TensorKind::Up, l, sc.dup.data(), b.ln2.data(), d, f, false);
+    rmsnorm_backward(sc.dx.data(), G(TensorKind::PostNorm, l), sc.dln.data(), b.x_mid.data(),
                      P(TensorKind::PostNorm, l), b.rstd2.data(), n, d);
     // Attention: dx is now dL/dx_mid, and by the residual part of dL/dx_in.
-    zero(ws.datt);
-    linear_backward(ws.datt.data(), G(TensorKind::O, l), ws.dx.data(), b.att.data(), P(TensorKind::O, l), n, d, d);
-    zero(ws.dq);
-    zero(ws.dk);
-    zero(ws.dv);
-    attention_backward(ws.dq.data(), ws.dk.data(), ws.dv.data(), ws.datt.data(), b.q.data(), b.k.data(), b.v.data(),
+    zero(sc.datt);
+    linear_backward(sc.datt.data(), G(TensorKind::O, l), sc.dx.data(), b.att.data(), P(TensorKind::O, l), n, d, d);
+    zero(sc.dq);
+    zero(sc.dk);
+    zero(sc.dv);
+    attention_backward(sc.dq.data(), sc.dk.data(), sc.dv.data(), sc.datt.data(), b.q.data(), b.k.data(), b.v.data(),
                        b.att.data(), b.lse.data(), ws.batch, ws.seq, h, hd);
-    zero(ws.dq2);
-    zero(ws.dk2);
-    rope_backward(ws.dq2.data(), ws.dq.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
-    rope_backward(ws.dk2.data(), ws.dk.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
-    const float* dq_lin = ws.dq2.data();
-    const float* dk_lin = ws.dk2.data();
+    zero(sc.dq2);
+    zero(sc.dk2);
+    rope_backward(sc.dq2.data(), sc.dq.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    rope_backward(sc.dk2.data(), sc.dk.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    const float* dq_lin = sc.dq2.data();
+    const float* dk_lin = sc.dk2.data();
     if (c.qk_norm) {
       // dq/dk are free again: reuse them for the gradients before the QK-norm.
-      zero(ws.dq);
-      zero(ws.dk);
-      rmsnorm_backward(ws.dq.data(), G(TensorKind::QNorm, l), ws.dq2.data(), b.q_lin.data(), P(TensorKind::QNorm, l),
+      zero(sc.dq);
+      zero(sc.dk);
+      rmsnorm_backward(sc.dq.data(), G(TensorKind::QNorm, l), sc.dq2.data(), b.q_lin.data(), P(TensorKind::QNorm, l),
                        b.rstd_q.data(), n * h, hd);
-      rmsnorm_backward(ws.dk.data(), G(TensorKind::KNorm, l), ws.dk2.data(), b.k_lin.data(), P(TensorKind::KNorm, l),
+      rmsnorm_backward(sc.dk.data(), G(TensorKind::KNorm, l), sc.dk2.data(), b.k_lin.data(), P(TensorKind::KNorm, l),
                        b.rstd_k.data(), n * h, hd);
-      dq_lin = ws.dq.data();
-      dk_lin = ws.dk.data();
+      dq_lin = sc.dq.data();
+      dk_lin = sc.dk.data();
     }
-    zero(ws.dln);
-    linear_back(ws.dln.data(), TensorKind::Q, l, dq_lin, b.ln1.data(), d, d, false);
-    linear_back(ws.dln.data(), TensorKind::K, l, dk_lin, b.ln1.data(), d, d, false);
-    linear_back(ws.dln.data(), TensorKind::V, l, ws.dv.data(), b.ln1.data(), d, d, false);
-    rmsnorm_backward(ws.dx.data(), G(TensorKind::InputNorm, l), ws.dln.data(), b.x_in.data(),
+    zero(sc.dln);
+    linear_back(sc.dln.data(), TensorKind::Q, l, dq_lin, b.ln1.data(), d, d, false);
+    linear_back(sc.dln.data(), TensorKind::K, l, dk_lin, b.ln1.data(), d, d, false);
+    linear_back(sc.dln.data(), TensorKind::V, l, sc.dv.data(), b.ln1.data(), d, d, false);
+    rmsnorm_backward(sc.dx.data(), G(TensorKind::InputNorm, l), sc.dln.data(), b.x_in.data(),
                      P(TensorKind::InputNorm, l), b.rstd1.data(), n, d);
   }
 
   if (st.embedding)
-    embedding_backward(G(TensorKind::Embedding), ws.dx.data(), tokens, n, d);
+    embedding_backward(G(TensorKind::Embedding), sc.dx.data(), tokens, n, d);
   else if (dx_in)
-    for (int64_t j = 0; j < n * d; ++j) dx_in[j] += ws.dx[j];
+    for (int64_t j = 0; j < n * d; ++j) dx_in[j] += sc.dx[j];
 }
 
 }  // namespace loco

@@ -3,6 +3,7 @@
 // stage with every block, the embedding and the head). Parameters and gradients are flat
 // buffers laid out by ParamLayout and owned by the caller; activations live in a Workspace.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/config.h"
@@ -11,9 +12,20 @@
 
 namespace loco {
 
-// Activations of one forward pass for a (batch, seq) shape, kept for the backward pass.
+// Backward-pass scratch for a (batch, seq) shape: needed by one backward pass at a time, so the
+// workspaces of microbatches in flight in a pipeline share one.
+struct BackwardScratch {
+  BackwardScratch(const ModelConfig& c, int batch, int seq);
+  std::vector<float> dx, dln, dq, dk, dv, dq2, dk2, datt, dgate, dup, dact;
+  int64_t floats() const;
+  static int64_t floats_for(const ModelConfig& c, int batch, int seq);
+};
+
+// Activations of one forward pass for a (batch, seq) shape, kept for the backward pass, and a
+// (possibly shared) backward scratch.
 struct Workspace {
-  Workspace(const ModelConfig& c, const StageSpec& stage, int batch, int seq);
+  Workspace(const ModelConfig& c, const StageSpec& stage, int batch, int seq,
+            std::shared_ptr<BackwardScratch> scratch = nullptr);
   int batch, seq;
   int64_t rows() const { return int64_t(batch) * seq; }
 
@@ -27,12 +39,16 @@ struct Workspace {
   std::vector<float> logits;             // (N, V), head only; holds dlogits after backward
   std::vector<float> logits_lse;         // (N) log-sum-exp of each logits row
   std::vector<float> rope_cos, rope_sin;
-  // Backward scratch, shared by all blocks.
-  std::vector<float> dx, dln, dq, dk, dv, dq2, dk2, datt, dgate, dup, dact;
+  std::shared_ptr<BackwardScratch> scratch;  // shared by all blocks
 
-  // Floats held by this workspace, and the same count computed without allocating.
-  int64_t floats() const;
-  static int64_t floats_for(const ModelConfig& c, const StageSpec& stage, int batch, int seq);
+  // Floats held by the activations (without the scratch), and the same count computed
+  // without allocating; floats_for with_scratch adds one scratch.
+  int64_t activation_floats() const;
+  int64_t floats() const { return activation_floats() + scratch->floats(); }
+  static int64_t activation_floats_for(const ModelConfig& c, const StageSpec& stage, int batch, int seq);
+  static int64_t floats_for(const ModelConfig& c, const StageSpec& stage, int batch, int seq) {
+    return activation_floats_for(c, stage, batch, seq) + BackwardScratch::floats_for(c, batch, seq);
+  }
 };
 
 class Transformer {

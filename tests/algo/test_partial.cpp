@@ -197,5 +197,6 @@ TEST(Partial, RoundAveragesEachEntryOverTheNodesThatTrainIt) {
   }())));
   const int64_t own = sets[0].size() - shared;
   const int N = 2, G = M / N;
-  EXPECT_EQ(sent[0], 4 * (2 * (M - 1) * shared / M + 2 * (G - 1) * own / G + (N - 1) * own));
+  EXPECT_EQ(sent[0], 4 * (ring_all_reduce_floats_sent(shared, M, 0) + ring_all_reduce_floats_sent(own, G, 0) +
+                         (N - 1) * own));
 }

@@ -86,35 +86,61 @@ TEST(Communicator, AllReduceSumAndMean) {
 }
 
 TEST(Communicator, AllReduceOrderIsFixed) {
-  // Chunk c is summed as ((x_c + x_{c+1}) + ...) in ring order: check against that exact order.
+  // Chunk c (blocks of 256 floats with index = c mod M) is summed as ((x_c + x_{c+1}) + ...)
+  // in ring order: check every element against that exact order.
   const int M = 3;
-  const int64_t n = 3;  // one element per chunk
-  std::vector<float> out(3);
+  const int64_t Q = 256, n = 5 * Q + 17;  // chunk 0: blocks 0, 3; chunk 1: 1, 4; chunk 2: 2, 5
+  auto x = [](int r, int64_t i) {
+    const float big = (i % 2 ? -1e8f : 1e8f) * float(r + 1);
+    return i % 3 == 0 ? big : 0.3f + float(r) + float(i) * 1e-3f;
+  };
+  std::vector<float> out(static_cast<size_t>(n));
   run_workers(M, [&](Communicator& c) {
-    std::vector<float> v = {1e8f * float(c.rank() + 1), -1e8f * float(c.rank() + 1), 0.3f + float(c.rank())};
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = x(c.rank(), i);
     c.all_reduce(v.data(), n, ReduceOp::Sum);
     if (c.rank() == 0) out = v;
   });
-  auto x = [](int r, int i) {
-    const float vals[3] = {1e8f * float(r + 1), -1e8f * float(r + 1), 0.3f + float(r)};
-    return vals[i];
-  };
-  for (int c = 0; c < 3; ++c) {
-    float acc = x(c, c);
-    for (int k = 1; k < M; ++k) acc = acc + x((c + k) % M, c);
-    EXPECT_EQ(out[size_t(c)], acc) << "chunk " << c;
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = int((i / Q) % M);
+    float acc = x(c, i);
+    for (int k = 1; k < M; ++k) acc = acc + x((c + k) % M, i);
+    ASSERT_EQ(out[size_t(i)], acc) << "element " << i;
   }
+}
+
+TEST(Communicator, AllReduceResultDependsOnlyOnTheOffset) {
+  // Buffers of different lengths with the same values at the same offsets reduce to the same
+  // bits there (a tied embedding on two pipeline stages holding different other tensors).
+  const int M = 5;
+  const int64_t shared = 3000;
+  std::vector<std::vector<float>> a(M), b(M);
+  run_workers(M, [&](Communicator& c) {
+    auto v = rank_data(c.rank(), shared + 1234), w = rank_data(c.rank(), shared + 77);
+    std::copy_n(v.begin(), shared, w.begin());
+    c.all_reduce(v.data(), int64_t(v.size()), ReduceOp::Mean);
+    c.all_reduce(w.data(), int64_t(w.size()), ReduceOp::Mean);
+    a[size_t(c.rank())] = v;
+    b[size_t(c.rank())] = w;
+  });
+  for (int r = 0; r < M; ++r)
+    for (int64_t i = 0; i < shared; ++i) ASSERT_EQ(a[size_t(r)][size_t(i)], b[size_t(r)][size_t(i)]) << i;
 }
 
 TEST(Communicator, TrafficCountsArePayloadBytes) {
   const int M = 4;
-  const int64_t n = 1001;  // chunks of 250, 250, 250, 251
+  const int64_t n = 2001;  // chunks of 512, 512, 512, 465
   run_workers(M, [&](Communicator& c) {
     std::vector<float> v(static_cast<size_t>(n), 1.0f);
     c.all_reduce(v.data(), n, ReduceOp::Sum, "ar");
-    auto chunk = [&](int i) { return n * (i + 1) / M - n * i / M; };
+    auto chunk = [&](int i) {  // blocks of 256 with index = i mod M
+      int64_t size = 0;
+      for (int64_t b = 256 * i; b < n; b += 256 * M) size += std::min<int64_t>(256, n - b);
+      return size;
+    };
     const int r = c.rank();
     const int64_t floats = 2 * n - chunk((r + 1) % M) - chunk((r + 2) % M);
+    EXPECT_EQ(ring_all_reduce_floats_sent(n, M, r), floats);
     auto j = c.traffic().to_json();
     EXPECT_EQ(j["by_operation"]["ar"]["bytes_sent"].get<int64_t>(), floats * 4);
     EXPECT_EQ(j["by_operation"]["ar"]["messages_sent"].get<int64_t>(), 2 * (M - 1));
@@ -208,19 +234,19 @@ TEST(LinkModel, TransferTimeIsLatencyPlusSizeOverBandwidth) {
   auto a = wrap_with_link(std::move(ts[0]), link, clock);
   auto b = wrap_with_link(std::move(ts[1]), link, clock);
   const size_t bytes = 1250000;  // 10 Mbit -> 0.1 s on the wire
-  const SendTiming t1 = a->send(1, std::string(bytes, 'a'));
+  const SendTiming t1 = a->send(1, 0, std::string(bytes, 'a'));
   EXPECT_DOUBLE_EQ(t1.start, 0.0);
   EXPECT_DOUBLE_EQ(t1.end, 0.1);
   // A second transfer on the same link starts when the first has left it.
-  const SendTiming t2 = a->send(1, std::string(bytes, 'b'));
+  const SendTiming t2 = a->send(1, 0, std::string(bytes, 'b'));
   EXPECT_DOUBLE_EQ(t2.start, 0.1);
   EXPECT_DOUBLE_EQ(t2.end, 0.2);
-  EXPECT_EQ(b->recv(0, 1.0), std::string(bytes, 'a'));
+  EXPECT_EQ(b->recv(0, 0, 1.0), std::string(bytes, 'a'));
   EXPECT_DOUBLE_EQ(clock->now(), 0.1 + 0.030);
-  EXPECT_EQ(b->recv(0, 1.0), std::string(bytes, 'b'));
+  EXPECT_EQ(b->recv(0, 0, 1.0), std::string(bytes, 'b'));
   EXPECT_DOUBLE_EQ(clock->now(), 0.2 + 0.030);
   // The other direction is a different link: free, so a transfer starts now.
-  const SendTiming t3 = b->send(0, std::string(125, 'c'));
+  const SendTiming t3 = b->send(0, 0, std::string(125, 'c'));
   EXPECT_DOUBLE_EQ(t3.start, 0.23);
   EXPECT_DOUBLE_EQ(t3.end, 0.23 + 1000.0 / 100e6);
 }
