@@ -79,9 +79,12 @@ class Streaming : public Algorithm {
         comm_(w.comm),
         num_params_(w.params.size()) {
     const auto& layout = w.model.layout();
+    // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
+    const auto& stage = layout.stage();
     for (const auto& f : plan_) {
       std::vector<Range> r;
-      for (int l : f.blocks) r.push_back(layout.block_range(l));
+      for (int l : f.blocks)
+        if (l >= stage.first_block && l < stage.last_block) r.push_back(layout.block_range(l));
       if (f.nonblock)
         for (const auto& x : layout.nonblock_ranges()) r.push_back(x);
       ranges_.push_back(merge_ranges(r));
@@ -89,7 +92,7 @@ class Streaming : public Algorithm {
     std::string scratch;
     if (cfg.streaming.offload_outer) {
       make_dirs(cfg.train.out_dir);
-      scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.rank) + ".scratch";
+      scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.world_rank) + ".scratch";
     }
     store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch);
     int64_t max_tau = tau_;
@@ -114,6 +117,7 @@ class Streaming : public Algorithm {
       pending_.pop_front();
     }
     for (size_t j = 0; j < plan_.size(); ++j) {
+      if (ranges_[j].empty()) continue;  // not on this pipeline stage
       const bool due = syncs_at(plan_[j], done, outer_.inner_steps);
       if (!due && !last) continue;
       begin_sync(w, j, done);

@@ -1,7 +1,8 @@
 #pragma once
-// `loco train`: M replicas (in-process threads, or MPI processes) each running the inner
-// training loop, combined by the configured algorithm (DDP, DiLoCo), with evaluation, metrics,
-// traffic and time accounting, and resumable checkpoints.
+// `loco train`: S pipeline stages x R replicas of workers (in-process threads, or MPI
+// processes) running the training loop, the replicas of each stage combined by the configured
+// algorithm (DDP, DiLoCo, Streaming DiLoCo, partial updates), with evaluation, metrics, traffic
+// and time accounting, and resumable checkpoints.
 #include <string>
 #include <vector>
 
@@ -22,13 +23,13 @@ struct TrainOptions {
 
 struct TrainSummary {
   std::string run_dir, checkpoint, algorithm, backend;
-  int replicas = 1;
+  int replicas = 1, stages = 1;
   int64_t steps = 0, tokens = 0;
   double final_train_loss = 0, final_val_loss = -1;  // -1: no validation data
   double unigram_entropy = 0;                        // nats, of the training tokens
   double seconds = 0;
   nlohmann::json workers;  // per-worker traffic and time accounting
-  bool is_reporter = true; // false on MPI ranks other than 0
+  bool is_reporter = true; // false on MPI ranks other than the reporter (last stage of replica 0)
 };
 
 TrainSummary run_training(const TrainOptions& options);

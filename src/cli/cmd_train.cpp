@@ -57,20 +57,23 @@ void add_train(CLI::App& app) {
     }
     const auto s = run_training(*o);
     if (!s.is_reporter) return;
-    std::printf("\nsummary: %s, %d replica(s) over %s: %lld steps, %lld tokens, %.1f s\n", s.algorithm.c_str(),
-                s.replicas, s.backend.c_str(), (long long)s.steps, (long long)s.tokens, s.seconds);
+    const std::string shape = s.stages > 1 ? std::to_string(s.stages) + " stages x " + std::to_string(s.replicas) +
+                                                 " replica(s)"
+                                           : std::to_string(s.replicas) + " replica(s)";
+    std::printf("\nsummary: %s, %s over %s: %lld steps, %lld tokens, %.1f s\n", s.algorithm.c_str(), shape.c_str(),
+                s.backend.c_str(), (long long)s.steps, (long long)s.tokens, s.seconds);
     std::printf("  final train loss      %.4f nats\n", s.final_train_loss);
     if (s.final_val_loss >= 0) std::printf("  final val loss        %.4f nats\n", s.final_val_loss);
     std::printf("  unigram entropy       %.4f nats (training tokens)\n", s.unigram_entropy);
     std::printf("  checkpoint            %s\n", s.checkpoint.c_str());
     std::printf("  metrics               %s/metrics.jsonl, %s/summary.json\n", s.run_dir.c_str(), s.run_dir.c_str());
-    std::printf("  %-6s %12s %12s %9s %14s %10s %10s %6s\n", "worker", "sent", "received", "messages", "peak send/s",
-                "compute s", "wait s", "CU");
+    std::printf("  %-6s %5s %12s %12s %9s %14s %10s %10s %10s %6s\n", "worker", "stage", "sent", "received",
+                "messages", "peak send/s", "compute s", "wait s", "bubble s", "CU");
     for (const auto& w : s.workers)
-      std::printf("  %-6d %12.4g %12.4g %9lld %14.4g %10.2f %10.2f %5.1f%%\n", w["rank"].get<int>(),
-                  w["bytes_sent"].get<double>(), w["bytes_received"].get<double>(),
+      std::printf("  %-6d %5d %12.4g %12.4g %9lld %14.4g %10.2f %10.2f %10.2f %5.1f%%\n", w["rank"].get<int>(),
+                  w["stage"].get<int>(), w["bytes_sent"].get<double>(), w["bytes_received"].get<double>(),
                   (long long)w["messages_sent"].get<int64_t>(), w["peak_send_bytes_per_s"].get<double>(),
-                  w["compute_s"].get<double>(), w["comm_wait_s"].get<double>(),
+                  w["compute_s"].get<double>(), w["comm_wait_s"].get<double>(), w["bubble_s"].get<double>(),
                   100 * w["compute_utilization"].get<double>());
     std::printf("  %-6s %12s %12s %12s %12s %12s %14s %12s\n", "worker", "trainable", "params B", "grads B",
                 "optimizer B", "outer B", "bwd FLOPs/step", "bwd s/step");
@@ -78,7 +81,7 @@ void add_train(CLI::App& app) {
       std::printf("  %-6d %12lld %12lld %12lld %12lld %12lld %14.4g %12.4f\n", w["rank"].get<int>(),
                   (long long)w["trainable_params"].get<int64_t>(), (long long)w["param_bytes"].get<int64_t>(),
                   (long long)w["grad_bytes"].get<int64_t>(), (long long)w["optimizer_bytes"].get<int64_t>(),
-                  (long long)w.value("outer_state_bytes", int64_t(0)), w["backward_flops_per_step"].get<double>(),
+                  (long long)w.value("outer_state_bytes", int64_t(0)), w.value("backward_flops_per_step", 0.0),
                   w["backward_s_per_step"].get<double>());
   });
 }

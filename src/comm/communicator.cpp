@@ -25,13 +25,15 @@ Communicator::Communicator(std::shared_ptr<Transport> transport, CommOptions opt
   thread_ = std::thread([this] { loop(); });
 }
 
-Communicator::~Communicator() {
+Communicator::~Communicator() { shutdown(); }
+
+void Communicator::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 Communicator::Handle Communicator::enqueue(const std::string& label, std::function<void()> body) {
@@ -288,6 +290,16 @@ Communicator::Handle Communicator::exchange_start(int peer, std::string payload,
   return enqueue(label, [this, peer, p = std::move(payload), out, label]() mutable {
     send_msg(label, peer, std::move(p));
     *out = recv_msg(label, peer);
+  });
+}
+
+Communicator::Handle Communicator::all_gather_direct_start(std::string payload, std::vector<std::string>* out,
+                                                           const std::string& label) {
+  return enqueue(label, [this, p = std::move(payload), out, label]() mutable {
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_) send_msg(label, peer, p);
+    out->assign(size_t(size_), std::string());
+    for (int peer = 0; peer < size_; ++peer) (*out)[size_t(peer)] = peer == rank_ ? p : recv_msg(label, peer);
   });
 }
 

@@ -72,6 +72,10 @@ class Communicator {
   Handle send_start(int peer, std::string payload, const std::string& label = "send");
   Handle recv_start(int peer, std::string* out, const std::string& label = "recv");
   Handle exchange_start(int peer, std::string payload, std::string* out, const std::string& label = "exchange");
+  // All-gather of small payloads in one round: each worker sends its payload straight to every
+  // other (the latency of one message instead of M-1, at (M-1) payloads sent per worker).
+  Handle all_gather_direct_start(std::string payload, std::vector<std::string>* out,
+                                 const std::string& label = "all_gather");
   Handle barrier_start();
   // The same ring collectives among a group of workers: `members` lists ascending ranks and
   // includes this one; only the members call it, in the same order as their other operations.
@@ -95,6 +99,10 @@ class Communicator {
 
   // Stops every worker of the run (those blocked on this one fail with `reason`).
   void abort(const std::string& reason);
+  // Runs the queued operations to their end (after an abort they fail at once) and joins the
+  // communication thread; afterwards nothing writes into the buffers given to it. Idempotent;
+  // the destructor calls it.
+  void shutdown();
 
   TrafficStats& traffic() { return *traffic_; }
   double wait_seconds() const { return wait_seconds_; }

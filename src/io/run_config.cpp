@@ -2,6 +2,7 @@
 
 #include "comm/link.h"
 #include "core/error.h"
+#include "pipeline/grid.h"
 
 namespace loco {
 
@@ -96,7 +97,21 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (1: everything)", 1);
   s.add("partial.strategy", &pa.strategy, "sliced matrices: mlp (gate/up/down) or mlp+heads (also q/k/v)",
         {"mlp", "mlp+heads"});
+  auto& pp = cfg.pipeline;
+  s.add("pipeline.stages", &pp.stages,
+        "S: pipeline stages, each a contiguous group of blocks on its own worker (S x replicas workers)", 1, 1024);
+  s.add("pipeline.microbatches", &pp.microbatches,
+        "m: microbatches per step, dividing data.batch_size (0: from train.micro_batch_size, else 1)", 0);
+  s.add("pipeline.schedule", &pp.schedule, "microbatch schedule: 1f1b (at most S in flight) or gpipe (all m)",
+        {"1f1b", "gpipe"});
+  s.add("pipeline.split", &pp.split, "blocks per stage, e.g. \"2,4\" (\"\": balanced by parameter count)");
   return s;
+}
+
+int RunConfig::microbatches() const {
+  if (pipeline.microbatches > 0) return pipeline.microbatches;
+  if (train.micro_batch_size > 0) return data.batch_size / train.micro_batch_size;
+  return 1;
 }
 
 void validate_run_config(const RunConfig& c, const std::string& source) {
@@ -114,6 +129,17 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   need(c.train.micro_batch_size == 0 || c.data.batch_size % c.train.micro_batch_size == 0,
        "train.micro_batch_size (" + std::to_string(c.train.micro_batch_size) + ") must divide data.batch_size (" +
            std::to_string(c.data.batch_size) + ")");
+  need(c.pipeline.microbatches == 0 || c.data.batch_size % c.pipeline.microbatches == 0,
+       "pipeline.microbatches (" + std::to_string(c.pipeline.microbatches) + ") must divide data.batch_size (" +
+           std::to_string(c.data.batch_size) + ")");
+  need(c.pipeline.microbatches == 0 || c.train.micro_batch_size == 0 ||
+           c.train.micro_batch_size * c.pipeline.microbatches == c.data.batch_size,
+       "train.micro_batch_size and pipeline.microbatches disagree (set one of them)");
+  need(c.pipeline.stages <= c.model.num_layers, "pipeline.stages (" + std::to_string(c.pipeline.stages) +
+                                                    ") exceeds model.num_layers (" +
+                                                    std::to_string(c.model.num_layers) +
+                                                    "): every stage needs at least one block");
+  if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
   parse_duration(c.network.latency, source + ": network.latency");
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");

@@ -76,6 +76,13 @@ struct PartialConfig {
   std::string strategy = "mlp";  // mlp, or mlp+heads (also q/k/v by head groups)
 };
 
+struct PipelineConfig {
+  int stages = 1;                   // S: pipeline stages (contiguous groups of blocks)
+  int microbatches = 0;             // m per step (0: data.batch_size / train.micro_batch_size, or 1)
+  std::string schedule = "1f1b";    // 1f1b or gpipe
+  std::string split;                // blocks per stage, e.g. "2,4" ("": balanced by parameters)
+};
+
 struct RunConfig {
   std::string algorithm = "ddp";    // ddp, diloco, streaming
   ModelConfig model;
@@ -87,6 +94,11 @@ struct RunConfig {
   OuterConfig outer;
   StreamingConfig streaming;
   PartialConfig partial;
+  PipelineConfig pipeline;
+  // Microbatches per step and windows in each (from pipeline.microbatches or
+  // train.micro_batch_size; one of the whole batch when neither is set).
+  int microbatches() const;
+  int micro_windows() const { return data.batch_size / microbatches(); }
 };
 
 // Binds every key of `cfg` into a schema (keep `cfg` alive while the schema is used).

@@ -102,8 +102,9 @@ std::string latest_checkpoint(const std::string& run_dir) {
   return dir;
 }
 
-std::string replica_state_path(const std::string& checkpoint_dir, int replica) {
-  return checkpoint_dir + "/replica-" + std::to_string(replica) + ".safetensors";
+std::string worker_state_path(const std::string& checkpoint_dir, int stage, int replica, int stages) {
+  const std::string r = "replica-" + std::to_string(replica) + ".safetensors";
+  return checkpoint_dir + "/" + (stages > 1 ? "stage-" + std::to_string(stage) + "-" + r : r);
 }
 
 }  // namespace loco

@@ -2,9 +2,9 @@
 // Training checkpoints: RUN/checkpoints/step_NNNNNNNN/ holds
 //   config.json + model.safetensors   the evaluation parameters (loadable by PyTorch as is)
 //   state.safetensors                 run-level state (step, elapsed time, ...)
-//   replica-R.safetensors             each replica's own state: inner parameters where they
-//                                     differ from the model, optimizer moments, data position,
-//                                     algorithm state
+//   replica-R.safetensors             each worker's own state: its parameters, optimizer
+//   (stage-S-replica-R.safetensors    moments, data position, algorithm state (with a pipeline,
+//    with a pipeline)                 one file per stage and replica, holding that stage's part)
 // Each file is named float tensors plus string metadata. A checkpoint is written into
 // step_NNNNNNNN.tmp/ and renamed into place, then RUN/checkpoints/latest is replaced
 // atomically: a kill at any moment leaves the previous checkpoint intact and `latest` pointing
@@ -36,6 +36,8 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step, const Mo
                               const ParamLayout& layout, const float* eval_params, const TrainingState& run_state);
 // Directory of the newest complete checkpoint of a run (fails if there is none).
 std::string latest_checkpoint(const std::string& run_dir);
-std::string replica_state_path(const std::string& checkpoint_dir, int replica);
+// The state file of one worker: replica-R.safetensors, or stage-S-replica-R.safetensors in a
+// pipelined run (stages > 1).
+std::string worker_state_path(const std::string& checkpoint_dir, int stage, int replica, int stages);
 
 }  // namespace loco

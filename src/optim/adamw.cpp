@@ -66,14 +66,16 @@ double clip_grad_norm(float* grads, int64_t n, double max_norm) {
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += double(grads[i]) * grads[i];
   const double norm = std::sqrt(ss);
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = float(coef);
-      for (int64_t i = 0; i < n; ++i) grads[i] *= c;
-    }
-  }
+  scale_to_norm(grads, n, norm, max_norm);
   return norm;
+}
+
+void scale_to_norm(float* grads, int64_t n, double norm, double max_norm) {
+  if (max_norm <= 0) return;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  const float c = float(coef);
+  for (int64_t i = 0; i < n; ++i) grads[i] *= c;
 }
 
 }  // namespace loco

@@ -47,5 +47,8 @@ class AdamW {
 // coefficient max_norm / (norm + 1e-6) when below 1). Returns the norm before clipping.
 // max_norm <= 0 disables clipping but still returns the norm.
 double clip_grad_norm(float* grads, int64_t n, double max_norm);
+// The scaling step of clip_grad_norm given the norm (computed elsewhere, e.g. over the stages
+// of a pipeline).
+void scale_to_norm(float* grads, int64_t n, double norm, double max_norm);
 
 }  // namespace loco

@@ -54,13 +54,15 @@ class PipelineExecutor {
   // Runs `ops` (this stage's schedule for one step).
   void run(const std::vector<PipeOp>& ops, StageCompute& compute, const Route& route);
 
-  // Sends one forward message to `peer` / receives one from `peer` (also used by evaluation).
-  void send_forward(int peer, const BoundaryMessage& msg);
-  void recv_forward(int peer, BoundaryMessage& msg, int mb);
+  // Sends one forward message to `peer` / receives one from `peer`; evaluation counts its
+  // traffic under "eval" instead of "activations" and "tokens".
+  void send_forward(int peer, const BoundaryMessage& msg, bool evaluation = false);
+  void recv_forward(int peer, BoundaryMessage& msg, int mb, bool evaluation = false);
 
   // Totals over every run: time in forward/backward passes, and time blocked waiting for a
   // neighbour (the bubble, including the link's transfer time of what was awaited).
   double compute_seconds() const { return compute_s_; }
+  double backward_seconds() const { return backward_s_; }
   double bubble_seconds() const { return bubble_s_; }
   int64_t steps() const { return steps_; }
   const Grid& grid() const { return grid_; }
@@ -74,7 +76,7 @@ class PipelineExecutor {
   double timeout_s_;
   std::shared_ptr<TrafficStats> traffic_;
   std::shared_ptr<TraceRecorder> trace_;
-  double compute_s_ = 0, bubble_s_ = 0;
+  double compute_s_ = 0, backward_s_ = 0, bubble_s_ = 0;
   int64_t steps_ = 0;
   BoundaryMessage in_, out_;
   std::vector<float> grad_out_, grad_in_;

@@ -43,35 +43,6 @@ for f in model.safetensors replica-0.safetensors replica-1.safetensors; do cmp i
 # A killed MPI worker (SIGKILL) or a stuck one (SIGSTOP): the run exits non-zero with a
 # message, within the timeout (5 s) plus start-up.
 for sig in KILL STOP; do
-  rm -rf dead
-  start=$(date +%s)
-  set +e
-  timeout 60 mpirun -np 2 "$loco" train "${base[@]}" --set train.steps=100000 --set network.timeout=5s \
-    --set train.out_dir=dead --set train.checkpoint_interval=0 > dead.out 2>&1 &
-  launcher=$!
-  victim=""
-  for _ in $(seq 1 100); do
-    for p in $(pgrep -f "train.out_dir=dead" || true); do
-      if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$p; fi
-    done
-    [ -n "$victim" ] && [ -s dead/metrics.jsonl ] && break
-    sleep 0.1
-  done
-  [ -n "$victim" ] || { echo "FAIL: rank 1 not found"; kill $launcher; exit 1; }
-  kill -$sig "$victim"
-  wait $launcher
-  rc=$?
-  set -e
-  took=$(( $(date +%s) - start ))
-  [ "$sig" = STOP ] && kill -KILL "$victim" 2> /dev/null || true
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $took -gt 40 ]; then
-    echo "FAIL: SIG$sig of rank 1: exit $rc after $took s"; cat dead.out; exit 1
-  fi
-  if [ "$sig" = STOP ]; then
-    grep -q "worker 1 did not answer worker 0 within 5 s" dead.out || { cat dead.out; exit 1; }
-  else
-    grep -qiE "rank 1|worker 1|signal 9|killed" dead.out || { cat dead.out; exit 1; }
-  fi
-  echo "SIG$sig of rank 1: exit $rc after $took s: $(grep -m1 -iE 'loco: error|signal|rank 1' dead.out)"
+  signal_rank $sig 2 "worker 1 did not answer worker 0 within 5 s" "${base[@]}"
 done
 echo "distributed: OK"

@@ -1,0 +1,99 @@
+#pragma once
+// Internals of `loco train` shared by trainer.cpp (set-up and the loop), train_step.cpp (one
+// optimizer step), run_checkpoint.cpp (save and resume) and run_report.cpp (accounting): what
+// the workers of a run share, and everything one worker holds.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algo/algorithm.h"
+#include "algo/trainer.h"
+#include "algo/worker.h"
+#include "comm/communicator.h"
+#include "comm/link.h"
+#include "pipeline/executor.h"
+#include "pipeline/grid.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage_model.h"
+
+namespace loco {
+
+// Everything the workers of one run share (read-only while they run, except first_error).
+struct RunSetup {
+  RunConfig cfg;
+  TrainOptions opt;
+  bool resuming = false;
+  std::string run_dir, config_path;
+  std::shared_ptr<const std::vector<int32_t>> train_tokens, val_tokens;
+  int64_t val_windows = 0;
+  CommOptions comm;
+  LinkConfig link;
+  std::string backend;
+  double unigram_entropy = 0;
+  Grid grid;
+  std::vector<StageSpec> stages;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int reporter_rank = 0;  // the last stage of replica 0: it has the loss and writes the run's files
+  std::mutex error_mu;
+  std::string first_error;  // the failure that stopped the run (in-process)
+};
+
+// One worker: its communicators (all workers; its stage's replicas; its replica's stages), its
+// pipeline link, model stage, optimizer, algorithm and accounting.
+struct WorkerRun {
+  WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std::shared_ptr<TraceRecorder> trace);
+  // Communication ends before the algorithm's and the worker's buffers it may write into are
+  // destroyed (on an error, the caller aborts the transport first so that it ends at once).
+  ~WorkerRun() { stop_communication(); }
+  void stop_communication() {
+    dp.shutdown();
+    chain.shutdown();
+    world.shutdown();
+  }
+
+  RunSetup& s;
+  const RunConfig& cfg;
+  const Grid grid;
+  const int rank, stage, replica;
+  const bool reporter, first_stage, last_stage;
+  std::shared_ptr<TraceRecorder> trace;
+  std::shared_ptr<TrafficStats> traffic;
+  Communicator world, dp, chain;
+  PipelineExecutor pipe;
+  Worker w;
+  std::unique_ptr<Algorithm> algo;
+  TransformerStage stage_model;
+  std::vector<PipeOp> ops;  // this stage's schedule of every step
+  Route route;
+  std::vector<int32_t> inputs, targets;  // the step's batch (first stage)
+
+  // Accounting.
+  double eval_seconds = 0, checkpoint_seconds = 0, backward_seconds = 0, chain_wait_seconds = 0;
+  int64_t steps_run = 0;
+  std::string checkpoint;  // latest committed (reporter)
+
+  double comm_wait_seconds() const { return dp.wait_seconds() + chain.wait_seconds() + world.wait_seconds(); }
+};
+
+struct StepResult {
+  double loss = 0;       // mean over the microbatches (last stage)
+  double grad_norm = 0;  // global norm before clipping, over all stages
+};
+// One optimizer step (0-based `step`) at learning rate `lr`: the pipeline schedule, the
+// data-parallel hooks, the tied-embedding exchange, global clipping and AdamW.
+StepResult train_step(WorkerRun& run, int64_t step, double lr);
+
+// Mean validation loss of the algorithm's evaluation parameters (every worker calls it).
+double evaluate(WorkerRun& run);
+
+// Restores a worker from the run's latest checkpoint; returns (step, elapsed seconds).
+std::pair<int64_t, double> restore_worker(WorkerRun& run);
+// Writes a checkpoint of every worker and the assembled model (every worker calls it).
+void save_checkpoint(WorkerRun& run, int64_t step, double elapsed);
+
+// This worker's accounting as JSON, gathered from every worker into the run summary (written by
+// the reporter); `wall` is the training loop's wall time.
+nlohmann::json worker_report(WorkerRun& run, double wall);
+
+}  // namespace loco

@@ -1,0 +1,145 @@
+// Checkpoints of a run: every worker writes its own state file (its stage's parameters,
+// optimizer moments, data position, algorithm state); the model file is assembled by the
+// reporter from replica 0's stages (their evaluation parameters), so a pipelined run writes the
+// same single Hugging Face checkpoint as one worker would. Resuming reads each worker's own file.
+#include <cstring>
+
+#include "algo/run.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/train_state.h"
+
+namespace loco {
+
+namespace {
+
+std::string split_text(const std::vector<StageSpec>& stages) {
+  std::string out;
+  for (const auto& s : stages) out += (out.empty() ? "" : ",") + std::to_string(s.last_block - s.first_block);
+  return out;
+}
+
+// Copies every tensor of `stage_layout` from `stage_params` into the full model buffer.
+void place_stage(const ParamLayout& full, const ParamLayout& stage_layout, const float* stage_params, float* out) {
+  for (const auto& t : stage_layout.tensors()) {
+    const TensorInfo* f = full.find(t.name);
+    check(f && f->numel() == t.numel(), "internal: stage tensor " + t.name + " is not in the full model");
+    std::memcpy(out + f->offset, stage_params + t.offset, size_t(t.numel()) * sizeof(float));
+  }
+}
+
+// The full model's evaluation parameters, on the reporter (empty elsewhere): replica 0's other
+// stages send theirs along the pipeline.
+std::vector<float> assemble_model(WorkerRun& run, const std::vector<float>& eval_params) {
+  if (run.replica != 0) return {};
+  if (!run.reporter) {
+    auto h = run.chain.send_start(run.grid.stages - 1,
+                                  std::string(reinterpret_cast<const char*>(eval_params.data()),
+                                              eval_params.size() * sizeof(float)),
+                                  "checkpoint");
+    run.chain.wait(h);
+    return {};
+  }
+  const ParamLayout full(run.cfg.model);
+  std::vector<float> model(size_t(full.size()), 0.0f);
+  for (int s = 0; s < run.grid.stages; ++s) {
+    const ParamLayout layout(run.cfg.model, run.s.stages[size_t(s)]);
+    if (s == run.stage) {
+      place_stage(full, layout, eval_params.data(), model.data());
+      continue;
+    }
+    std::string bytes;
+    auto h = run.chain.recv_start(s, &bytes, "checkpoint");
+    run.chain.wait(h);
+    if (bytes.size() != size_t(layout.size()) * sizeof(float))
+      fail("checkpoint: stage " + std::to_string(s) + " sent " + std::to_string(bytes.size()) + " bytes of parameters");
+    std::vector<float> params(size_t(layout.size()));
+    std::memcpy(params.data(), bytes.data(), bytes.size());
+    place_stage(full, layout, params.data(), model.data());
+  }
+  return model;
+}
+
+}  // namespace
+
+std::pair<int64_t, double> restore_worker(WorkerRun& run) {
+  auto& w = run.w;
+  const std::string ck = latest_checkpoint(run.s.run_dir);
+  if (model_config_to_hf_json(read_hf_config_file(ck + "/config.json")) != model_config_to_hf_json(run.cfg.model))
+    fail(ck + ": the checkpoint's model does not match " + run.s.config_path);
+  const auto run_state = read_state_file(ck + "/state.safetensors");
+  if (run_state.get_int("replicas") != run.grid.replicas)
+    fail(ck + ": written by " + std::to_string(run_state.get_int("replicas")) + " replicas, resuming with " +
+         std::to_string(run.grid.replicas));
+  const int64_t stages = run_state.meta.count("stages") ? run_state.get_int("stages") : 1;
+  const std::string split = run_state.meta.count("stages") ? run_state.meta.at("split") : "";
+  if (stages != run.grid.stages || (stages > 1 && split != split_text(run.s.stages)))
+    fail(ck + ": written by a pipeline of " + std::to_string(stages) + " stage(s) (split " + split +
+         "), resuming with " + std::to_string(run.grid.stages) + " (split " + split_text(run.s.stages) + ")");
+  const auto rep = read_state_file(worker_state_path(ck, run.stage, run.replica, run.grid.stages));
+  rep.take("params", w.params);
+  rep.take("optimizer.m", w.adamw.m());
+  rep.take("optimizer.v", w.adamw.v());
+  w.adamw.set_steps(rep.get_int("optimizer.steps"));
+  w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken")});
+  run.algo->load_state(rep);
+  return {run_state.get_int("step"), run_state.get_double("elapsed_seconds")};
+}
+
+void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
+  auto& w = run.w;
+  const Clock& clock = run.world.clock();
+  const double t0 = clock.now();
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld.tmp", (long long)step);
+  const std::string tmp = run.s.run_dir + "/checkpoints/" + name;
+  if (run.reporter) begin_checkpoint(run.s.run_dir, step);
+  run.world.barrier();
+  TrainingState rep;
+  rep.tensors["params"] = w.params;
+  rep.tensors["optimizer.m"] = w.adamw.m();
+  rep.tensors["optimizer.v"] = w.adamw.v();
+  const auto pos = w.loader.position();
+  rep.meta = {{"optimizer.steps", std::to_string(w.adamw.steps())},
+              {"data.epoch", std::to_string(pos.epoch)},
+              {"data.taken", std::to_string(pos.taken)}};
+  run.algo->save_state(rep);
+  const std::vector<float>& eval_params = run.algo->eval_params(w);
+  write_state_file(worker_state_path(tmp, run.stage, run.replica, run.grid.stages), rep);
+  const std::vector<float> model = assemble_model(run, eval_params);
+  run.world.barrier();
+  if (run.reporter) {
+    TrainingState run_state;
+    run_state.meta = {{"step", std::to_string(step)},
+                      {"elapsed_seconds", [&] {
+                         char buf[64];
+                         std::snprintf(buf, sizeof buf, "%.17g", elapsed);
+                         return std::string(buf);
+                       }()},
+                      {"replicas", std::to_string(run.grid.replicas)},
+                      {"stages", std::to_string(run.grid.stages)},
+                      {"split", split_text(run.s.stages)},
+                      {"algorithm", run.cfg.algorithm}};
+    run.checkpoint = commit_checkpoint(run.s.run_dir, step, run.cfg.model, ParamLayout(run.cfg.model), model.data(),
+                                       run_state);
+  }
+  run.checkpoint_seconds += clock.now() - t0;
+}
+
+double evaluate(WorkerRun& run) {
+  const Clock& clock = run.world.clock();
+  const double t0 = clock.now();
+  const std::vector<float>& params = run.algo->eval_params(run.w);
+  // Replica r's pipeline evaluates a contiguous block of the validation windows.
+  const int64_t W = run.s.val_windows, R = run.grid.replicas;
+  const int64_t first = W * run.replica / R, count = W * (run.replica + 1) / R - first;
+  double local = 0;
+  if (count > 0)
+    local = run.stage_model.eval_loss_sum(params.data(), run.pipe, run.route, *run.s.val_tokens, first, count,
+                                          run.cfg.data.batch_size);
+  const double loss = (run.grid.size() == 1 ? local : run.world.sum_doubles({local}, "eval")[0]) / double(W);
+  run.eval_seconds += clock.now() - t0;
+  return loss;
+}
+
+}  // namespace loco

@@ -1,0 +1,75 @@
+// A worker's accounting for the run summary: traffic per operation, compute, waiting (on the
+// data-parallel group, and as pipeline bubble), compute utilization, and what it holds.
+#include <sys/resource.h>
+
+#include "algo/run.h"
+#include "sim/estimate.h"
+
+namespace loco {
+
+namespace {
+
+// Peak resident set of the process (all in-process workers together), from getrusage.
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
+}
+
+// Operations that belong to the training method itself (not evaluation, checkpoints, reports).
+bool is_training_traffic(const std::string& op) {
+  for (const char* t : {"gradients", "outer_gradients", "activations", "tokens", "activation_grads", "tied_embedding",
+                        "grad_norm"})
+    if (op == t) return true;
+  return false;
+}
+
+bool is_pipeline_traffic(const std::string& op) {
+  return op == "activations" || op == "tokens" || op == "activation_grads";
+}
+
+}  // namespace
+
+nlohmann::json worker_report(WorkerRun& run, double wall) {
+  const auto& cfg = run.cfg;
+  auto& w = run.w;
+  const double busy = std::max(1e-9, wall - run.eval_seconds - run.checkpoint_seconds);
+  nlohmann::json me = run.traffic->to_json();
+  me["rank"] = run.rank;
+  me["stage"] = run.stage;
+  me["replica"] = run.replica;
+  me["compute_s"] = w.compute_seconds;
+  me["comm_wait_s"] = run.dp.wait_seconds() + run.world.wait_seconds();
+  // Idle waiting for a neighbouring stage: inputs not yet there, and the per-step exchanges
+  // along the pipeline (they wait for the slowest stage).
+  me["bubble_s"] = run.pipe.bubble_seconds() + run.chain_wait_seconds;
+  me["eval_s"] = run.eval_seconds;
+  me["checkpoint_s"] = run.checkpoint_seconds;
+  me["wall_s"] = wall;
+  me["compute_utilization"] = w.compute_seconds / busy;
+  me["bubble_share"] = me["bubble_s"].get<double>() / busy;
+  // What this worker holds and computes (partial updates shrink all but the parameters).
+  const auto flops = sim::step_flops(sim::arch_of(cfg.model), cfg.data.batch_size, cfg.data.seq_len,
+                                     {cfg.partial.slices, cfg.partial.strategy});
+  me["trainable_params"] = w.trainable.size();
+  me["param_bytes"] = int64_t(w.params.size() * sizeof(float));
+  me["grad_bytes"] = int64_t(w.grads.size() * sizeof(float));
+  me["optimizer_bytes"] = int64_t((w.adamw.m().size() + w.adamw.v().size()) * sizeof(float));
+  me["activation_bytes"] = run.stage_model.activation_bytes();
+  me["microbatches_in_flight"] = run.stage_model.in_flight();
+  me["blocks"] = {run.s.stages[size_t(run.stage)].first_block, run.s.stages[size_t(run.stage)].last_block};
+  if (run.grid.stages == 1) me["backward_flops_per_step"] = flops.backward();
+  me["backward_s_per_step"] = run.steps_run > 0 ? run.pipe.backward_seconds() / double(run.steps_run) : 0.0;
+  me["peak_rss_bytes"] = peak_rss_bytes();
+  int64_t train_bytes = 0, pipeline_bytes = 0;
+  for (const auto& [op, v] : me["by_operation"].items()) {
+    if (is_training_traffic(op)) train_bytes += v["bytes_sent"].get<int64_t>();
+    if (is_pipeline_traffic(op)) pipeline_bytes += v["bytes_sent"].get<int64_t>();
+  }
+  me["train_bytes_sent"] = train_bytes;
+  me["pipeline_bytes_sent"] = pipeline_bytes;
+  run.algo->report(me);
+  return me;
+}
+
+}  // namespace loco
