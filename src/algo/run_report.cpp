@@ -59,7 +59,13 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
   me["microbatches_in_flight"] = run.stage_model.in_flight();
   me["blocks"] = {run.s.stages[size_t(run.stage)].first_block, run.s.stages[size_t(run.stage)].last_block};
   if (run.grid.stages == 1) me["backward_flops_per_step"] = flops.backward();
-  me["backward_s_per_step"] = run.steps_run > 0 ? run.pipe.backward_seconds() / double(run.steps_run) : 0.0;
+  // Per step: forward and backward passes (all microbatches), and the rest of the compute
+  // (optimizer, outer updates); `loco simulate pipeline --calibrate` reads them.
+  const double steps = std::max<double>(1, double(run.steps_run));
+  me["steps_run"] = run.steps_run;
+  me["forward_s_per_step"] = (run.pipe.compute_seconds() - run.pipe.backward_seconds()) / steps;
+  me["backward_s_per_step"] = run.pipe.backward_seconds() / steps;
+  me["optimizer_s_per_step"] = (w.compute_seconds - run.pipe.compute_seconds()) / steps;
   me["peak_rss_bytes"] = peak_rss_bytes();
   int64_t train_bytes = 0, pipeline_bytes = 0;
   for (const auto& [op, v] : me["by_operation"].items()) {

@@ -111,14 +111,14 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   scale_to_norm(w.grads.data(), int64_t(w.grads.size()), result.grad_norm, run.cfg.optim.clip);
   w.adamw.step(w.params.data(), w.grads.data(), lr);
   const double t3 = clock.now();
-  run.trace->span("optimizer", "compute", run.rank, 0, t2, t3);
+  run.trace->span("optimizer", "compute", 0, t2, t3);
   const int64_t done = step + 1;
   const double wait_before = run.comm_wait_seconds();
   run.algo->after_step(w, done, done == run.cfg.train.steps);
   const double t4 = clock.now();
   // Outer updates are compute; time blocked on the network inside after_step is not.
   w.compute_seconds += (t3 - t2) + std::max(0.0, (t4 - t3) - (run.comm_wait_seconds() - wait_before));
-  run.trace->span("step " + std::to_string(done), "step", run.rank, 2, t0, t4);
+  run.trace->span("step " + std::to_string(done), "step", 0, t0, t4);
   return result;
 }
 

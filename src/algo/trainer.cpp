@@ -312,13 +312,14 @@ TrainSummary run_training(const TrainOptions& opt) {
     if (s->link.enabled()) return wrap_with_link(std::move(t), s->link, real_clock());
     return t;
   };
-  auto trace = [&] { return std::make_shared<TraceRecorder>(!opt.trace_path.empty()); };
+  auto trace = [&](int rank) { return std::make_shared<TraceRecorder>(!opt.trace_path.empty(), rank); };
 
   if (backend == "mpi") {
     auto t = make_mpi_transport();
     if (t->size() != s->grid.size()) fail("MPI world size differs from the launcher's environment");
     // Other ranks touch the run directory only inside checkpoints, after a barrier.
-    TrainSummary sum = run_worker(*s, wrap(std::move(t)), trace());
+    const int rank = t->rank();
+    TrainSummary sum = run_worker(*s, wrap(std::move(t)), trace(rank));
     finalize_mpi();
     return sum;
   }
@@ -334,7 +335,7 @@ TrainSummary run_training(const TrainOptions& opt) {
     try {
       threads.emplace_back([&, r] {
         try {
-          results[size_t(r)] = run_worker(*s, transports[size_t(r)], trace());
+          results[size_t(r)] = run_worker(*s, transports[size_t(r)], trace(r));
         } catch (...) {
           errors[size_t(r)] = std::current_exception();
         }

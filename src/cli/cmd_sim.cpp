@@ -1,4 +1,5 @@
 // loco simulate cu | latency, loco estimate: predictions at scale (spec 06-simulator.md).
+// loco simulate pipeline is in cmd_sim_pipeline.cpp.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -107,12 +108,7 @@ void gantt_plot(const sim::Profile& p, const std::vector<sim::Method>& methods, 
 void calibrate(const CuArgs& a) {
   const std::string dir = a.calibrate;
   const RunConfig rc = load_run_config(dir + "/config.toml");
-  nlohmann::json summary;
-  try {
-    summary = nlohmann::json::parse(read_file(dir + "/summary.json"));
-  } catch (const nlohmann::json::exception&) {
-    fail(dir + "/summary.json: invalid JSON");
-  }
+  const nlohmann::json summary = read_json_file(dir + "/summary.json");
   const ParamLayout layout(rc.model);
   int64_t nonblock = 0;
   for (const auto& r : layout.nonblock_ranges()) nonblock += r.size();
@@ -425,6 +421,7 @@ void add_simulate(CLI::App& app) {
   cmd->require_subcommand(1);
   add_simulate_cu(*cmd);
   add_simulate_latency(*cmd);
+  add_simulate_pipeline(*cmd);
 }
 
 void add_estimate(CLI::App& app) { add_estimate_cmd(app); }

@@ -136,13 +136,7 @@ void add_compare(CLI::App& app) {
     std::printf("%-22s %-9s %3s %10s %9s %12s %13s %13s %11s %7s %8s\n", "run", "method", "M", "tokens", "val loss",
                 "sent/worker", "sent/w/step", "largest sync", "peak send/s", "CU", "wall s");
     for (const auto& dir : *runs) {
-      const std::string path = dir + "/summary.json";
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(read_file(path));
-      } catch (const nlohmann::json::exception&) {
-        fail(path + ": invalid JSON");
-      }
+      const nlohmann::json j = read_json_file(dir + "/summary.json");
       double sent = 0, peak = 0, cu = 0, largest = 0;
       const auto& w = j.at("workers");
       for (const auto& x : w) {

@@ -15,5 +15,7 @@ void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
 void add_simulate(CLI::App& app);
 void add_estimate(CLI::App& app);
+// `loco simulate pipeline`, added by add_simulate.
+void add_simulate_pipeline(CLI::App& simulate);
 
 }  // namespace loco::cli

@@ -70,7 +70,7 @@ void Communicator::loop() {
         error = std::current_exception();
       }
       traffic_->record_instance(item.first->label, op_bytes_sent_);
-      trace_->span(item.first->label, "communication", rank_, 1, t0, clock().now());
+      trace_->span(item.first->label, "communication", 1 + channel_, t0, clock().now());
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -92,7 +92,7 @@ void Communicator::wait(Handle& h) {
   }
   const double t1 = clock().now();
   wait_seconds_ += t1 - t0;
-  if (t1 > t0) trace_->span("wait " + h.state_->label, "wait", rank_, 0, t0, t1);
+  if (t1 > t0) trace_->span("wait " + h.state_->label, "wait", 0, t0, t1);
   auto err = h.state_->error;
   h.state_.reset();
   if (err) std::rethrow_exception(err);

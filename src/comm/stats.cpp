@@ -92,14 +92,14 @@ nlohmann::json TrafficStats::to_json() const {
   return j;
 }
 
-void TraceRecorder::span(const std::string& name, const std::string& category, int pid, int tid, double start_s,
+void TraceRecorder::span(const std::string& name, const std::string& category, int tid, double start_s,
                          double end_s) {
   if (!enabled_) return;
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back({{"name", name},
                      {"cat", category},
                      {"ph", "X"},
-                     {"pid", pid},
+                     {"pid", pid_},
                      {"tid", tid},
                      {"ts", start_s * 1e6},
                      {"dur", std::max(0.0, end_s - start_s) * 1e6}});

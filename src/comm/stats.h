@@ -41,14 +41,17 @@ class TrafficStats {
 // Chrome trace-event JSON (viewable in Perfetto / chrome://tracing): complete events ("X").
 class TraceRecorder {
  public:
-  explicit TraceRecorder(bool enabled) : enabled_(enabled) {}
+  // One recorder per worker; `pid` is the worker's rank among all workers.
+  explicit TraceRecorder(bool enabled, int pid = 0) : enabled_(enabled), pid_(pid) {}
   bool enabled() const { return enabled_; }
-  // pid: worker rank; tid: 0 compute/main, 1 communication.
-  void span(const std::string& name, const std::string& category, int pid, int tid, double start_s, double end_s);
+  // tid: 0 the worker's own thread (compute, pipeline passes, waits), 1 + channel the
+  // communication thread of that channel (transport.h).
+  void span(const std::string& name, const std::string& category, int tid, double start_s, double end_s);
   nlohmann::json events() const;
 
  private:
   bool enabled_;
+  int pid_;
   mutable std::mutex mu_;
   nlohmann::json events_ = nlohmann::json::array();
 };

@@ -68,12 +68,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(path + ": invalid JSON");
-  }
+  const nlohmann::json j = read_json_file(path);
   const std::string type = j.value("type", "");
   if (type == "bytes") return make_byte_tokenizer();
   if (type == "sentencepiece") return load_sentencepiece(dir + "/" + j.value("model", "tokenizer.model"));

@@ -91,4 +91,13 @@ uint64_t checksum64(const void* data, size_t size) {
   return h;
 }
 
+nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    fail(path + ": invalid JSON");
+  }
+}
+
 }  // namespace loco

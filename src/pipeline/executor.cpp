@@ -49,7 +49,7 @@ std::string PipelineExecutor::recv_from(int peer, const char* what, int mb) {
   const double t1 = clock.now();
   if (std::strcmp(what, "eval") != 0) {  // evaluation time is accounted as a whole elsewhere
     bubble_s_ += t1 - t0;
-    if (t1 > t0) trace_->span(std::string("wait ") + what, "bubble", rank_, 0, t0, t1);
+    if (t1 > t0) trace_->span(std::string("wait ") + what, "bubble", 0, t0, t1);
   }
   traffic_->record_recv(what, int64_t(msg.size()));
   return msg;
@@ -81,7 +81,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, StageCompute& compute
       compute.forward(mb, in_, out_);
       const double t1 = clock.now();
       compute_s_ += t1 - t0;
-      trace_->span("F" + std::to_string(mb), "pipeline", rank_, 0, t0, t1);
+      trace_->span("F" + std::to_string(mb), "pipeline", 0, t0, t1);
       if (!last) send_forward(route.next(mb), out_);
     } else {
       if (!last) from_bytes(recv_from(route.next(mb), "activation_grads", mb), grad_out_);
@@ -91,7 +91,7 @@ void PipelineExecutor::run(const std::vector<PipeOp>& ops, StageCompute& compute
       const double t1 = clock.now();
       compute_s_ += t1 - t0;
       backward_s_ += t1 - t0;
-      trace_->span("B" + std::to_string(mb), "pipeline", rank_, 0, t0, t1);
+      trace_->span("B" + std::to_string(mb), "pipeline", 0, t0, t1);
       if (!first) {
         std::string bytes = to_bytes(grad_in_);
         const int64_t n = int64_t(bytes.size());

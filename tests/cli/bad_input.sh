@@ -102,6 +102,21 @@ expect_error "data.batch_size must be in" "$loco" train --config train.toml --se
 expect_error "--set optimizer.lr: expected key=value" "$loco" train --config train.toml --set optimizer.lr
 expect_error "data.train is not set" "$loco" train --config train.toml --set data.train=
 expect_error "give either --config or --resume" "$loco" train --config train.toml --resume r
+# Pipelines.
+expect_error "pipeline.stages (3) exceeds model.num_layers (2)" "$loco" train --config train.toml --set pipeline.stages=3
+expect_error "pipeline.microbatches (3) must divide data.batch_size (8)" \
+  "$loco" train --config train.toml --set pipeline.microbatches=3
+expect_error "train.micro_batch_size and pipeline.microbatches disagree" \
+  "$loco" train --config train.toml --set pipeline.microbatches=2 --set train.micro_batch_size=2
+expect_error "pipeline.split lists 1 stages, pipeline.stages is 2" \
+  "$loco" train --config train.toml --set pipeline.stages=2 --set pipeline.split=2
+expect_error "pipeline.split assigns 3 blocks, the model has 2" \
+  "$loco" train --config train.toml --set pipeline.stages=2 --set pipeline.split=1,2
+expect_error "pipeline.split: \"x\" is not a block count" \
+  "$loco" train --config train.toml --set pipeline.stages=2 --set pipeline.split=1,x
+expect_error "pipeline.schedule must be one of" "$loco" train --config train.toml --set pipeline.schedule=zigzag
+expect_error "give --config FILE or --calibrate RUN_DIR" "$loco" simulate pipeline
+expect_error "--link 9furlongs" "$loco" simulate pipeline --config train.toml --link 9furlongs
 expect_error "not a run directory" "$loco" train --resume nowhere
 expect_error "exceeds model.vocab_size" "$loco" train --config train.toml --set data.train=big_vocab.bin
 

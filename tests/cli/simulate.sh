@@ -30,6 +30,16 @@ $py "$here/../tools/make_tokens.py" train.tok 256 20000 5
 "$loco" simulate cu --calibrate run | tee cal.txt
 grep -qE "predicted [0-9.]+%, measured [0-9.]+%" cal.txt
 
+# The pipeline model: a table per link, and calibration on a pipelined run over a link.
+"$loco" simulate pipeline --config "$root/configs/small.toml" --set pipeline.stages=2 --set pipeline.microbatches=4 \
+  --link inf --link 100Mbit/30ms > pipe.txt
+grep -qE "^  100Mbit/30ms +[0-9.]+ +[0-9]+ " pipe.txt
+"$loco" train --config "$root/configs/tiny.toml" --set data.train=train.tok --quiet --set train.steps=6 \
+  --set pipeline.stages=2 --set pipeline.microbatches=2 --set network.bandwidth=20Mbit --set network.latency=5ms \
+  --set train.out_dir=piped > /dev/null
+"$loco" simulate pipeline --calibrate piped | tee pcal.txt
+grep -qE "^  predicted +[0-9.]+ " pcal.txt && grep -qE "^  measured +[0-9.]+ " pcal.txt
+
 # Bad input: one line naming the problem, non-zero exit.
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1; shift

@@ -10,9 +10,11 @@
 #include "comm/inprocess.h"
 #include "comm/link.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "pipeline/executor.h"
 #include "pipeline/grid.h"
 #include "pipeline/schedule.h"
+#include "sim/pipeline.h"
 
 using namespace loco;
 
@@ -140,7 +142,8 @@ TEST(Partition, ExplicitSplitAndErrors) {
 
 namespace {
 
-// A stage on an ideal machine: forward takes tf and backward tb of virtual time.
+// A stage on an ideal machine: forward takes tf and backward tb of virtual time; it sends
+// `floats` activations (or gradients) and 3 token ids.
 class TimedStage : public StageCompute {
  public:
   TimedStage(VirtualClock& clock, double tf, double tb, int64_t floats) : clock_(clock), tf_(tf), tb_(tb), n_(floats) {}
@@ -166,8 +169,8 @@ struct StageTimes {
 };
 
 // One step of an S-stage pipeline, each stage on its own virtual clock over the link model.
-std::vector<StageTimes> run_pipeline(ScheduleKind kind, int S, int m, double tf, double tb, LinkConfig link,
-                                     int64_t floats) {
+std::vector<StageTimes> run_pipeline(ScheduleKind kind, int S, int m, std::vector<double> tf, std::vector<double> tb,
+                                     LinkConfig link, int64_t floats) {
   auto transports = make_inprocess_transports(S);
   std::vector<StageTimes> out(static_cast<size_t>(S));
   std::vector<std::thread> threads;
@@ -181,7 +184,7 @@ std::vector<StageTimes> run_pipeline(ScheduleKind kind, int S, int m, double tf,
         std::shared_ptr<Transport> t = wrap_with_link(std::move(transports[size_t(s)]), link, clock);
         auto traffic = std::make_shared<TrafficStats>();
         PipelineExecutor ex(t, grid, s, 10.0, traffic, nullptr);
-        TimedStage stage(*clock, tf, tb, floats);
+        TimedStage stage(*clock, tf[size_t(s)], tb[size_t(s)], floats);
         ex.run(stage_schedule(kind, S, s, m), stage, fixed_route(grid, s));
         auto j = traffic->to_json()["by_operation"];
         out[size_t(s)] = {clock->now(), ex.bubble_seconds(), ex.compute_seconds(),
@@ -204,7 +207,8 @@ TEST(Executor, BubbleIsStagesMinusOneOverMicrobatchesPlusStagesMinusOne) {
   for (auto kind : {ScheduleKind::OneFOneB, ScheduleKind::GPipe})
     for (int S : {1, 2, 3, 4})
       for (int m : {1, 2, 4, 8}) {
-        const auto times = run_pipeline(kind, S, m, tf, tb, LinkConfig{}, 16);
+        const auto times = run_pipeline(kind, S, m, std::vector<double>(size_t(S), tf),
+                                        std::vector<double>(size_t(S), tb), LinkConfig{}, 16);
         double makespan = 0;
         for (const auto& t : times) makespan = std::max(makespan, t.end);
         EXPECT_EQ(makespan, (m + S - 1) * (tf + tb)) << "S " << S << " m " << m;
@@ -222,7 +226,8 @@ TEST(Executor, BoundaryBytesAndLinkTime) {
   // b*T*d = 1000 floats per microbatch and direction; on a 32 Mbit/s link with 5 ms latency a
   // message of 4000 bytes takes 1 ms on the wire and arrives 6 ms after it is sent.
   const int S = 2, m = 3;
-  const auto times = run_pipeline(ScheduleKind::GPipe, S, m, 0.010, 0.020, LinkConfig{32e6, 0.005}, 1000);
+  const auto times = run_pipeline(ScheduleKind::GPipe, S, m, {0.010, 0.010}, {0.020, 0.020}, LinkConfig{32e6, 0.005},
+                                  1000);
   EXPECT_EQ(times[0].activation_bytes, m * 1000 * 4);
   EXPECT_EQ(times[0].grad_bytes, 0);
   EXPECT_EQ(times[1].activation_bytes, 0);
@@ -234,4 +239,51 @@ TEST(Executor, BoundaryBytesAndLinkTime) {
   // Stage 0 idles from the end of F2 (30 ms) until B0's gradient arrives: stage 1 ends F2 at
   // 46.003 ms and B0 at 66.003 ms, then 1 + 5 ms of link; B1 and B2 arrive just in time.
   EXPECT_NEAR(times[0].bubble, 0.072 + tokens_wire - 0.030, 1e-12);
+}
+
+TEST(PipelineSimulator, EqualsTheExecutorOnIdealMachines) {
+  // Random stage times, links and shapes: the simulator's first step is the executor's.
+  Rng rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int S = 1 + int(rng.next_u64() % 4), m = 1 + int(rng.next_u64() % 6);
+    const auto kind = rng.next_u64() % 2 ? ScheduleKind::GPipe : ScheduleKind::OneFOneB;
+    sim::PipelineProfile p;
+    p.stages = S;
+    p.microbatches = m;
+    p.schedule = kind;
+    for (int s = 0; s < S; ++s) {
+      p.forward_s.push_back(0.001 + 0.01 * rng.uniform());
+      p.backward_s.push_back(0.002 + 0.02 * rng.uniform());
+    }
+    const int64_t floats = 1 + int64_t(rng.next_u64() % 5000);
+    p.activation_bytes = double(floats) * 4;
+    p.token_bytes = 12;
+    p.bandwidth_bps = rng.next_u64() % 4 ? 1e6 + 1e8 * rng.uniform() : 0.0;
+    p.latency_s = rng.next_u64() % 3 ? 0.02 * rng.uniform() : 0.0;
+    const auto sim = sim::simulate_pipeline(p, 1);
+    const auto real =
+        run_pipeline(kind, S, m, p.forward_s, p.backward_s, LinkConfig{p.bandwidth_bps, p.latency_s}, floats);
+    for (int s = 0; s < S; ++s) {
+      EXPECT_NEAR(sim.first_step[size_t(s)].schedule_end, real[size_t(s)].end, 1e-12) << "trial " << trial;
+      EXPECT_NEAR(sim.first_step[size_t(s)].bubble, real[size_t(s)].bubble, 1e-12) << "trial " << trial;
+      EXPECT_NEAR(sim.first_step[size_t(s)].compute, real[size_t(s)].compute, 1e-12);
+    }
+  }
+}
+
+TEST(PipelineSimulator, SteadyStateBubbleOnEqualStages) {
+  // With free links and equal stages the step takes (m + S - 1)(tf + tb).
+  for (auto kind : {ScheduleKind::OneFOneB, ScheduleKind::GPipe})
+    for (int S : {2, 4})
+      for (int m : {1, 4, 8}) {
+        sim::PipelineProfile p;
+        p.stages = S;
+        p.microbatches = m;
+        p.schedule = kind;
+        p.forward_s.assign(size_t(S), 0.5);
+        p.backward_s.assign(size_t(S), 1.0);
+        const auto r = sim::simulate_pipeline(p, 5);
+        EXPECT_DOUBLE_EQ(r.step_s, (m + S - 1) * 1.5);
+        for (double b : r.bubble_share) EXPECT_NEAR(b, double(S - 1) / (m + S - 1), 1e-12);
+      }
 }
