@@ -7,6 +7,8 @@
 #include "algo/run.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/fs.h"
+#include "io/run_dir.h"
 #include "io/train_state.h"
 
 namespace loco {
@@ -60,6 +62,13 @@ std::vector<float> assemble_model(WorkerRun& run, const std::vector<float>& eval
   return model;
 }
 
+// Each worker's traffic counters, beside its state file (so that they are cumulative over
+// resumes without making the state files of a resumed run differ from an uninterrupted one's).
+std::string traffic_path(const std::string& checkpoint, const WorkerRun& run) {
+  std::string p = worker_state_path(checkpoint, run.stage, run.replica, run.grid.stages);
+  return p.substr(0, p.size() - std::string(".safetensors").size()) + ".traffic.json";
+}
+
 }  // namespace
 
 std::pair<int64_t, double> restore_worker(WorkerRun& run) {
@@ -76,14 +85,26 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
   if (stages != run.grid.stages || (stages > 1 && split != split_text(run.s.stages)))
     fail(ck + ": written by a pipeline of " + std::to_string(stages) + " stage(s) (split " + split +
          "), resuming with " + std::to_string(run.grid.stages) + " (split " + split_text(run.s.stages) + ")");
-  const auto rep = read_state_file(worker_state_path(ck, run.stage, run.replica, run.grid.stages));
+  // Counters must be in range: a corrupt or hand-edited checkpoint is refused, not trusted.
+  const int64_t step = run_state.get_int("step");
+  const double elapsed = run_state.get_double("elapsed_seconds");
+  if (step < 1 || step > run.cfg.train.steps)
+    fail(ck + ": step " + std::to_string(step) + " is outside this run's 1.." + std::to_string(run.cfg.train.steps));
+  if (!(elapsed >= 0 && elapsed < 1e10)) fail(ck + ": elapsed_seconds out of range");
+  const std::string state_path = worker_state_path(ck, run.stage, run.replica, run.grid.stages);
+  const auto rep = read_state_file(state_path);
   rep.take("params", w.params);
   rep.take("optimizer.m", w.adamw.m());
   rep.take("optimizer.v", w.adamw.v());
-  w.adamw.set_steps(rep.get_int("optimizer.steps"));
-  w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken")});
+  if (rep.get_int("optimizer.steps") != step)
+    fail(state_path + ": optimizer.steps " + std::to_string(rep.get_int("optimizer.steps")) + " differs from step " +
+         std::to_string(step));
+  w.adamw.set_steps(step);
+  if (run.first_stage) w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken")});
   run.algo->load_state(rep);
-  return {run_state.get_int("step"), run_state.get_double("elapsed_seconds")};
+  const std::string traffic = traffic_path(ck, run);
+  if (file_exists(traffic)) run.traffic->restore(read_json_file(traffic), traffic);
+  return {step, elapsed};
 }
 
 void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
@@ -106,6 +127,7 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
   run.algo->save_state(rep);
   const std::vector<float>& eval_params = run.algo->eval_params(w);
   write_state_file(worker_state_path(tmp, run.stage, run.replica, run.grid.stages), rep);
+  write_file_atomic(traffic_path(tmp, run), run.traffic->to_json().dump() + "\n");
   const std::vector<float> model = assemble_model(run, eval_params);
   run.world.barrier();
   if (run.reporter) {
@@ -122,6 +144,7 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
                       {"algorithm", run.cfg.algorithm}};
     run.checkpoint = commit_checkpoint(run.s.run_dir, step, run.cfg.model, ParamLayout(run.cfg.model), model.data(),
                                        run_state);
+    prune_checkpoints(run.s.run_dir, run.cfg.train.keep_checkpoints);
   }
   run.checkpoint_seconds += clock.now() - t0;
 }

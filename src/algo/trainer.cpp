@@ -13,12 +13,14 @@
 #include "comm/inprocess.h"
 #include "comm/mpi_transport.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "io/fs.h"
 #include "io/metrics.h"
 #include "io/progress.h"
+#include "io/run_dir.h"
 #include "optim/schedule.h"
 
 namespace loco {
@@ -79,6 +81,42 @@ std::string describe_layout(const RunSetup& s) {
            ", " + std::to_string(sizes[size_t(i)]) + " parameters";
   }
   return out;
+}
+
+// Before anything large is allocated: the memory the workers of this process will need
+// (estimated from the config alone), against the machine and the address-space limit.
+void check_memory(const RunSetup& s, int local_workers) {
+  const auto& c = s.cfg;
+  const auto& m = c.model;
+  const double d = m.hidden_size, f = m.intermediate_size, V = m.vocab_size, h = m.num_heads;
+  const double tokens = double(c.micro_windows()) * c.data.seq_len;
+  const bool outer = c.algorithm != "ddp" && !(c.algorithm == "streaming" && c.streaming.offload_outer);
+  const int in_flight = c.pipeline.schedule == "gpipe" ? c.microbatches() : std::min(c.pipeline.stages, c.microbatches());
+  double resident = 0, largest = 0;
+  for (const auto& st : s.stages) {
+    const double blocks = st.last_block - st.first_block;
+    const double params = m.stage_parameter_count(blocks, st.embedding, st.head);
+    // Parameters, gradients, AdamW moments, outer parameters and momentum with their buffers.
+    const double state = params * (4 + 4 + 8 + (outer ? 12 : 0));
+    const double per_token = blocks * (12 * d + 3 * f + 4 * h) + d + (st.head ? 2 * d + V + 2 : 0);
+    const double activations = 4 * tokens * (in_flight * per_token + 8 * d + 3 * f);
+    largest = std::max(largest, state + activations);
+    resident += (state + activations) * (local_workers == 1 ? 1.0 / double(s.stages.size()) : s.grid.replicas);
+  }
+  if (local_workers == 1) resident = largest;
+  resident += 4.0 * double(s.train_tokens->size() + (s.val_tokens ? s.val_tokens->size() : 0));
+  // Address space reserved beyond the data, fitted from above to measured peaks (VmPeak of 1, 2,
+  // 4, 8, 16 in-process workers of a tiny model: 0.55, 0.70, 0.89, 1.12, 1.33 GB): the program,
+  // its libraries and malloc arenas; per worker its threads' stacks; and OpenBLAS's 128 MB
+  // buffer for each thread inside a matrix product at once (at most about two per core).
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = c.train.threads > 0 ? c.train.threads : std::max(1, cores / local_workers);
+  const double mb = 1 << 20;
+  const double reserved = 400 * mb + local_workers * 32 * mb + std::min(local_workers * threads, 2 * cores) * 128 * mb;
+  require_memory(resident, reserved,
+                 "training " + std::to_string(local_workers) + " worker(s) of " +
+                     std::to_string(int64_t(std::min(9e18, m.parameter_count()))) + " parameters",
+                 "lower distributed.replicas, pipeline.stages, data.batch_size or the model size");
 }
 
 }  // namespace
@@ -261,7 +299,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->resuming = !opt.resume_dir.empty();
   if (s->resuming && !opt.config_path.empty()) fail("give either --config or --resume, not both");
   if (!s->resuming && opt.config_path.empty()) fail("--config is required (or --resume RUN_DIR)");
-  if (opt.until < 0) fail("--until must be >= 1");
+  if (opt.until == 0 || opt.until < -1) fail("--until must be >= 1");
   s->config_path = s->resuming ? opt.resume_dir + "/config.toml" : opt.config_path;
   if (s->resuming && !file_exists(s->config_path)) fail(opt.resume_dir + ": not a run directory (no config.toml)");
   s->cfg = load_run_config(s->config_path, opt.overrides);
@@ -302,11 +340,25 @@ TrainSummary run_training(const TrainOptions& opt) {
       s->val_tokens ? std::min<int64_t>(cfg.train.eval_windows, int64_t(s->val_tokens->size() - 1) / cfg.data.seq_len)
                     : 0;
   s->unigram_entropy = unigram_entropy(*s->train_tokens, cfg.model.vocab_size);
+  if (s->val_tokens && s->val_windows == 0)
+    fail(cfg.data.val + ": " + std::to_string(s->val_tokens->size()) + " tokens, fewer than one window of " +
+         std::to_string(cfg.data.seq_len + 1) + " (data.seq_len + 1); use more validation text or set data.val = \"\"");
+  if (backend == "inprocess" && s->grid.size() > 1 && cfg.train.threads > 1)
+    fail("train.threads = " + std::to_string(cfg.train.threads) + " with " + std::to_string(s->grid.size()) +
+         " in-process workers: they share one pool of compute threads, so each must use 1 (set train.threads = 0 "
+         "or 1)");
+  check_memory(*s, backend == "mpi" ? 1 : s->grid.size());
+  // The reporter holds the run directory's lock for the whole run; a new run never reuses an old
+  // run's files unless told to.
   const bool reporter = backend != "mpi" || mpi_env_rank() == s->reporter_rank;
-  if (!s->resuming && reporter) {
-    make_dirs(s->run_dir);
-    write_file_atomic(s->run_dir + "/config.toml", run_config_to_toml(cfg));
-    copy_tokenizer(cfg.data.train, s->run_dir);
+  std::unique_ptr<RunDirLock> lock;
+  if (reporter) {
+    lock = std::make_unique<RunDirLock>(s->run_dir);
+    if (!s->resuming) {
+      prepare_new_run_dir(s->run_dir, opt.overwrite);
+      write_file_atomic(s->run_dir + "/config.toml", run_config_to_toml(cfg));
+      copy_tokenizer(cfg.data.train, s->run_dir);
+    }
   }
   auto wrap = [&](std::unique_ptr<Transport> t) -> std::shared_ptr<Transport> {
     if (s->link.enabled()) return wrap_with_link(std::move(t), s->link, real_clock());

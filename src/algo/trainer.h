@@ -16,7 +16,8 @@ struct TrainOptions {
   std::string config_path;             // TOML run config (fresh run)
   std::string resume_dir;              // run directory to resume (uses its config.toml)
   std::vector<std::string> overrides;  // --set key=value
-  int64_t until = 0;                   // stop (with a checkpoint) after this step; 0: train.steps
+  int64_t until = -1;                  // stop (with a checkpoint) after this step; -1: train.steps
+  bool overwrite = false;              // a fresh run may replace a finished one in train.out_dir
   std::string trace_path;              // Chrome trace-event JSON of all workers ("" for none)
   bool quiet = false;
 };

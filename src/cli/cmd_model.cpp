@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/parallel.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -75,6 +76,8 @@ void add_init(CLI::App& app) {
   cmd->add_option("--set", args->overrides, "override a config key, e.g. --set model.num_layers=4");
   cmd->callback([args] {
     const ModelConfig mc = read_model_config(args->config, args->overrides);
+    require_memory(2 * 4 * mc.parameter_count(), 0, "a model of " + std::to_string(int64_t(mc.parameter_count())) +
+                   " parameters", "lower the model sizes in " + args->config);
     Transformer model(mc);
     std::vector<float> params(size_t(model.layout().size()));
     model.init_params(params.data(), args->seed);

@@ -1,6 +1,7 @@
 // loco data prepare / train / plot.
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 #include "algo/trainer.h"
@@ -35,6 +36,11 @@ void add_data(CLI::App& app) {
                 (long long)s.val_tokens, s.vocab_size);
     std::printf("unigram entropy of the training tokens: %.4f nats\n", s.unigram_entropy);
     std::printf("wrote %s/{train.tok,val.tok,tokenizer.json}\n", o->out_dir.c_str());
+    if (o->val_fraction > 0 && s.val_tokens == 0)
+      std::fprintf(stderr,
+                   "loco: warning: --val-fraction %g held out no validation text: lines go to validation in blocks "
+                   "of %d and the input has %lld lines; use more text or a larger fraction\n",
+                   o->val_fraction, o->block_lines, (long long)s.lines);
   });
 }
 
@@ -46,7 +52,10 @@ void add_train(CLI::App& app) {
   cmd->add_option("--resume", o->resume_dir, "run directory to continue from its latest checkpoint");
   cmd->add_option("--set", o->overrides, "override a config key: --set optimizer.lr=1e-3 (repeatable)");
   cmd->add_flag("--print-config", *print_config, "print every config key with its value and meaning, then exit");
-  cmd->add_option("--until", o->until, "stop after this step with a checkpoint (continue with --resume)");
+  cmd->add_option("--until", o->until, "stop after this step with a checkpoint (continue with --resume)")
+      ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
+  cmd->add_flag("--overwrite", o->overwrite,
+                "start over in a train.out_dir that holds an earlier run (removes its config, metrics and checkpoints)");
   cmd->add_option("--trace", o->trace_path, "write a Chrome trace-event timeline of all workers (Perfetto)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->callback([o, print_config] {

@@ -1,3 +1,5 @@
+#include <malloc.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -5,6 +7,10 @@
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  // glibc gives each thread that allocates its own arena, reserving 64 MB of address space
+  // each (up to 8 per core). loco's threads allocate little, so a few arenas serve them all and
+  // a run's address space stays predictable (see require_memory in core/memory.h).
+  mallopt(M_ARENA_MAX, 4);
   CLI::App app{"loco: low-communication distributed training of transformer language models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loco 0.1");
@@ -22,7 +28,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0 through CLI11; a usage error is one line like every other.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "loco: error: %s (see loco --help)\n", e.what());
+    return 1;
   } catch (const loco::Error& e) {
     std::fprintf(stderr, "loco: error: %s\n", e.what());
     return 1;

@@ -21,9 +21,7 @@ Communicator::Communicator(std::shared_ptr<Transport> transport, CommOptions opt
       channel_(channel),
       rank_(transport_->rank()),
       size_(transport_->size()),
-      traffic_(traffic ? std::move(traffic) : std::make_shared<TrafficStats>(options.peak_window_s)) {
-  thread_ = std::thread([this] { loop(); });
-}
+      traffic_(traffic ? std::move(traffic) : std::make_shared<TrafficStats>(options.peak_window_s)) {}
 
 Communicator::~Communicator() { shutdown(); }
 
@@ -42,7 +40,11 @@ Communicator::Handle Communicator::enqueue(const std::string& label, std::functi
   h.state_->label = label;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    check(!stop_, "internal: operation \"" + label + "\" after the communicator was shut down");
     queue_.emplace_back(h.state_, std::move(body));
+    // The thread starts with the first operation: communicators that are never used (a group
+    // of one) cost no thread.
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
   cv_.notify_all();
   return h;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+
+#include "core/error.h"
 
 namespace loco {
 
@@ -90,6 +93,28 @@ nlohmann::json TrafficStats::to_json() const {
                             {"instances", o.instances},
                             {"largest_instance_bytes_sent", o.largest_instance}};
   return j;
+}
+
+void TrafficStats::restore(const nlohmann::json& saved, const std::string& source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    for (const auto& [op, v] : saved.at("by_operation").items()) {
+      auto& o = ops_[op];
+      auto get = [&](const char* key) {
+        const int64_t x = v.at(key).get<int64_t>();
+        if (x < 0) throw std::invalid_argument(key);
+        return x;
+      };
+      o.sent += get("bytes_sent");
+      o.received += get("bytes_received");
+      o.messages_sent += get("messages_sent");
+      o.messages_received += get("messages_received");
+      o.instances += get("instances");
+      o.largest_instance = std::max(o.largest_instance, get("largest_instance_bytes_sent"));
+    }
+  } catch (const std::exception&) {
+    throw Error(source + ": malformed traffic counters");
+  }
 }
 
 void TraceRecorder::span(const std::string& name, const std::string& category, int tid, double start_s,

@@ -27,6 +27,9 @@ class TrafficStats {
   double peak_send_rate() const;
   double window() const { return window_; }
   nlohmann::json to_json() const;
+  // The per-operation counters of an earlier segment of the run (its to_json()), which later
+  // traffic adds to; the peak rate covers this segment only. Fails on a malformed record.
+  void restore(const nlohmann::json& saved, const std::string& source);
 
  private:
   mutable std::mutex mu_;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "io/fs.h"
 
 namespace loco {
@@ -36,10 +37,24 @@ std::vector<TensorRef> tensor_refs(const std::vector<HfTensor>& tensors) {
   return refs;
 }
 
-void import_hf(const ParamLayout& layout, const SafetensorsReader& file, float* buffer) {
+void check_hf_tensors(const ParamLayout& layout, const SafetensorsReader& file) {
   std::set<std::string> expected;
   for (const auto& t : layout.tensors()) {
     expected.insert(t.name);
+    if (!file.has(t.name)) fail(file.path() + ": missing tensor \"" + t.name + "\"");
+    if (file.dtype(t.name) != "F32")
+      fail(file.path() + ": tensor \"" + t.name + "\" has dtype " + file.dtype(t.name) + ", expected F32");
+    if (file.shape(t.name) != hf_shape(t))
+      fail(file.path() + ": tensor \"" + t.name + "\" has shape " + shape_str(file.shape(t.name)) + ", expected " +
+           shape_str(hf_shape(t)));
+  }
+  for (const auto& name : file.names())
+    if (!expected.count(name)) fail(file.path() + ": unexpected tensor \"" + name + "\" for this model config");
+}
+
+void import_hf(const ParamLayout& layout, const SafetensorsReader& file, float* buffer) {
+  check_hf_tensors(layout, file);
+  for (const auto& t : layout.tensors()) {
     const auto data = file.read_f32(t.name, hf_shape(t));
     float* dst = buffer + t.offset;
     if (t.transposed) {
@@ -49,8 +64,6 @@ void import_hf(const ParamLayout& layout, const SafetensorsReader& file, float* 
       std::copy(data.begin(), data.end(), dst);
     }
   }
-  for (const auto& name : file.names())
-    if (!expected.count(name)) fail(file.path() + ": unexpected tensor \"" + name + "\" for this model config");
 }
 
 void save_model_checkpoint(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
@@ -65,9 +78,13 @@ LoadedModel load_model_checkpoint(const std::string& dir) {
   if (!file_exists(dir + "/config.json")) fail(dir + ": not a checkpoint directory (no config.json)");
   LoadedModel m;
   m.config = read_hf_config_file(dir + "/config.json");
-  ParamLayout layout(m.config);
-  m.params.assign(size_t(layout.size()), 0.0f);
   SafetensorsReader file(dir + "/model.safetensors");
+  // The config must describe exactly the tensors present before the parameters are allocated.
+  ParamLayout layout(m.config);
+  check_hf_tensors(layout, file);
+  require_memory(4.0 * double(layout.size()), 0, dir + ": a model of " + std::to_string(layout.size()) + " parameters",
+                 "");
+  m.params.assign(size_t(layout.size()), 0.0f);
   import_hf(layout, file, m.params.data());
   return m;
 }

@@ -20,6 +20,8 @@ struct HfTensor {
 // Every tensor of `layout` copied out of `buffer` (parameters or gradients) in HF layout.
 std::vector<HfTensor> export_hf(const ParamLayout& layout, const float* buffer);
 std::vector<TensorRef> tensor_refs(const std::vector<HfTensor>& tensors);
+// Fails unless the file holds exactly the tensors of `layout` (names, F32, HF shapes).
+void check_hf_tensors(const ParamLayout& layout, const SafetensorsReader& file);
 // Fills `buffer` from a safetensors file holding every tensor of `layout` in HF layout.
 void import_hf(const ParamLayout& layout, const SafetensorsReader& file, float* buffer);
 

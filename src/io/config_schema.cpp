@@ -1,5 +1,6 @@
 #include "io/config_schema.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <toml++/toml.h>
@@ -132,6 +133,8 @@ void ConfigSchema::load_toml_string(const std::string& text, const std::string& 
 }
 
 void ConfigSchema::load_toml_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(path + ": is a directory, not a config file");
   std::ifstream in(path);
   if (!in) fail(path + ": cannot open config file");
   std::stringstream ss;

@@ -57,6 +57,8 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 }
 
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(path + ": is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path + ": cannot open");
   std::ostringstream ss;

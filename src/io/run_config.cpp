@@ -53,6 +53,7 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("train.eval_windows", &t.eval_windows, "validation windows evaluated (from the start of data.val)", 1);
   s.add("train.checkpoint_interval", &t.checkpoint_interval,
         "steps between checkpoints (0: only at the end; a multiple of log_interval)", 0);
+  s.add("train.keep_checkpoints", &t.keep_checkpoints, "newest checkpoints kept in the run directory (0: all)", 0);
   s.add("train.out_dir", &t.out_dir, "run directory: config, metrics, checkpoints");
   s.add("train.threads", &t.threads, "compute threads per worker (0: cores / workers on this host)", 0, 1024);
   s.add("train.micro_batch_size", &t.micro_batch_size,

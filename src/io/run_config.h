@@ -33,6 +33,7 @@ struct TrainConfig {
   int64_t eval_interval = 100;
   int64_t eval_windows = 64;  // validation windows (from the start of data.val)
   int64_t checkpoint_interval = 500;  // 0: only at the end
+  int keep_checkpoints = 3;  // newest checkpoints kept (0: all)
   std::string out_dir = "runs/run";
   int threads = 0;           // compute threads (0: all cores)
   int micro_batch_size = 0;  // gradient accumulation: windows per forward/backward (0: the whole batch)

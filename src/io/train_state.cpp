@@ -69,7 +69,7 @@ void write_state_file(const std::string& path, const TrainingState& state) {
 }
 
 TrainingState read_state_file(const std::string& path) {
-  SafetensorsReader r(path);
+  SafetensorsReader r(path, /*require_checksum=*/true);
   TrainingState st;
   st.meta = r.metadata();
   if (st.meta["loco.format"] != "training-state-1") fail(path + ": not a loco training state");

@@ -13,7 +13,7 @@ void ModelConfig::validate(const std::string& source) const {
   };
   need(vocab_size >= 2, "vocab_size", "must be >= 2, got " + std::to_string(vocab_size));
   need(hidden_size >= 2, "hidden_size", "must be >= 2, got " + std::to_string(hidden_size));
-  need(num_layers >= 1, "num_layers", "must be >= 1, got " + std::to_string(num_layers));
+  need(num_layers >= 1 && num_layers <= 100000, "num_layers", "must be in [1, 100000], got " + std::to_string(num_layers));
   need(num_heads >= 1, "num_heads", "must be >= 1, got " + std::to_string(num_heads));
   need(hidden_size % num_heads == 0, "num_heads",
        "must divide hidden_size (" + std::to_string(hidden_size) + "), got " + std::to_string(num_heads));
@@ -26,6 +26,20 @@ void ModelConfig::validate(const std::string& source) const {
   need(z_loss >= 0, "z_loss", "must be >= 0");
   need(init_std > 0, "init_std", "must be > 0");
 }
+
+double ModelConfig::block_parameter_count() const {
+  const double d = hidden_size, f = intermediate_size;
+  return 4 * d * d + 3 * d * f + 2 * d + (qk_norm ? 2.0 * head_dim() : 0.0);
+}
+
+double ModelConfig::stage_parameter_count(double blocks, bool embedding, bool head) const {
+  const double d = hidden_size, V = vocab_size;
+  // The head is lm_head, or the tied embedding (a copy unless this stage also holds it).
+  const bool head_matrix = head && (!tie_embeddings || !embedding);
+  return blocks * block_parameter_count() + (embedding ? V * d : 0.0) + (head_matrix ? V * d : 0.0) + (head ? d : 0.0);
+}
+
+double ModelConfig::parameter_count() const { return stage_parameter_count(num_layers, true, true); }
 
 nlohmann::json model_config_to_hf_json(const ModelConfig& c) {
   nlohmann::json j;

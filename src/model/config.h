@@ -24,6 +24,12 @@ struct ModelConfig {
   bool scale_residual_init = true;  // o_proj and down_proj init std scaled by 1/sqrt(2L)
 
   int head_dim() const { return hidden_size / num_heads; }
+  // Parameters of the whole model, and of a stage holding `blocks` blocks and maybe the
+  // embedding and/or the final norm and head (in double: a config read from outside may
+  // describe a model far too large to lay out).
+  double parameter_count() const;
+  double stage_parameter_count(double blocks, bool embedding, bool head) const;
+  double block_parameter_count() const;
   // Throws loco::Error naming `source` and the offending key.
   void validate(const std::string& source) const;
 };

@@ -1,5 +1,6 @@
 #include "pipeline/grid.h"
 
+#include <cmath>
 #include <limits>
 
 #include "core/error.h"
@@ -40,9 +41,60 @@ std::vector<int> parse_split(const std::string& text, int stages, int num_layers
 
 std::vector<int64_t> stage_param_counts(const ModelConfig& model, const std::vector<StageSpec>& stages) {
   std::vector<int64_t> out;
-  for (const auto& s : stages) out.push_back(ParamLayout(model, s).size());
+  for (const auto& s : stages)
+    out.push_back(int64_t(model.stage_parameter_count(s.last_block - s.first_block, s.embedding, s.head)));
   return out;
 }
+
+namespace {
+
+// Blocks per stage whose largest stage is as small as possible. Every block has the same size B;
+// stage 0 adds the embedding, the last stage the head. A bound T admits at most
+// floor((T - extra_s) / B) blocks on stage s: the smallest feasible T is found by bisection,
+// then stages give back blocks, fullest (and, among equals, latest) first, until they hold L.
+std::vector<int> balanced_counts(const ModelConfig& model, int S, int L) {
+  std::vector<double> extra(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) extra[size_t(s)] = model.stage_parameter_count(0, s == 0, s == S - 1);
+  const double B = model.block_parameter_count();
+  auto capacity = [&](double T) {
+    std::vector<int> n(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s)
+      n[size_t(s)] = int(std::min<double>(L, std::floor((T - extra[size_t(s)]) / B + 1e-9)));
+    return n;
+  };
+  auto feasible = [&](double T) {
+    int64_t total = 0;
+    for (int n : capacity(T)) {
+      if (n < 1) return false;
+      total += n;
+    }
+    return total >= L;
+  };
+  // Candidate bounds are extra_s + k B; bisect k over each form and keep the smallest.
+  double best = std::numeric_limits<double>::infinity();
+  for (int s = 0; s < S; ++s) {
+    int64_t lo = 1, hi = L;
+    if (!feasible(extra[size_t(s)] + double(hi) * B)) continue;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (feasible(extra[size_t(s)] + double(mid) * B)) hi = mid;
+      else lo = mid + 1;
+    }
+    best = std::min(best, extra[size_t(s)] + double(lo) * B);
+  }
+  std::vector<int> n = capacity(best);
+  int64_t total = 0;
+  for (int x : n) total += x;
+  for (; total > L; --total) {
+    int fullest = 0;
+    for (int s = 0; s < S; ++s)
+      if (n[size_t(s)] >= n[size_t(fullest)]) fullest = s;
+    --n[size_t(fullest)];
+  }
+  return n;
+}
+
+}  // namespace
 
 std::vector<StageSpec> partition_stages(const ModelConfig& model, int S, const std::string& split) {
   const int L = model.num_layers;
@@ -50,39 +102,9 @@ std::vector<StageSpec> partition_stages(const ModelConfig& model, int S, const s
   if (S > L)
     fail("pipeline.stages (" + std::to_string(S) + ") exceeds model.num_layers (" + std::to_string(L) +
          "): every stage needs at least one block");
-  std::vector<int> counts;
-  if (!split.empty()) {
-    counts = parse_split(split, S, L, "pipeline.split");
-  } else {
-    // Parameters of the blocks and of what the first and last stage add.
-    const ParamLayout full(model);
-    const int64_t block = full.block_range(0).size();
-    const int64_t first_extra = ParamLayout(model, {0, 0, true, false}).size();
-    const int64_t last_extra = ParamLayout(model, {L, L, false, true}).size();
-    // best[s][k]: smallest largest-stage size of stages 0..s-1 holding the first k blocks.
-    const int64_t inf = std::numeric_limits<int64_t>::max();
-    std::vector<std::vector<int64_t>> best(size_t(S) + 1, std::vector<int64_t>(size_t(L) + 1, inf));
-    std::vector<std::vector<int>> choice(size_t(S) + 1, std::vector<int>(size_t(L) + 1, 0));
-    best[0][0] = 0;
-    for (int s = 1; s <= S; ++s)
-      for (int k = s; k <= L - (S - s); ++k)
-        for (int n = k - (s - 1); n >= 1; --n) {  // n blocks on stage s-1; larger n first
-          if (best[size_t(s - 1)][size_t(k - n)] == inf) continue;
-          int64_t size = int64_t(n) * block;
-          if (s == 1) size += first_extra;
-          if (s == S) size += last_extra;
-          const int64_t worst = std::max(best[size_t(s - 1)][size_t(k - n)], size);
-          if (worst < best[size_t(s)][size_t(k)]) {
-            best[size_t(s)][size_t(k)] = worst;
-            choice[size_t(s)][size_t(k)] = n;
-          }
-        }
-    counts.assign(size_t(S), 0);
-    for (int s = S, k = L; s >= 1; --s) {
-      counts[size_t(s - 1)] = choice[size_t(s)][size_t(k)];
-      k -= counts[size_t(s - 1)];
-    }
-  }
+  const std::vector<int> counts = !split.empty() ? parse_split(split, S, L, "pipeline.split")
+                                  : S == 1        ? std::vector<int>{L}
+                                                  : balanced_counts(model, S, L);
   std::vector<StageSpec> out;
   int first = 0;
   for (int s = 0; s < S; ++s) {

@@ -31,7 +31,7 @@ std::vector<int> parse_split(const std::string& text, int stages, int num_layers
 // The stages of a model: contiguous blocks, the embedding on stage 0 and the final norm and head
 // on stage S-1 (with tied embeddings the last stage holds a copy of the embedding as its head).
 // With an empty `split` the block counts minimise the largest stage's parameter count (among
-// equal splits, deterministically the one found first).
+// equally good splits, the fullest stages are the earliest).
 std::vector<StageSpec> partition_stages(const ModelConfig& model, int stages, const std::string& split);
 
 // Parameters held by each stage of a partition.

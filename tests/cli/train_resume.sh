@@ -61,6 +61,7 @@ def load(p):
     h = json.loads(raw[8:8 + n])
     meta = h.pop("__metadata__")
     meta.pop("elapsed_seconds")
+    meta.pop("loco.file_checksum")  # covers the whole file, elapsed time included
     return h, meta, raw[8 + n:]
 a, b = load(sys.argv[1]), load(sys.argv[2])
 assert a == b, "training states differ"
@@ -69,10 +70,14 @@ PY
 strip_time() { $py -c "import json,sys; [print(json.dumps({k: v for k, v in json.loads(l).items() if k not in ('time', 'comm_wait')})) for l in open(sys.argv[1])]" "$1"; }
 diff <(strip_time full/metrics.jsonl) <(strip_time split/metrics.jsonl)
 
-# A truncated file in the latest checkpoint is reported, not loaded.
-cp -r split torn && truncate -s 5000 torn/checkpoints/step_00000040/state.safetensors
+# A truncated file in the latest checkpoint is reported, not loaded; so is one with garbage
+# appended (the run state is 216 bytes: "truncating" it to 5000 appends zeros).
+cp -r split torn && truncate -s 5000 torn/checkpoints/step_00000040/replica-0.safetensors
 if "$loco" train --resume torn --quiet 2> err.txt; then echo "FAIL: torn checkpoint accepted"; exit 1; fi
-grep -q "truncated\|checksum" err.txt
+grep -q "truncated" err.txt
+cp -r split padded && truncate -s 5000 padded/checkpoints/step_00000040/state.safetensors
+if "$loco" train --resume padded --quiet 2> err.txt; then echo "FAIL: padded checkpoint accepted"; exit 1; fi
+grep -q "belong to no tensor" err.txt
 
 # The trained checkpoint loads in the PyTorch oracle and matches loco's gradients.
 "$loco" grad --checkpoint full/checkpoints/step_00000040 --data data/val.tok --seq-len 32 --windows 4 \

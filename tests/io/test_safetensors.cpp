@@ -65,6 +65,68 @@ TEST(Safetensors, Errors) {
   EXPECT_NE(error_of([&] { SafetensorsReader x(p); }).find("exceeds file size"), std::string::npos);
 }
 
+namespace {
+// A hand-made file: header text and data bytes, no checksum.
+std::string raw_file(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+std::string parse_error(const std::string& bytes, bool require_checksum = false) {
+  return error_of([&] { SafetensorsReader r(bytes, "x.safetensors", require_checksum); });
+}
+}  // namespace
+
+TEST(Safetensors, ChecksumCoversTheHeader) {
+  // A training state's step is a digit in the header: changing it must be caught.
+  const auto p = tmp("state.safetensors");
+  const std::vector<float> a = {1, 2};
+  write_safetensors(p, {{"a", {2}, a.data()}}, {{"step", "20"}});
+  const std::string bytes = read_file(p);
+  EXPECT_EQ(SafetensorsReader(bytes, p, true).metadata().at("step"), "20");
+  std::string edited = bytes;
+  edited.replace(edited.find("\"20\""), 4, "\"30\"");
+  EXPECT_NE(parse_error(edited).find("checksum mismatch"), std::string::npos);
+  std::string shape = bytes;
+  shape[shape.find("[2]") + 1] = '1';  // shape [1] over 8 bytes: caught before the checksum
+  EXPECT_NE(parse_error(shape).find("does not match F32 [1]"), std::string::npos);
+  // Every byte of the file is covered: flip each one in turn.
+  int caught = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string f = bytes;
+    f[i] ^= 0x04;
+    caught += parse_error(f, true).empty() ? 0 : 1;
+  }
+  EXPECT_EQ(caught, int(bytes.size()));
+  // A file without loco's checksum is refused where one is required.
+  const std::string plain = raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  EXPECT_TRUE(parse_error(plain).empty());
+  EXPECT_NE(parse_error(plain, true).find("no loco.file_checksum"), std::string::npos);
+}
+
+TEST(Safetensors, HeaderIsValidatedStrictly) {
+  const std::string d8(8, '\0');
+  auto entry = [](const std::string& name, const std::string& shape, int b, int e, const std::string& dtype = "F32") {
+    return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape + ",\"data_offsets\":[" +
+           std::to_string(b) + "," + std::to_string(e) + "]}";
+  };
+  EXPECT_TRUE(parse_error(raw_file("{" + entry("a", "[1]", 0, 4) + "," + entry("b", "[1]", 4, 8) + "}", d8)).empty());
+  EXPECT_NE(parse_error(raw_file("{" + entry("a", "[1]", 0, 4) + "," + entry("a", "[1]", 4, 8) + "}", d8))
+                .find("lists \"a\" twice"),
+            std::string::npos);
+  EXPECT_NE(parse_error(raw_file("{" + entry("a", "[2]", 0, 8) + "," + entry("b", "[1]", 4, 8) + "}", d8))
+                .find("overlaps"),
+            std::string::npos);
+  EXPECT_NE(parse_error(raw_file("{" + entry("a", "[1]", 0, 4) + "}", d8)).find("belong to no tensor"),
+            std::string::npos);
+  EXPECT_NE(parse_error(raw_file("{" + entry("a", "[1]", 4, 8) + "}", d8)).find("a gap before it"), std::string::npos);
+  EXPECT_NE(parse_error(raw_file("{" + entry("a", "[4611686018427387904,4]", 0, 8) + "}", d8)).find("too large"),
+            std::string::npos);
+  EXPECT_NE(parse_error(raw_file("{" + entry("a", "[2]", 0, 8, "Q7") + "}", d8)).find("unknown dtype"),
+            std::string::npos);
+  EXPECT_TRUE(parse_error(raw_file("{" + entry("a", "[4]", 0, 8, "BF16") + "}", d8)).empty());
+}
+
 TEST(Fs, AtomicWriteLeavesNoTemporaryFile) {
   const std::string dir = tmp("atomic");
   std::filesystem::remove_all(dir);

@@ -208,6 +208,11 @@ TEST(Determinism, ForwardBackwardIsBitwiseRepeatable) {
   EXPECT_EQ(run(), run());
 }
 
+TEST(Layout, ParameterCountFromTheConfigEqualsTheLayout) {
+  for (bool tied : {false, true})
+    for (bool qk : {false, true}) EXPECT_EQ(tiny(tied, qk).parameter_count(), double(ParamLayout(tiny(tied, qk)).size()));
+}
+
 TEST(Workspace, SizeFormulaMatchesAllocation) {
   for (bool qk : {false, true})
     for (bool head : {false, true}) {

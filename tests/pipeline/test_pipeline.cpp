@@ -97,6 +97,7 @@ TEST(Partition, ContiguousWithEmbeddingFirstAndHeadLast) {
         EXPECT_EQ(next, L);
         // Balanced: no split into S contiguous non-empty parts has a smaller largest stage.
         const auto sizes = stage_param_counts(m, stages);
+        for (int s = 0; s < S; ++s) EXPECT_EQ(sizes[size_t(s)], ParamLayout(m, stages[size_t(s)]).size());
         const int64_t worst = *std::max_element(sizes.begin(), sizes.end());
         std::function<int64_t(int, int, std::vector<int>&)> best = [&](int s, int used, std::vector<int>& c) {
           if (s == S) {
