@@ -8,6 +8,7 @@ loco_packages() {
     test) echo python3 python3-numpy python3-torch gnuplot-nox ;;
     demo) echo gnuplot-nox ;;
     plot) echo gnuplot-nox ;;
+    fuzz) echo clang libfuzzer-14-dev libclang-rt-14-dev ;;
     corpus) echo python3 ;;
     npm) echo npm ;;
     kjv) echo bible-kjv ;;

@@ -67,6 +67,7 @@ struct WorkerRun {
   std::vector<PipeOp> ops;  // this stage's schedule of every step
   Route route;
   std::vector<int32_t> inputs, targets;  // the step's batch (first stage)
+  size_t full_tensors = 0;                // tensors of the whole model (for the norm exchange)
 
   // Accounting.
   double eval_seconds = 0, checkpoint_seconds = 0, backward_seconds = 0, chain_wait_seconds = 0;
@@ -80,6 +81,11 @@ struct StepResult {
   double loss = 0;       // mean over the microbatches (last stage)
   double grad_norm = 0;  // global norm before clipping, over all stages
 };
+// The squared global gradient norm from every stage's (tensor index, square sum) pairs, added
+// in tensor order; fails on a malformed message (an index out of [0, tensors), twice, or a
+// negative sum). A non-finite sum is kept: the caller stops the run on a non-finite norm.
+double combine_square_sums(const std::vector<std::string>& payloads, int64_t tensors);
+
 // One optimizer step (0-based `step`) at learning rate `lr`: the pipeline schedule, the
 // data-parallel hooks, the tied-embedding exchange, global clipping and AdamW.
 StepResult train_step(WorkerRun& run, int64_t step, double lr);

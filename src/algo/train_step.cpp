@@ -8,6 +8,8 @@
 //      order, so every stage (and a single worker) clips with the same coefficient;
 //   4. AdamW at this step's learning rate, then the algorithm's after-step hook.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -40,30 +42,16 @@ std::vector<double> tensor_square_sums(const WorkerRun& run) {
 }
 
 double global_grad_norm(WorkerRun& run) {
-  std::vector<double> mine = tensor_square_sums(run);
-  std::map<int64_t, double> by_tensor;
-  auto add = [&](const double* pairs, size_t count) {
-    for (size_t k = 0; k + 1 < count; k += 2) by_tensor[int64_t(pairs[k])] = pairs[k + 1];
-  };
-  if (run.grid.stages == 1) {
-    add(mine.data(), mine.size());
-  } else {
-    std::string payload(mine.size() * sizeof(double), '\0');
-    std::memcpy(payload.data(), mine.data(), payload.size());
-    std::vector<std::string> all;
-    const double t0 = run.chain.clock().now();
-    auto h = run.chain.all_gather_direct_start(std::move(payload), &all, "grad_norm");
-    run.chain.wait(h);
-    run.chain_wait_seconds += run.chain.clock().now() - t0;
-    for (const auto& p : all) {
-      std::vector<double> pairs(p.size() / sizeof(double));
-      std::memcpy(pairs.data(), p.data(), pairs.size() * sizeof(double));
-      add(pairs.data(), pairs.size());
-    }
-  }
-  double ss = 0;
-  for (const auto& [index, sum] : by_tensor) ss += sum;
-  return std::sqrt(ss);
+  const std::vector<double> mine = tensor_square_sums(run);
+  std::string payload(mine.size() * sizeof(double), '\0');
+  std::memcpy(payload.data(), mine.data(), payload.size());
+  if (run.grid.stages == 1) return std::sqrt(combine_square_sums({payload}, int64_t(run.full_tensors)));
+  std::vector<std::string> all;
+  const double t0 = run.chain.clock().now();
+  auto h = run.chain.all_gather_direct_start(std::move(payload), &all, "grad_norm");
+  run.chain.wait(h);
+  run.chain_wait_seconds += run.chain.clock().now() - t0;
+  return std::sqrt(combine_square_sums(all, int64_t(run.full_tensors)));
 }
 
 // A tied embedding on the first and the last stage: each adds the other's gradient.
@@ -87,7 +75,40 @@ void exchange_tied_embedding(WorkerRun& run) {
 
 }  // namespace
 
+double combine_square_sums(const std::vector<std::string>& payloads, int64_t tensors) {
+  std::map<int64_t, double> by_tensor;
+  for (const auto& p : payloads) {
+    if (p.size() % (2 * sizeof(double)) != 0) fail("grad_norm: a malformed partial-sum message");
+    std::vector<double> pairs(p.size() / sizeof(double));
+    if (!p.empty()) std::memcpy(pairs.data(), p.data(), p.size());
+    for (size_t k = 0; k < pairs.size(); k += 2) {
+      const double index = pairs[k], sum = pairs[k + 1];
+      if (!(index >= 0 && index < double(tensors) && index == std::floor(index)) || sum < 0)
+        fail("grad_norm: a malformed partial sum (tensor " + std::to_string(index) + ", sum " + std::to_string(sum) + ")");
+      if (!by_tensor.emplace(int64_t(index), sum).second) fail("grad_norm: tensor " + std::to_string(int64_t(index)) + " reported twice");
+    }
+  }
+  double ss = 0;
+  for (const auto& [index, sum] : by_tensor) ss += sum;
+  return ss;
+}
+
+namespace {
+// Testing the failure paths: LOCO_INJECT_FAILURE="WORKER:STEP" makes that worker fail when it
+// starts step STEP (1-based), with whatever communication its earlier steps started still in
+// flight (docs/testing.md).
+void maybe_inject_failure(const WorkerRun& run, int64_t step) {
+  static const char* spec = std::getenv("LOCO_INJECT_FAILURE");
+  if (!spec) return;
+  int worker = -1;
+  long long at = -1;
+  if (std::sscanf(spec, "%d:%lld", &worker, &at) == 2 && worker == run.rank && at == step)
+    fail("injected failure (LOCO_INJECT_FAILURE=" + std::string(spec) + ")");
+}
+}  // namespace
+
 StepResult train_step(WorkerRun& run, int64_t step, double lr) {
+  maybe_inject_failure(run, step + 1);
   auto& w = run.w;
   const Clock& clock = run.world.clock();
   const double t0 = clock.now();

@@ -21,6 +21,7 @@
 #include "io/metrics.h"
 #include "io/progress.h"
 #include "io/run_dir.h"
+#include "io/train_state.h"
 #include "optim/schedule.h"
 
 namespace loco {
@@ -142,7 +143,8 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
       stage_model(w.model, cfg.micro_windows(), cfg.data.seq_len, cfg.microbatches(),
                   max_in_flight(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches()))),
       ops(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches())),
-      route(fixed_route(grid, rank)) {}
+      route(fixed_route(grid, rank)),
+      full_tensors(ParamLayout(cfg.model).tensors().size()) {}
 
 namespace {
 
@@ -302,6 +304,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   if (opt.until == 0 || opt.until < -1) fail("--until must be >= 1");
   s->config_path = s->resuming ? opt.resume_dir + "/config.toml" : opt.config_path;
   if (s->resuming && !file_exists(s->config_path)) fail(opt.resume_dir + ": not a run directory (no config.toml)");
+  if (s->resuming) latest_checkpoint(opt.resume_dir);  // fails at once if there is nothing to resume
   s->cfg = load_run_config(s->config_path, opt.overrides);
   const auto& cfg = s->cfg;
   s->run_dir = s->resuming ? opt.resume_dir : cfg.train.out_dir;

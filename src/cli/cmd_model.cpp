@@ -56,6 +56,11 @@ Loaded load_inputs(const WindowArgs& a) {
   if (l.data.vocab_size > uint64_t(l.model.config.vocab_size))
     fail(a.data + ": vocabulary size " + std::to_string(l.data.vocab_size) + " exceeds the model's " +
          std::to_string(l.model.config.vocab_size));
+  const double needed = double(a.windows) * a.seq_len + 1;
+  if (a.seq_len >= 1 && a.windows >= 1 && double(l.data.tokens.size()) < needed)
+    fail(a.data + ": the data has " + std::to_string(l.data.tokens.size()) + " tokens, but " +
+         std::to_string(a.windows) + " windows of " + std::to_string(a.seq_len) + " need " +
+         std::to_string(int64_t(needed)));
   return l;
 }
 

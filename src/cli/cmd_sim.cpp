@@ -122,7 +122,7 @@ void calibrate(const CuArgs& a) {
   p.inner_steps = rc.outer.inner_steps;
   p.fragment_layers = std::max(1, rc.streaming.fragment_blocks == 0 ? p.layers : rc.streaming.fragment_blocks);
   p.tau = rc.streaming.tau;
-  double compute = 0, cu = 0, bytes = 0, syncs = 0;
+  double compute = 0, cu = 0, bytes = 0;
   const auto& workers = summary.at("workers");
   for (const auto& w : workers) {
     compute += w.at("compute_s").get<double>();
@@ -130,7 +130,6 @@ void calibrate(const CuArgs& a) {
     for (const auto& [op, v] : w.at("by_operation").items())
       if (op == "gradients" || op == "outer_gradients") {
         bytes += v.at("bytes_sent").get<double>();
-        syncs += v.at("instances").get<double>();
       }
   }
   const double n = double(workers.size());

@@ -144,7 +144,7 @@ void add_compare(CLI::App& app) {
   cmd->callback([runs] {
     std::printf("%-22s %-9s %3s %10s %9s %12s %13s %13s %11s %7s %8s\n", "run", "method", "M", "tokens", "val loss",
                 "sent/worker", "sent/w/step", "largest sync", "peak send/s", "CU", "wall s");
-    for (const auto& dir : *runs) {
+    for (const auto& dir : *runs) try {
       const nlohmann::json j = read_json_file(dir + "/summary.json");
       double sent = 0, peak = 0, cu = 0, largest = 0;
       const auto& w = j.at("workers");
@@ -163,8 +163,11 @@ void add_compare(CLI::App& app) {
                   j.at("algorithm").get<std::string>().c_str(), j.at("replicas").get<int>(),
                   j.at("tokens").get<double>(), j.at("final_val_loss").get<double>(), sent / n, sent / n / steps,
                   largest, peak, 100 * cu / n, j.at("seconds").get<double>());
+    } catch (const nlohmann::json::exception& e) {
+      fail(dir + "/summary.json: not a loco run summary (" + e.what() + ")");
     }
-    std::printf("(sent: payload bytes of gradient/outer-gradient traffic per worker; largest sync: most bytes one worker "
+    std::printf("(sent: payload bytes of the training method's traffic per worker (gradients, outer gradients, pipeline "
+                "activations); largest sync: most bytes one worker "
                 "sent in one reduction; peak: highest send rate in bytes/s over network.peak_window, all traffic; "
                 "CU: mean compute utilization)\n");
   });

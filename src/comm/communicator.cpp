@@ -199,7 +199,7 @@ void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const st
     send_msg(label, right, chunks.pack(data, send_c));
     const std::string in = receive(recv_c);
     partial.resize(in.size() / sizeof(float));
-    std::memcpy(partial.data(), in.data(), in.size());
+    if (!in.empty()) std::memcpy(partial.data(), in.data(), in.size());  // a chunk may be empty
     const float* p = partial.data();
     chunks.for_blocks(recv_c, [&](int64_t b, int64_t len) {
       float* dst = data + b;
@@ -330,7 +330,7 @@ void Communicator::barrier() {
 std::vector<double> Communicator::sum_doubles(const std::vector<double>& values, const std::string& label) {
   const size_t bytes = values.size() * sizeof(double);
   std::string payload(bytes, '\0');
-  std::memcpy(payload.data(), values.data(), bytes);
+  if (bytes) std::memcpy(payload.data(), values.data(), bytes);
   const auto all = all_gather(std::move(payload), label);
   std::vector<double> sum(values.size(), 0.0);
   for (const auto& p : all) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -41,6 +42,9 @@ class LinkTransport : public Transport {
     if (framed.size() < sizeof(double)) fail("link model: malformed message from worker " + std::to_string(peer));
     double arrival;
     std::memcpy(&arrival, framed.data(), sizeof(double));
+    // Arrival times are the sender's clock plus the link's delay: never unbounded.
+    if (!std::isfinite(arrival) || arrival > clock_->now() + 1e6)
+      fail("link model: malformed arrival time from worker " + std::to_string(peer));
     clock_->sleep_until(arrival);
     return framed.substr(sizeof(double));
   }

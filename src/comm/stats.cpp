@@ -98,8 +98,9 @@ nlohmann::json TrafficStats::to_json() const {
 void TrafficStats::restore(const nlohmann::json& saved, const std::string& source) {
   std::lock_guard<std::mutex> lock(mu_);
   try {
-    for (const auto& [op, v] : saved.at("by_operation").items()) {
-      auto& o = ops_[op];
+    for (const auto& item : saved.at("by_operation").items()) {
+      auto& o = ops_[item.key()];
+      const auto& v = item.value();
       auto get = [&](const char* key) {
         const int64_t x = v.at(key).get<int64_t>();
         if (x < 0) throw std::invalid_argument(key);

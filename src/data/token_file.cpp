@@ -30,8 +30,9 @@ void store_le(std::string& b, size_t at, T v) {
 
 }  // namespace
 
-TokenFile read_token_file(const std::string& path) {
-  const std::string b = read_file(path);
+TokenFile read_token_file(const std::string& path) { return parse_token_file(read_file(path), path); }
+
+TokenFile parse_token_file(const std::string& b, const std::string& path) {
   if (b.size() < kHeaderSize) fail(path + ": not a LOCOTOKS file (shorter than the 64-byte header)");
   if (b.compare(0, 8, "LOCOTOKS") != 0) fail(path + ": not a LOCOTOKS file (bad magic)");
   const uint32_t version = load_le<uint32_t>(b, 8);

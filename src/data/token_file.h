@@ -19,6 +19,8 @@ struct TokenFile {
 
 // Fails with a message naming the file on a bad magic, version, width, size or id >= vocab.
 TokenFile read_token_file(const std::string& path);
+// The same from the file's bytes (`path` names it in messages).
+TokenFile parse_token_file(const std::string& bytes, const std::string& path);
 // Uses 2 bytes per token when vocab_size <= 65536, else 4. Atomic.
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, uint64_t vocab_size);
 std::string encode_token_file(const std::vector<int32_t>& tokens, uint64_t vocab_size);

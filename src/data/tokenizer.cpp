@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/sp_model_check.h"
 #include "io/fs.h"
 
 namespace loco {
@@ -35,9 +36,9 @@ class ByteTokenizer : public Tokenizer {
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(const std::string& path) {
-    const auto st = sp_.Load(path);
-    if (!st.ok()) fail(path + ": cannot load SentencePiece model: " + st.ToString());
+  SentencePieceTokenizer(const std::string& model_bytes, const std::string& source) {
+    const auto st = sp_.LoadFromSerializedProto(model_bytes);
+    if (!st.ok()) fail(source + ": cannot load SentencePiece model: " + st.ToString());
   }
   std::vector<int32_t> encode(const std::string& text) const override {
     std::vector<int> ids;
@@ -63,7 +64,12 @@ class SentencePieceTokenizer : public Tokenizer {
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path) {
-  return std::make_unique<SentencePieceTokenizer>(model_path);
+  return sentencepiece_from_bytes(read_file(model_path), model_path);
+}
+
+std::unique_ptr<Tokenizer> sentencepiece_from_bytes(const std::string& model_bytes, const std::string& source) {
+  check_sentencepiece_model(model_bytes, source);
+  return std::make_unique<SentencePieceTokenizer>(model_bytes, source);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {

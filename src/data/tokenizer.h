@@ -22,6 +22,8 @@ class Tokenizer {
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_path);
+// A SentencePiece model from its serialized bytes (`source` names it in messages).
+std::unique_ptr<Tokenizer> sentencepiece_from_bytes(const std::string& model_bytes, const std::string& source);
 // Loads DIR/tokenizer.json (and its model file).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 

@@ -69,7 +69,10 @@ void write_state_file(const std::string& path, const TrainingState& state) {
 }
 
 TrainingState read_state_file(const std::string& path) {
-  SafetensorsReader r(path, /*require_checksum=*/true);
+  return state_from_reader(SafetensorsReader(path, /*require_checksum=*/true), path);
+}
+
+TrainingState state_from_reader(const SafetensorsReader& r, const std::string& path) {
   TrainingState st;
   st.meta = r.metadata();
   if (st.meta["loco.format"] != "training-state-1") fail(path + ": not a loco training state");

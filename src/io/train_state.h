@@ -31,6 +31,9 @@ struct TrainingState {
 std::string begin_checkpoint(const std::string& run_dir, int64_t step);
 void write_state_file(const std::string& path, const TrainingState& state);
 TrainingState read_state_file(const std::string& path);
+class SafetensorsReader;
+// The training state held by an opened file (`path` names it in messages).
+TrainingState state_from_reader(const SafetensorsReader& file, const std::string& path);
 // Writes the model files into the temporary directory, renames it into place, updates latest.
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
                               const ParamLayout& layout, const float* eval_params, const TrainingState& run_state);

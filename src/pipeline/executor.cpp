@@ -16,7 +16,7 @@ std::string to_bytes(const std::vector<T>& v) {
 template <class T>
 void from_bytes(const std::string& bytes, std::vector<T>& out) {
   out.resize(bytes.size() / sizeof(T));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
 }
 
 }  // namespace

@@ -89,13 +89,14 @@ std::map<std::string, Profile> load_profiles(const std::string& path) {
     if (!table) fail(path + ": " + std::string(name.str()) + " is not a table");
     Profile p;
     p.name = std::string(name.str());
-    for (const auto& [key, value] : *table) {
-      const std::string where = path + ": " + p.name + "." + std::string(key.str());
+    for (const auto& [key_node, value] : *table) {
+      const std::string key(key_node.str());
+      const std::string where = path + ": " + p.name + "." + key;
       const auto number = value.value<double>();
       if (!number) fail(where + ": expected a number");
       bool found = false;
       for_each_field(p, [&](const char* field_name, auto& field) {
-        if (key.str() == field_name) {
+        if (key == field_name) {
           assign(field, *number, where);
           found = true;
         }

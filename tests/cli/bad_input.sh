@@ -120,5 +120,39 @@ expect_error "--link 9furlongs" "$loco" simulate pipeline --config train.toml --
 expect_error "not a run directory" "$loco" train --resume nowhere
 expect_error "exceeds model.vocab_size" "$loco" train --config train.toml --set data.train=big_vocab.bin
 
+# Every other subcommand, each kind of bad input it accepts.
+expect_error "checkpoints/latest" "$loco" train --resume "$(mkdir -p emptyrun && touch emptyrun/config.toml && echo emptyrun)"
+expect_error "unknown-flag" "$loco" train --config train.toml --unknown-flag
+expect_error "nowhere: not a checkpoint directory" "$loco" grad --checkpoint nowhere --data toks.bin --seq-len 8 \
+  --windows 2 --out g.safetensors
+expect_error "toks.bin: the data has 1000 tokens" "$loco" grad --checkpoint good --data toks.bin --seq-len 8 \
+  --windows 500 --out g.safetensors
+mkdir -p text && printf 'fine line\n' > text/ok.txt && printf 'bad \xff byte\n' > text/bad.txt
+expect_error "bad.txt" "$loco" data prepare --input text --tokenizer bytes --out prep
+expect_error "missing_dir" "$loco" data prepare --input missing_dir --tokenizer bytes --out prep
+expect_error "--val-fraction must be in [0, 1)" "$loco" data prepare --input text/ok.txt --tokenizer bytes \
+  --val-fraction 1.5 --out prep
+expect_error "--vocab-size must be >= 300" "$loco" data prepare --input text/ok.txt --tokenizer sentencepiece \
+  --vocab-size 100 --out prep
+expect_error "norun" "$loco" plot norun
+mkdir -p badrun && echo '{"step": 1, "train_loss":' > badrun/metrics.jsonl
+expect_error "badrun/metrics.jsonl" "$loco" plot badrun --out badrun/loss.svg
+expect_error "norun/summary.json" "$loco" compare norun
+mkdir -p badsum && echo '{"workers": [' > badsum/summary.json
+expect_error "badsum/summary.json: invalid JSON" "$loco" compare badsum
+echo '{"workers": 3}' > badsum/summary.json
+expect_error "badsum/summary.json" "$loco" compare badsum
+expect_error "nowhere: not a checkpoint directory" "$loco" generate --checkpoint nowhere --prompt "The"
+expect_error "tokenizer.json" "$loco" generate --checkpoint good --prompt "The"
+cp -r good withtok && printf '{"type": "sentencepiece", "model": "tokenizer.model"}' > withtok/tokenizer.json
+head -c 300 /dev/urandom > withtok/tokenizer.model
+expect_error "withtok/tokenizer.model" "$loco" generate --checkpoint withtok --prompt "The"
+expect_error "--temperature" "$loco" generate --checkpoint good --prompt "The" --temperature -1
+expect_error "model.hidden_size must be in" "$loco" info --config "$(mk hidden_size -3)"
+expect_error "missing.toml" "$loco" estimate --config missing.toml
+expect_error "slices" "$loco" estimate --config train.toml --slices 5
+expect_error "no such profile" "$loco" simulate cu --model 7b
+expect_error "--workers" "$loco" simulate latency --workers 4,x
+
 if [ $failures -ne 0 ]; then echo "bad_input: $failures FAILED"; exit 1; fi
 echo "bad_input: OK"

@@ -248,6 +248,7 @@ TEST(Kernels, FastExpAccuracy) {
   }
   EXPECT_LT(worst, 3e-7);
   EXPECT_EQ(loco::fast_exp(-100.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(loco::fast_exp(std::nanf(""))));
   EXPECT_EQ(loco::fast_exp(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_EQ(loco::fast_exp(0.0f), 1.0f);
 }

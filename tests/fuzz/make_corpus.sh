@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Regenerates the seed corpora in corpus/ (committed) from valid files loco writes.
+# Usage: tests/fuzz/make_corpus.sh build/loco
+set -euo pipefail
+loco=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+c=$here/corpus
+rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages}
+cat > small.toml <<'TOML'
+[model]
+vocab_size = 16
+hidden_size = 8
+num_layers = 1
+num_heads = 2
+intermediate_size = 8
+max_seq_len = 8
+TOML
+"$loco" init --config small.toml --seed 1 --out ck > /dev/null
+cp ck/model.safetensors "$c/safetensors/model"
+cp ck/config.json "$c/hf_config/loco"
+$py "$here/../tools/make_tokens.py" train.tok 16 300 1
+cp train.tok "$c/token_file/small"
+"$loco" train --config small.toml --set data.train=train.tok --set data.seq_len=4 --set data.batch_size=2 \
+  --set train.steps=2 --set train.log_interval=1 --set train.out_dir=run --quiet > /dev/null
+cp run/checkpoints/step_00000002/state.safetensors "$c/safetensors/run-state"
+cp run/checkpoints/step_00000002/replica-0.safetensors "$c/safetensors/worker-state"
+cp "$here/../../configs/tiny.toml" "$c/run_config/tiny"
+cp run/config.toml "$c/run_config/full"
+printf '[pipeline]\nstages = 2\nmicrobatches = 4\nsplit = "1,1"\n[model]\nnum_layers = 2\n' > "$c/run_config/pipeline"
+printf '{"vocab_size":32,"hidden_size":16,"num_hidden_layers":2,"num_attention_heads":2,"intermediate_size":24,' > "$c/hf_config/hf"
+printf '"tie_word_embeddings":true,"rms_norm_eps":1e-6}' >> "$c/hf_config/hf"
+mkdir -p text && for i in $(seq 1 400); do echo "The jury said line $i of the report was fine and well written, said Mr. Jones $((i * 7))."; done > text/a.txt
+"$loco" data prepare --input text --tokenizer sentencepiece --vocab-size 300 --val-fraction 0 --out sp > /dev/null
+cp sp/tokenizer.model "$c/tokenizer/small"
+# Peer messages: selector byte, then the message (see fuzz_peer_messages.cpp).
+$py - "$c/peer_messages" <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+def w(name, data): open(os.path.join(d, name), "wb").write(data)
+w("codec-fp32", b"\x00" + struct.pack("<H", 8) + struct.pack("<8f", *range(8)))
+w("codec-fp4", b"\x00" + struct.pack("<H", 64) + bytes(range(40)))
+w("allreduce", b"\x01" + bytes([2, 7]) + struct.pack("<14f", *([1.0] * 14)))
+w("link", b"\x02" + struct.pack("<d", 0.5) + b"payload")
+w("boundary", b"\x03" + struct.pack("<32f", *([0.1] * 32)) + struct.pack("<5i", 1, 2, 3, 4, 5))
+w("norm", b"\x04" + bytes([16]) + struct.pack("<4d", 0, 1.5, 3, 2.0))
+PY
+ls -R "$c" | head -40
