@@ -26,6 +26,9 @@ class Algorithm {
   // Parameters to evaluate and to save as the model, identical on every worker. Called by all
   // workers at the same step (it may communicate).
   virtual const std::vector<float>& eval_params(Worker& w) { return w.params; }
+  // What eval_params(w) holds after `step` steps, when a reader needs to be told (e.g. outer
+  // parameters whose fragments were synchronized at different steps); "" otherwise.
+  virtual std::string eval_note(int64_t step) const { return ""; }
   // Algorithm-specific accounting for the run summary.
   virtual void report(nlohmann::json& out) const {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it

@@ -1,20 +1,29 @@
 // Streaming DiLoCo (spec 02-streaming.md). Three changes to DiLoCo, each switchable:
 //  1. fragments: the model is split into fragments of blocks (plus one for the non-block
-//     parameters), each synchronized every H steps at its own offset, so only one fragment's
-//     bytes are on the wire at a time; fragments not being synchronized keep training;
+//     parameters), each synchronized every H steps at its own offset j floor(H / N), so only
+//     one fragment's bytes are on the wire at a time; fragments not being synchronized keep
+//     training;
 //  2. overlap: a fragment's reduction starts after inner step t and is applied after step
 //     t + tau, while the replica keeps training; the result is merged as
-//     alpha * local + (1 - alpha) * synchronized (with tau = 0 the fragment is replaced);
-//  3. quantized outer gradients: each replica encodes its own Delta_{m,j}; payloads are
-//     all-gathered and summed in float32 in rank order (identical on every worker).
+//     alpha * local + (1 - alpha) * synchronized, for every tau (the paper's Algorithm 2; tau 0
+//     with alpha 0 is DiLoCo). Entries this node never trains (partial updates) are replaced.
+//     Any tau < H is allowed: several fragments may be in flight at once;
+//  3. quantized outer gradients: each replica encodes its own Delta_{m,j}; the payloads are
+//     all-gathered and summed in float32 in rank order, or reduce-scattered (each shard summed
+//     by one replica in float32 and re-encoded) and all-gathered (comm/codec.h).
 // In fp32 the fragment's parameters are averaged with the ring all-reduce, as in DiLoCo.
-// The last step of a run applies every pending sync and then synchronizes every fragment
-// that was not synchronized at that step, so the outer parameters include all inner steps.
+// The last step ends every fragment's round, as DiLoCo's last round ends at the last step:
+// every sync still in flight is applied; a fragment whose latest sync started within the last
+// tau steps (the largest tau of any replica) ends with it, and every other fragment takes one
+// final synchronization of its parameters at the last step. So no fragment takes two outer
+// steps in a row; such a fragment's final model leaves out the at most tau inner steps after its
+// sync started.
 #include "algo/streaming.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <deque>
-#include <sstream>
 
 #include "algo/algorithm.h"
 #include "algo/outer_store.h"
@@ -48,11 +57,16 @@ std::vector<FragmentPlan> plan_fragments(int L, int fragment_blocks, const std::
   rest.nonblock = true;
   out.push_back(rest);
   const int64_t F = int64_t(out.size());
-  for (int64_t j = 0; j < F; ++j) out[size_t(j)].offset = j * H / F;
+  for (int64_t j = 0; j < F; ++j) out[size_t(j)].offset = j * (H / F);
   return out;
 }
 
 bool syncs_at(const FragmentPlan& f, int64_t step, int64_t H) { return step > f.offset && (step - f.offset) % H == 0; }
+
+int64_t last_sync_start(const FragmentPlan& f, int64_t step, int64_t H) {
+  if (step < f.offset + H) return -1;
+  return f.offset + (step - f.offset) / H * H;
+}
 
 int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas) {
   if (list.empty()) return tau;
@@ -73,8 +87,10 @@ class Streaming : public Algorithm {
         plan_(plan_fragments(cfg.model.num_layers, cfg.streaming.fragment_blocks, cfg.streaming.pattern,
                              cfg.outer.inner_steps)),
         codec_(make_codec({cfg.outer.codec, cfg.outer.rounding, cfg.outer.block, cfg.outer.keep_fraction})),
+        reduce_(choose_encoded_reduce(cfg.outer.reduce, w.replicas)),
         tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
         seed_(uint64_t(cfg.train.seed)),
+        run_steps_(cfg.train.steps),
         average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
         comm_(w.comm),
         num_params_(w.params.size()) {
@@ -88,6 +104,21 @@ class Streaming : public Algorithm {
       if (f.nonblock)
         for (const auto& x : layout.nonblock_ranges()) r.push_back(x);
       ranges_.push_back(merge_ranges(r));
+      // Entries this node trains merge with alpha; the others (frozen slices) are replaced.
+      const auto trained = intersect_ranges(ranges_.back(), w.trainable.ranges());
+      std::vector<Segment> segs;
+      int64_t packed = 0;
+      for (const auto& x : ranges_.back()) {
+        int64_t at = x.begin;
+        for (const auto& t : intersect_ranges({x}, trained)) {
+          if (t.begin > at) segs.push_back({at, t.begin, packed + (at - x.begin), false});
+          segs.push_back({t.begin, t.end, packed + (t.begin - x.begin), true});
+          at = t.end;
+        }
+        if (at < x.end) segs.push_back({at, x.end, packed + (at - x.begin), false});
+        packed += x.size();
+      }
+      segments_.push_back(std::move(segs));
     }
     std::string scratch;
     if (cfg.streaming.offload_outer) {
@@ -95,16 +126,14 @@ class Streaming : public Algorithm {
       scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.world_rank) + ".scratch";
     }
     store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch);
-    int64_t max_tau = tau_;
+    max_tau_ = tau_;
     if (!cfg.streaming.worker_tau.empty())
       for (int r = 0; r < w.replicas; ++r)
-        max_tau = std::max(max_tau, worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, r, w.replicas));
-    const int64_t gap = outer_.inner_steps / int64_t(plan_.size());
-    if (plan_.size() > 1 && max_tau >= gap)
-      fail("streaming.tau (" + std::to_string(max_tau) + ") must be smaller than H / fragments = " +
-           std::to_string(outer_.inner_steps) + " / " + std::to_string(plan_.size()));
-    if (plan_.size() == 1 && max_tau >= outer_.inner_steps)
-      fail("streaming.tau (" + std::to_string(max_tau) + ") must be smaller than outer.inner_steps");
+        max_tau_ = std::max(max_tau_, worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, r, w.replicas));
+    // A fragment's sync must be applied before its next one starts, H steps later.
+    if (max_tau_ >= outer_.inner_steps)
+      fail("streaming.tau (" + std::to_string(max_tau_) + ") must be smaller than outer.inner_steps (" +
+           std::to_string(outer_.inner_steps) + ")");
   }
 
   void start(Worker& w, bool resumed) override {
@@ -113,17 +142,19 @@ class Streaming : public Algorithm {
 
   void after_step(Worker& w, int64_t done, bool last) override {
     while (!pending_.empty() && (pending_.front().apply_at <= done || last)) {
-      apply(w, pending_.front(), tau_ == 0);
+      apply(w, pending_.front(), last);
       pending_.pop_front();
     }
     for (size_t j = 0; j < plan_.size(); ++j) {
       if (ranges_[j].empty()) continue;  // not on this pipeline stage
       const bool due = syncs_at(plan_[j], done, outer_.inner_steps);
-      if (!due && !last) continue;
+      // The last step ends every fragment's round that did not just end with a recent sync.
+      const int64_t started = last_sync_start(plan_[j], done, outer_.inner_steps);
+      const bool final = last && !due && !(started >= 0 && started >= done - max_tau_);
+      if (!due && !final) continue;
       begin_sync(w, j, done);
-      // tau = 0, and the final synchronization of a run, wait at once and replace.
       if (tau_ == 0 || last) {
-        apply(w, pending_.back(), true);
+        apply(w, pending_.back(), last);
         pending_.pop_back();
       }
     }
@@ -144,6 +175,27 @@ class Streaming : public Algorithm {
       std::memcpy(eval_buffer_.data(), bytes.data(), bytes.size());
     }
     return eval_buffer_;
+  }
+
+  std::string eval_note(int64_t step) const override {
+    if (cfg_.eval != "outer") return "";
+    // A sync started at s is in the outer parameters from s + tau on (all of them after the
+    // last step, which ends every round).
+    const bool final = step == run_steps_;
+    std::vector<int64_t> synced;
+    for (size_t j = 0; j < plan_.size(); ++j)
+      if (!ranges_[j].empty())
+        synced.push_back(final ? step : last_sync_start(plan_[j], step - tau_, outer_.inner_steps));
+    if (std::adjacent_find(synced.begin(), synced.end(), std::not_equal_to<>()) == synced.end()) return "";
+    std::string steps;
+    bool initial = false;
+    for (size_t k = 0; k < synced.size(); ++k) {
+      steps += (k ? (k + 1 == synced.size() ? " and " : ", ") : "") + std::to_string(std::max<int64_t>(0, synced[k]));
+      initial = initial || synced[k] < 0;
+    }
+    return "outer parameters of fragments last synchronized at steps " + steps +
+           (initial ? " (0: not yet, the initial values)" : "") +
+           ", a mix rather than one model state; see streaming.eval";
   }
 
   void save_state(TrainingState& st) override {
@@ -168,13 +220,11 @@ class Streaming : public Algorithm {
     pending_.clear();
     const auto it = st.meta.find("pending");
     if (it == st.meta.end() || it->second.empty()) return;
-    std::stringstream ss(it->second);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
+    for (int64_t fragment : parse_int_list(it->second, "training state: pending", 0, "a fragment index")) {
       Pending p;
-      p.fragment = size_t(std::stoul(item));
+      p.fragment = size_t(fragment);
       if (p.fragment >= plan_.size()) fail("training state: pending fragment out of range");
-      const std::string key = "pending." + item;
+      const std::string key = "pending." + std::to_string(fragment);
       p.apply_at = st.get_int(key + ".apply_at");
       p.avg.assign(size_t(total_size(ranges_[p.fragment])), 0.0f);
       st.take(key + ".avg", p.avg);
@@ -195,16 +245,22 @@ class Streaming : public Algorithm {
     out["outer_state_bytes_needed_at_once"] = 3 * largest * 4;
     out["outer_state_offloaded"] = store_->offloaded();
     out["tau"] = tau_;
+    if (!codec_->lossless())
+      out["outer_reduce"] = reduce_ == EncodedReduce::AllGather ? "all-gather" : "reduce-scatter";
   }
 
  private:
+  struct Segment {
+    int64_t begin, end, packed;  // params[begin, end) is packed[packed, ...)
+    bool trained;                // merged with alpha; else replaced
+  };
   struct Pending {
     size_t fragment = 0;
     int64_t apply_at = 0;
     Communicator::Handle handle;
     CountVectorAverage::Op op;           // fp32: the replicas' parameters, averaged per entry
     std::vector<float> buffer;           // codecs: this replica's delta
-    std::vector<std::string> gathered;   // codecs: every replica's encoded delta
+    std::vector<std::string> gathered;   // codecs: every replica's encoded delta (or reduced shard)
     std::vector<float> avg;              // the replicas' average parameters, once completed
     std::vector<float> theta, momentum;  // the fragment's outer state, packed
     bool completed = false;
@@ -220,13 +276,37 @@ class Streaming : public Algorithm {
     const auto& ranges = ranges_[j];
     if (codec_->lossless()) {
       average_.start(w.comm, w.params.data(), ranges, p.op);
-    } else {
-      pack_ranges(w.params.data(), ranges, p.buffer);
-      for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
-      Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(w.rank), uint64_t(step) * 1024 + j));
-      p.handle = w.comm.all_gather_start(codec_->encode(p.buffer.data(), int64_t(p.buffer.size()), rng), &p.gathered,
-                                         "outer_gradients");
+      return;
     }
+    pack_ranges(w.params.data(), ranges, p.buffer);
+    for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
+    const uint64_t stream = uint64_t(step) * 1024 + j;
+    Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(w.rank), stream));
+    const int64_t n = int64_t(p.buffer.size());
+    if (reduce_ == EncodedReduce::AllGather) {
+      p.handle = w.comm.all_gather_start(codec_->encode(p.buffer.data(), n, rng), &p.gathered, "outer_gradients");
+      return;
+    }
+    const int M = w.replicas;
+    std::vector<std::string> shards;
+    for (int k = 0; k < M; ++k) {
+      const int64_t b = shard_begin(n, M, k);
+      shards.push_back(codec_->encode(p.buffer.data() + b, shard_begin(n, M, k + 1) - b, rng));
+    }
+    // Shard `me` of every replica: decoded, summed in float32 in replica order, averaged and
+    // encoded again (on the communication thread).
+    const int me = w.rank;
+    const int64_t len = shard_begin(n, M, me + 1) - shard_begin(n, M, me);
+    const Codec* codec = codec_.get();
+    const uint64_t reseed = mix_seed(seed_ ^ 0x5ca7, uint64_t(me), stream);
+    auto reduce = [codec, len, M, reseed](std::vector<std::string>& received) {
+      std::vector<float> sum(size_t(len), 0.0f);
+      for (const auto& payload : received) codec->decode_add(payload, sum.data(), len);
+      for (auto& x : sum) x /= float(M);
+      Rng r(reseed);
+      return codec->encode(sum.data(), len, r);
+    };
+    p.handle = w.comm.reduce_scatter_gather_start(std::move(shards), reduce, &p.gathered, "outer_gradients");
   }
 
   // Waits for the reduction and computes the replicas' average parameters of the fragment.
@@ -236,32 +316,41 @@ class Streaming : public Algorithm {
       average_.finish(comm_, p.op, ranges_[p.fragment], p.avg);
     } else {
       comm_.wait(p.handle);
-      std::vector<float> sum(p.buffer.size(), 0.0f);
-      for (const auto& payload : p.gathered) codec_->decode_add(payload, sum.data(), int64_t(sum.size()));
-      const float M = float(p.gathered.size());
-      p.avg.resize(sum.size());
-      for (size_t k = 0; k < sum.size(); ++k) p.avg[k] = p.theta[k] - sum[k] / M;
+      const int64_t n = int64_t(p.buffer.size());
+      std::vector<float> delta(size_t(n), 0.0f);
+      if (reduce_ == EncodedReduce::AllGather) {
+        for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
+        const float M = float(p.gathered.size());
+        for (auto& x : delta) x /= M;
+      } else {
+        const int M = int(p.gathered.size());
+        for (int k = 0; k < M; ++k) {
+          const int64_t b = shard_begin(n, M, k);
+          codec_->decode_add(p.gathered[size_t(k)], delta.data() + b, shard_begin(n, M, k + 1) - b);
+        }
+      }
+      p.avg.resize(size_t(n));
+      for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
     }
     p.buffer.clear();
     p.gathered.clear();
     p.completed = true;
   }
 
-  // Outer step on the fragment, then merge into (or replace) the replica's parameters.
+  // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
+  // replica's parameters; entries this node does not train are always replaced.
   void apply(Worker& w, Pending& p, bool replace) {
     complete(p);
     outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
     store_->write(p.fragment, p.theta, p.momentum);
-    size_t k = 0;
     const float a = float(cfg_.alpha);
-    for (const auto& r : ranges_[p.fragment]) {
-      float* local = w.params.data() + r.begin;
-      const float* synced = p.theta.data() + k;
-      if (replace)
-        std::copy(synced, synced + r.size(), local);
+    for (const auto& s : segments_[p.fragment]) {
+      float* local = w.params.data() + s.begin;
+      const float* synced = p.theta.data() + s.packed;
+      if (replace || !s.trained)
+        std::copy(synced, synced + (s.end - s.begin), local);
       else
-        for (int64_t i = 0; i < r.size(); ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
-      k += size_t(r.size());
+        for (int64_t i = 0; i < s.end - s.begin; ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
     }
   }
 
@@ -269,9 +358,12 @@ class Streaming : public Algorithm {
   OuterConfig outer_;
   std::vector<FragmentPlan> plan_;
   std::vector<std::vector<Range>> ranges_;
+  std::vector<std::vector<Segment>> segments_;
   std::unique_ptr<Codec> codec_;
-  int64_t tau_;
+  EncodedReduce reduce_;
+  int64_t tau_, max_tau_ = 0;
   uint64_t seed_;
+  int64_t run_steps_;
   std::unique_ptr<OuterStore> store_;
   std::vector<float> eval_buffer_;
   std::deque<Pending> pending_;

@@ -13,13 +13,15 @@ struct FragmentPlan {
 };
 
 // P = ceil(L / |p|) block fragments, sequential ([j|p|, (j+1)|p|)) or strided ({l : l mod P = j}),
-// then one fragment for the non-block parameters; F = P + 1 fragments with offsets j H / F.
+// then one fragment for the non-block parameters; F = P + 1 fragments with offsets j floor(H / F).
 // fragment_blocks = 0: a single fragment with the whole model (offset 0), i.e. DiLoCo.
 std::vector<FragmentPlan> plan_fragments(int num_layers, int fragment_blocks, const std::string& pattern,
                                          int64_t inner_steps);
 
 // True if a fragment with this offset synchronizes after inner step `step` (1-based count).
 bool syncs_at(const FragmentPlan& f, int64_t step, int64_t inner_steps);
+// The step at which the fragment's latest sync started, at or before `step` (-1: none yet).
+int64_t last_sync_start(const FragmentPlan& f, int64_t step, int64_t inner_steps);
 
 // Per-replica tau from streaming.tau and streaming.worker_tau ("1,1,3,3").
 int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas);

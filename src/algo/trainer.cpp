@@ -200,8 +200,10 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
       const bool do_eval =
           s.val_windows > 0 && (last || (cfg.train.eval_interval > 0 && done % cfg.train.eval_interval == 0));
       double val_loss = -1;
+      std::string val_note;
       if (do_eval) {
         val_loss = evaluate(run);
+        val_note = run.algo->eval_note(done);
         sum.final_val_loss = val_loss;
       }
       if (run.reporter && (done % cfg.train.log_interval == 0 || last || do_eval)) {
@@ -218,6 +220,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                               {"bytes_sent", run.traffic->bytes_sent()},
                               {"comm_wait", run.comm_wait_seconds()}};
         if (do_eval) rec["val_loss"] = val_loss;
+        if (!val_note.empty()) rec["val_note"] = val_note;
         metrics->write(rec);
         const double tps = double(loss_count * tokens_per_step) / std::max(dt, 1e-9);
         progress.update(done, last_loss, tps, double(cfg.train.steps - done) * dt / double(loss_count),
@@ -225,7 +228,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                             (do_eval ? " | val " + fmt(val_loss) : ""));
         if (do_eval)
           progress.note("step " + std::to_string(done) + ": train loss " + fmt(last_loss) + ", val loss " +
-                        fmt(val_loss));
+                        fmt(val_loss) + (val_note.empty() ? "" : " (" + val_note + ")"));
       }
       if (done % cfg.train.log_interval == 0 || last || do_eval) {
         loss_sum = 0;

@@ -48,7 +48,7 @@ struct CuArgs {
   std::vector<std::string> models{"1b", "10b", "100b"}, methods, sets;
   std::string profiles = std::string(LOCO_SOURCE_DIR) + "/configs/sim-profiles.toml";
   std::string range = "0.01:10000:31", targets = "0.5,0.8,0.9,0.95,0.99";
-  std::string plot, gantt, calibrate;
+  std::string plot, gantt, calibrate, convention = "loco";
   int gantt_steps = 12;
   double gantt_gbit = 1.0;
 };
@@ -85,7 +85,7 @@ void gantt_plot(const sim::Profile& p, const std::vector<sim::Method>& methods, 
                        "set multiplot layout " + std::to_string(methods.size()) + ",1\nset xlabel 'time (s)'\n"
                        "set ytics ('compute' 1, 'network' 0)\nset yrange [-0.6:1.6]\nset style fill solid 0.9 noborder\nset key outside right\n";
   for (size_t i = 0; i < methods.size(); ++i) {
-    const auto r = sim::simulate_cu(p, methods[i], a.gantt_gbit * 1e9, a.gantt_steps);
+    const auto r = sim::simulate_cu(p, methods[i], a.gantt_gbit * 1e9, a.gantt_steps, sim::parse_convention(a.convention));
     std::string fwd, bwd, red;
     const double t0 = r.spans.empty() ? 0.0 : r.spans.front().start;
     for (const auto& s : r.spans) {
@@ -112,7 +112,6 @@ void calibrate(const CuArgs& a) {
   const ParamLayout layout(rc.model);
   int64_t nonblock = 0;
   for (const auto& r : layout.nonblock_ranges()) nonblock += r.size();
-  const int M = summary.at("replicas").get<int>();
   const int64_t steps = summary.at("steps").get<int64_t>();
   sim::Profile p;
   p.name = dir;
@@ -122,49 +121,45 @@ void calibrate(const CuArgs& a) {
   p.inner_steps = rc.outer.inner_steps;
   p.fragment_layers = std::max(1, rc.streaming.fragment_blocks == 0 ? p.layers : rc.streaming.fragment_blocks);
   p.tau = rc.streaming.tau;
+  p.replicas = summary.at("replicas").get<int>();
+  p.codec_block = rc.outer.block;
+  p.latency_s = parse_duration(rc.network.latency, "network.latency");
+  check(p.replicas >= 2, "--calibrate: the run has one replica: nothing crosses the network");
+  check(summary.value("stages", 1) == 1, "--calibrate: a pipelined run; use loco simulate pipeline --calibrate");
   double compute = 0, cu = 0, bytes = 0;
   const auto& workers = summary.at("workers");
   for (const auto& w : workers) {
     compute += w.at("compute_s").get<double>();
     cu += w.at("compute_utilization").get<double>();
     for (const auto& [op, v] : w.at("by_operation").items())
-      if (op == "gradients" || op == "outer_gradients") {
-        bytes += v.at("bytes_sent").get<double>();
-      }
+      if (op == "gradients" || op == "outer_gradients") bytes += v.at("bytes_sent").get<double>();
   }
   const double n = double(workers.size());
   p.step_time_s = compute / n / double(steps);
-  const double bandwidth = parse_bandwidth(rc.network.bandwidth, "network.bandwidth");
-  const double latency = parse_duration(rc.network.latency, "network.latency");
   sim::Method method = sim::Method::DDP;
-  // Values one worker's syncs carried, to turn measured bytes into bytes per value.
-  double values = 0;
-  if (rc.algorithm == "ddp") {
-    values = double(steps) * p.params;
-    p.latency_s = 2.0 * (M - 1) * latency;  // ring all-reduce: 2 (M - 1) dependent messages
-  } else if (rc.algorithm == "diloco") {
+  double syncs = double(steps);  // full-model reductions in the run (streaming: summed over fragments)
+  if (rc.algorithm == "diloco") {
     method = sim::Method::DiLoCo;
-    values = std::floor(double(steps) / double(p.inner_steps)) * p.params;
-    p.latency_s = 2.0 * (M - 1) * latency;
+    syncs = std::ceil(double(steps) / double(p.inner_steps));
   } else if (rc.algorithm == "streaming") {
     method = rc.streaming.tau == 0 ? sim::Method::Streaming
                                    : (rc.outer.codec == "fp32" ? sim::Method::StreamingOverlap
                                                                : sim::Method::StreamingOverlapFp4);
-    values = double(steps) / double(p.inner_steps) * p.params;  // each fragment once per H steps
-    p.latency_s = (rc.outer.codec == "fp32" ? 2.0 : 1.0) * (M - 1) * latency;
-  } else {
+    check(rc.outer.codec == "fp32" || rc.outer.codec == "fp4-e3m0",
+          "--calibrate: the simulator models fp32 and fp4-e3m0 outer gradients");
+    syncs = double(steps) / double(p.inner_steps);
+  } else if (rc.algorithm != "ddp") {
     fail("--calibrate: algorithm " + rc.algorithm + " is not simulated");
   }
-  check(bytes > 0 && values > 0, "--calibrate: the run has no gradient traffic to calibrate with");
-  p.bytes_per_value = p.fp4_bytes_per_value = bytes / n / values;
-  if (method != sim::Method::DDP && p.tau >= std::max<int64_t>(1, p.inner_steps / ((p.layers + p.fragment_layers - 1) /
-                                                                                  p.fragment_layers + 1)))
-    p.tau = 0;
-  const auto pred = sim::simulate_cu(p, method, std::isinf(bandwidth) ? 1e18 : bandwidth);
-  std::printf("run %s: %s, %d replicas, %lld steps, link %s / %s\n", dir.c_str(), rc.algorithm.c_str(), M,
+  check(bytes > 0, "--calibrate: the run has no gradient traffic to calibrate with");
+  const double bandwidth = parse_bandwidth(rc.network.bandwidth, "network.bandwidth");
+  const auto pred = sim::simulate_cu(p, method, bandwidth > 0 ? bandwidth : 1e18);
+  std::printf("run %s: %s, %d replicas, %lld steps, link %s / %s\n", dir.c_str(), rc.algorithm.c_str(), p.replicas,
               (long long)steps, rc.network.bandwidth.c_str(), rc.network.latency.c_str());
-  std::printf("  step compute time %.4f s, %.4g bytes per value sent (measured), %g parameters, %d layers\n",
-              p.step_time_s, p.bytes_per_value, p.params, p.layers);
+  std::printf("  step compute time %.4f s, %g parameters, %d layers\n", p.step_time_s, p.params, p.layers);
+  std::printf("  bytes sent per worker: measured %.4g, the simulator's formula %.4g (about %.4g syncs of the whole "
+              "model)\n",
+              bytes / n, syncs * sim::reduction_bytes(p, method, p.params), syncs);
   std::printf("  compute utilization: predicted %.1f%%, measured %.1f%% (gap %+.1f points)\n", 100 * pred.cu,
               100 * cu / n, 100 * (pred.cu - cu / n));
 }
@@ -184,6 +179,11 @@ void add_simulate_cu(CLI::App& parent) {
   cmd->add_option("--gantt-steps", a->gantt_steps, "steps shown by --gantt")->capture_default_str();
   cmd->add_option("--gantt-bandwidth", a->gantt_gbit, "bandwidth of --gantt in Gbit/s")->capture_default_str();
   cmd->add_option("--calibrate", a->calibrate, "predict the CU of a finished loco run and compare with its measurement");
+  cmd->add_option("--convention", a->convention,
+                  "loco (what loco sends: fp32 ring or its fp4 codec among the profile's replicas, whole-model "
+                  "reductions after the step) or paper (the Streaming DiLoCo paper's: per-layer reductions, bf16, "
+                  "payload / bandwidth)")
+      ->capture_default_str();
   cmd->callback([a] {
     if (!a->calibrate.empty()) return calibrate(*a);
     std::vector<sim::Method> methods;
@@ -195,6 +195,10 @@ void add_simulate_cu(CLI::App& parent) {
           "--bandwidth-range: expected MIN:MAX:POINTS with 0 < MIN < MAX and POINTS >= 2");
     const auto targets = parse_list(a->targets, "--targets");
     for (double t : targets) check(t > 0 && t <= 1, "--targets: CU levels must be in (0, 1]");
+    const sim::Convention convention = sim::parse_convention(a->convention);
+    std::printf("convention: %s\n", a->convention == "paper"
+                                         ? "paper (per-layer reductions, bf16 / fp4 at 4 bits, payload / bandwidth)"
+                                         : "loco (what loco sends, among each profile's replicas)");
     std::vector<double> bws;
     for (int i = 0; i < int(range[2]); ++i)
       bws.push_back(range[0] * std::pow(range[1] / range[0], double(i) / (range[2] - 1)) * 1e9);
@@ -206,14 +210,17 @@ void add_simulate_cu(CLI::App& parent) {
       std::printf("\n%s: %d layers, %.3g parameters, step %.3g s, H %lld, %d-layer fragments, tau %lld\n",
                   p.name.c_str(), p.layers, p.params, p.step_time_s, (long long)p.inner_steps, p.fragment_layers,
                   (long long)p.tau);
-      std::printf("%12s", "Gbit/s");
+      std::printf("%d replicas; bytes per value each worker sends per reduction:", p.replicas);
+      for (auto m : methods)
+        std::printf(" %s %.3g", sim::method_name(m).c_str(), sim::reduction_bytes(p, m, 1e8, convention) / 1e8);
+      std::printf("\n%12s", "Gbit/s");
       for (auto m : methods) std::printf(" %22s", sim::method_name(m).c_str());
       std::printf("\n");
       std::vector<std::string> series(methods.size());
       for (double bw : bws) {
         std::printf("%12.4g", bw / 1e9);
         for (size_t mi = 0; mi < methods.size(); ++mi) {
-          const double cu = sim::simulate_cu(p, methods[mi], bw).cu;
+          const double cu = sim::simulate_cu(p, methods[mi], bw, 0, convention).cu;
           std::printf(" %21.1f%%", 100 * cu);
           series[mi] += std::to_string(bw / 1e9) + " " + std::to_string(100 * cu) + "\n";
         }
@@ -231,7 +238,7 @@ void add_simulate_cu(CLI::App& parent) {
     for (const auto& p : profiles)
       for (auto m : methods) {
         std::printf("%-12s %-22s", p.name.c_str(), sim::method_name(m).c_str());
-        for (double t : targets) std::printf(" %10s", gbit(sim::bandwidth_for_cu(p, m, t)).c_str());
+        for (double t : targets) std::printf(" %10s", gbit(sim::bandwidth_for_cu(p, m, t, convention)).c_str());
         std::printf("\n");
       }
     if (!a->plot.empty()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -56,6 +57,7 @@ class Fp32 : public Codec {
   }
   int64_t encoded_bytes(int64_t n) const override { return 4 * n; }
   std::string name() const override { return "fp32"; }
+  double error_bound() const override { return 0; }
   bool lossless() const override { return true; }
 };
 
@@ -87,6 +89,7 @@ class Bf16 : public Codec {
   }
   int64_t encoded_bytes(int64_t n) const override { return 2 * n; }
   std::string name() const override { return "bf16"; }
+  double error_bound() const override { return std::ldexp(1.0, stochastic_ ? -7 : -8); }
 
  private:
   bool stochastic_;
@@ -157,6 +160,12 @@ class GridCodec : public Codec {
     return full * block_bytes(block_) + (rest ? block_bytes(rest) : 0);
   }
   std::string name() const override { return name_; }
+  double error_bound() const override {
+    // The shared exponent puts the block's largest magnitude in (top/2, top] x scale.
+    float gap = 0;
+    for (size_t i = 1; i < grid_.size(); ++i) gap = std::max(gap, grid_[i] - grid_[i - 1]);
+    return (stochastic_ ? 2.0 : 1.0) * double(gap) / double(grid_.back());
+  }
 
  private:
   uint8_t sign_bit() const { return uint8_t(1u << (bits_ - 1)); }
@@ -236,6 +245,7 @@ class Int8 : public Codec {
   }
   int64_t encoded_bytes(int64_t n) const override { return n + 4 * ((n + block_ - 1) / block_); }
   std::string name() const override { return "int8"; }
+  double error_bound() const override { return (stochastic_ ? 1.0 : 0.5) / 127.0; }
 
  private:
   int block_;
@@ -281,6 +291,7 @@ class RandomDrop : public Codec {
   }
   int64_t encoded_bytes(int64_t n) const override { return 8 + 4 * kept_count(n, keep_); }
   std::string name() const override { return "random-drop"; }
+  double error_bound() const override { return std::numeric_limits<double>::infinity(); }
 
  private:
   double keep_;
@@ -320,6 +331,7 @@ class TopK : public Codec {
   }
   int64_t encoded_bytes(int64_t n) const override { return 4 + 8 * kept_count(n, keep_); }
   std::string name() const override { return "topk"; }
+  double error_bound() const override { return std::numeric_limits<double>::infinity(); }
 
  private:
   double keep_;
@@ -343,6 +355,26 @@ std::unique_ptr<Codec> make_codec(const CodecConfig& c) {
   if (c.format == "random-drop") return std::make_unique<RandomDrop>(c.keep_fraction);
   if (c.format == "topk") return std::make_unique<TopK>(c.keep_fraction);
   fail("unknown outer.codec \"" + c.format + "\" (fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, random-drop, topk)");
+}
+
+EncodedReduce choose_encoded_reduce(const std::string& setting, int workers) {
+  if (setting == "all-gather") return EncodedReduce::AllGather;
+  if (setting == "reduce-scatter") return EncodedReduce::ReduceScatter;
+  check(setting == "auto", "outer.reduce must be auto, all-gather or reduce-scatter, got " + setting);
+  return workers <= 2 ? EncodedReduce::AllGather : EncodedReduce::ReduceScatter;
+}
+
+int64_t shard_begin(int64_t n, int M, int k) { return n * k / M; }
+
+int64_t encoded_sync_bytes(const Codec& codec, EncodedReduce how, int64_t n, int M, int index) {
+  if (M <= 1) return 0;
+  if (how == EncodedReduce::AllGather) return int64_t(M - 1) * codec.encoded_bytes(n);
+  int64_t bytes = 0;
+  for (int k = 0; k < M; ++k) {
+    const int64_t shard = codec.encoded_bytes(shard_begin(n, M, k + 1) - shard_begin(n, M, k));
+    bytes += k == index ? int64_t(M - 1) * shard : shard;
+  }
+  return bytes;
 }
 
 }  // namespace loco

@@ -50,8 +50,29 @@ class Codec {
   virtual std::string name() const = 0;
   // True when decode(encode(x)) == x for every finite float (fp32).
   virtual bool lossless() const { return false; }
+  // The largest |decode(encode(x)) - x| as a fraction of the largest |x| in its block (bf16: of
+  // |x| itself). Grid formats: half the widest gap of the grid over half its top value (the
+  // block's largest magnitude lies in (top/2, top] x scale), twice that with stochastic
+  // rounding; infinity for the codecs that drop values.
+  virtual double error_bound() const = 0;
 };
 
 std::unique_ptr<Codec> make_codec(const CodecConfig& config);
+
+// How encoded (non-fp32) outer gradients of n values are combined among M workers, and the
+// bytes worker `index` sends for one synchronization (the formulas the simulator and estimator
+// use too):
+//  - all-gather: every worker sends its encoded values to every other and each sums all M in
+//    float32 in worker order (the exact sum of what was sent): (M-1) x encoded(n);
+//  - reduce-scatter: shard k (values [n k/M, n (k+1)/M)) of every worker goes to worker k, which
+//    sums them in float32, re-encodes the mean and sends it to every other worker:
+//    sum over k != index of encoded(shard k) + (M-1) x encoded(shard index), about
+//    2 (M-1)/M x encoded(n) whatever M, at the price of a second quantization.
+enum class EncodedReduce { AllGather, ReduceScatter };
+// "auto" (all-gather up to 2 workers, where both send the same bytes and all-gather is exact;
+// reduce-scatter above), "all-gather" or "reduce-scatter".
+EncodedReduce choose_encoded_reduce(const std::string& setting, int workers);
+int64_t shard_begin(int64_t n, int M, int k);
+int64_t encoded_sync_bytes(const Codec& codec, EncodedReduce how, int64_t n, int M, int index);
 
 }  // namespace loco

@@ -156,9 +156,12 @@ struct RingChunks {
     for (int64_t b = int64_t(c) * kRingBlock; b < n; b += int64_t(M) * kRingBlock) fn(b, std::min(kRingBlock, n - b));
   }
   int64_t size(int c) const {
-    int64_t total = 0;
-    for_blocks(c, [&](int64_t, int64_t len) { total += len; });
-    return total;
+    // Blocks c, c + M, ... of ceil(n / Q); the last block may be short.
+    const int64_t blocks = (n + kRingBlock - 1) / kRingBlock;
+    if (c >= blocks) return 0;
+    const int64_t count = (blocks - c + M - 1) / M;
+    const bool has_last = (blocks - 1) % M == c;
+    return count * kRingBlock - (has_last ? blocks * kRingBlock - n : 0);
   }
   std::string pack(const float* data, int c) const {
     std::string out(size_t(size(c)) * sizeof(float), '\0');
@@ -302,6 +305,25 @@ Communicator::Handle Communicator::all_gather_direct_start(std::string payload, 
       if (peer != rank_) send_msg(label, peer, p);
     out->assign(size_t(size_), std::string());
     for (int peer = 0; peer < size_; ++peer) (*out)[size_t(peer)] = peer == rank_ ? p : recv_msg(label, peer);
+  });
+}
+
+Communicator::Handle Communicator::reduce_scatter_gather_start(
+    std::vector<std::string> shards, std::function<std::string(std::vector<std::string>&)> reduce,
+    std::vector<std::string>* gathered, const std::string& label) {
+  check(int(shards.size()) == size_, "internal: reduce_scatter_gather needs one shard per member");
+  return enqueue(label, [this, shards = std::move(shards), reduce = std::move(reduce), gathered, label]() mutable {
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_) send_msg(label, peer, std::move(shards[size_t(peer)]));
+    std::vector<std::string> mine(static_cast<size_t>(size_));
+    for (int peer = 0; peer < size_; ++peer)
+      mine[size_t(peer)] = peer == rank_ ? std::move(shards[size_t(rank_)]) : recv_msg(label, peer);
+    std::string reduced = reduce(mine);
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_) send_msg(label, peer, reduced);
+    gathered->assign(size_t(size_), std::string());
+    for (int peer = 0; peer < size_; ++peer)
+      (*gathered)[size_t(peer)] = peer == rank_ ? reduced : recv_msg(label, peer);
   });
 }
 

@@ -76,6 +76,14 @@ class Communicator {
   // other (the latency of one message instead of M-1, at (M-1) payloads sent per worker).
   Handle all_gather_direct_start(std::string payload, std::vector<std::string>* out,
                                  const std::string& label = "all_gather");
+  // For payloads that cannot be summed on the wire (quantized): member k receives shards[k] of
+  // every member (its own included), `reduce` turns those payloads (member order) into k's
+  // reduced payload, then every member receives every member's reduced payload in `gathered`
+  // (member order). reduce runs on the communication thread. Sent directly, in two rounds:
+  // M-1 shards and M-1 copies of the reduced payload per worker.
+  Handle reduce_scatter_gather_start(std::vector<std::string> shards,
+                                     std::function<std::string(std::vector<std::string>&)> reduce,
+                                     std::vector<std::string>* gathered, const std::string& label);
   Handle barrier_start();
   // The same ring collectives among a group of workers: `members` lists ascending ranks and
   // includes this one; only the members call it, in the same order as their other operations.

@@ -73,12 +73,19 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
 
   auto& o2 = cfg.outer;
   s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco, streaming)", 1);
-  s.add("outer.lr", &o2.lr, "outer learning rate eta (diloco, streaming)", 0.0, 10.0);
+  s.add("outer.lr", &o2.lr,
+        "outer learning rate eta; by default the method's paper value: diloco 0.7 (DiLoCo paper), streaming 0.4 "
+        "(Streaming DiLoCo paper, which used 0.4 for DiLoCo too: compare the two at one value)", -1.0, 10.0);
   s.add("outer.momentum", &o2.momentum, "outer momentum mu (diloco, streaming)", 0.0, 0.999999);
   s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco, streaming; else heavy ball)");
   s.add("outer.codec", &o2.codec, "outer-gradient encoding (streaming): fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, "
         "random-drop, topk", {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"});
   s.add("outer.rounding", &o2.rounding, "rounding of quantized codecs", {"nearest", "stochastic"});
+  s.add("outer.reduce", &o2.reduce,
+        "how encoded (non-fp32) outer gradients are combined: all-gather (exact float32 sum of what every replica "
+        "sent; M-1 payloads per worker), reduce-scatter (each shard summed by one replica and re-encoded: about 2 "
+        "payloads per worker whatever M, a second quantization), auto (all-gather up to 2 replicas, else "
+        "reduce-scatter)", {"auto", "all-gather", "reduce-scatter"});
   s.add("outer.block", &o2.block, "values per shared scale of block-scaled codecs", 1, 1 << 20);
   s.add("outer.keep_fraction", &o2.keep_fraction, "fraction of values kept by random-drop and topk", 1e-9, 1.0);
 
@@ -141,6 +148,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                     std::to_string(c.model.num_layers) +
                                                     "): every stage needs at least one block");
   if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
+  need(c.outer.lr >= 0, "outer.lr must be >= 0");
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
   parse_duration(c.network.latency, source + ": network.latency");
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");
@@ -163,6 +171,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   auto schema = run_config_schema(cfg);
   if (!path.empty()) schema.load_toml_file(path);
   for (const auto& o : overrides) schema.apply_override(o);
+  if (cfg.outer.lr < 0) cfg.outer.lr = cfg.algorithm == "streaming" ? 0.4 : 0.7;  // the papers' defaults
   validate_run_config(cfg, path.empty() ? "config" : path);
   return cfg;
 }

@@ -53,10 +53,11 @@ struct NetworkConfig {
 
 struct OuterConfig {
   int64_t inner_steps = 100;        // H: inner steps per outer round
-  double lr = 0.7;                  // eta
+  double lr = -1;                   // eta; -1: the method's paper default (diloco 0.7, streaming 0.4)
   double momentum = 0.9;            // mu
   bool nesterov = true;
   std::string codec = "fp32";       // outer-gradient encoding (streaming)
+  std::string reduce = "auto";      // encoded outer gradients: auto, all-gather, reduce-scatter
   std::string rounding = "nearest";
   int block = 128;                  // values per shared scale
   double keep_fraction = 0.1;       // random-drop, topk

@@ -6,6 +6,8 @@
 #include <toml++/toml.h>
 
 #include "algo/streaming.h"
+#include "comm/codec.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 
 namespace loco::sim {
@@ -21,8 +23,8 @@ void for_each_field(Profile& p, F&& f) {
   f("fragment_layers", p.fragment_layers);
   f("inner_steps", p.inner_steps);
   f("tau", p.tau);
-  f("bytes_per_value", p.bytes_per_value);
-  f("fp4_bytes_per_value", p.fp4_bytes_per_value);
+  f("replicas", p.replicas);
+  f("codec_block", p.codec_block);
   f("latency_s", p.latency_s);
 }
 
@@ -47,11 +49,16 @@ void validate_profile(const Profile& p) {
   check(p.fragment_layers >= 1, n + "fragment_layers must be >= 1");
   check(p.inner_steps >= 1, n + "inner_steps must be >= 1");
   check(p.tau >= 0, n + "tau must be >= 0");
-  check(p.bytes_per_value > 0 && p.fp4_bytes_per_value > 0, n + "bytes per value must be > 0");
+  check(p.replicas >= 2, n + "replicas must be >= 2");
+  check(p.codec_block >= 1, n + "codec_block must be >= 1");
   check(p.latency_s >= 0, n + "latency_s must be >= 0");
-  const int fragments = (p.layers + p.fragment_layers - 1) / p.fragment_layers + 1;
-  check(p.tau < std::max<int64_t>(1, p.inner_steps / fragments),
-        n + "tau must be smaller than inner_steps / fragments = " + std::to_string(p.inner_steps / fragments));
+  check(p.tau < p.inner_steps, n + "tau must be smaller than inner_steps");
+}
+
+Convention parse_convention(const std::string& name) {
+  if (name == "loco") return Convention::Loco;
+  if (name == "paper") return Convention::Paper;
+  fail("--convention must be loco or paper, got \"" + name + "\"");
 }
 
 void set_profile_key(Profile& p, const std::string& assignment) {
@@ -132,11 +139,24 @@ Method parse_method(const std::string& name) {
   fail("unknown method \"" + name + "\" (ddp, diloco, streaming, streaming-overlap, streaming-overlap-fp4)");
 }
 
-double reduction_bytes(const Profile& p, Method method, double values) {
-  return values * (method == Method::StreamingOverlapFp4 ? p.fp4_bytes_per_value : p.bytes_per_value);
+double reduction_bytes(const Profile& p, Method method, double values, Convention convention) {
+  const bool fp4 = method == Method::StreamingOverlapFp4;
+  if (convention == Convention::Paper) return values * (fp4 ? 0.5 : 2.0);
+  const int64_t n = int64_t(values);
+  if (!fp4) return 4.0 * double(ring_all_reduce_floats_sent(n, p.replicas, 0));
+  const auto codec = make_codec({"fp4-e3m0", "nearest", p.codec_block, 0.1});
+  return double(encoded_sync_bytes(*codec, choose_encoded_reduce("auto", p.replicas), n, p.replicas, 0));
 }
 
-CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int record_steps) {
+double reduction_latency(const Profile& p, Method method, Convention convention) {
+  if (convention == Convention::Paper) return 0;
+  const int M = p.replicas;
+  if (method != Method::StreamingOverlapFp4) return 2.0 * (M - 1) * p.latency_s;  // ring all-reduce
+  return choose_encoded_reduce("auto", M) == EncodedReduce::AllGather ? (M - 1) * p.latency_s  // ring all-gather
+                                                                      : 2.0 * p.latency_s;      // two direct rounds
+}
+
+CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int record_steps, Convention convention) {
   validate_profile(p);
   check(bandwidth_bps > 0, "bandwidth must be > 0");
   const int L = p.layers;
@@ -158,10 +178,13 @@ CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int 
   const int64_t window = tau + 2;
   std::vector<std::vector<double>> gate(size_t(window), std::vector<double>(size_t(L), 0.0));
   double compute_free = 0, network_free = 0, idle = 0;  // idle: compute waiting on reductions, after warm-up
+  const bool paper = convention == Convention::Paper;
+  const double latency = reduction_latency(p, method, convention);
   auto reduce = [&](double ready, double values, int64_t step, int layer) {
     const double start = std::max(network_free, ready);
-    const double transfer = std::isinf(bandwidth_bps) ? 0.0 : 8.0 * reduction_bytes(p, method, values) / bandwidth_bps;
-    network_free = start + p.latency_s + transfer;
+    const double transfer =
+        std::isinf(bandwidth_bps) ? 0.0 : 8.0 * reduction_bytes(p, method, values, convention) / bandwidth_bps;
+    network_free = start + latency + transfer;
     record(1, 'R', step, layer, start, network_free);
     return network_free;
   };
@@ -188,18 +211,25 @@ CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int 
         compute_free += unit;
       }
     }
-    if (ddp) {
+    // The paper reduces layer by layer as each W finishes (the non-block parameters with layer
+    // 0); loco reduces everything at once after the step.
+    auto per_layer = [&] {
       for (int l = L - 1; l >= 0; --l)
         block(s + 1, l, reduce(w_end[size_t(l)], block_values + (l == 0 ? p.nonblock_params : 0.0), s, l));
-    } else if (diloco) {
-      if (s % H == 0) {
-        const double end = reduce(compute_free, p.params, s, -1);
-        for (int l = 0; l < L; ++l) block(s + 1, l, end);
-      }
-    } else {
+    };
+    auto whole = [&] {
+      const double end = reduce(compute_free, p.params, s, -1);
+      for (int l = 0; l < L; ++l) block(s + 1, l, end);
+    };
+    if (ddp || (diloco && s % H == 0)) {
+      paper ? per_layer() : whole();
+    } else if (!diloco) {
       for (const auto& f : plan) {
         if (!syncs_at(f, s, H)) continue;
-        double ready = f.nonblock ? compute_free : 0.0;
+        // A fragment's reduction is ready after its layers' W (paper) or after the step (loco);
+        // the non-block fragment has no compute node of its own: after the step, and it gates
+        // the first layer.
+        double ready = f.nonblock || !paper ? compute_free : 0.0;
         for (int l : f.blocks) ready = std::max(ready, w_end[size_t(l)]);
         const double values = block_values * double(f.blocks.size()) + (f.nonblock ? p.nonblock_params : 0.0);
         const double end = reduce(ready, values, s, f.nonblock ? -1 : f.blocks.front());
@@ -214,13 +244,14 @@ CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int 
   return res;
 }
 
-double bandwidth_for_cu(const Profile& p, Method method, double target) {
+double bandwidth_for_cu(const Profile& p, Method method, double target, Convention convention) {
   double lo = 3, hi = 16;  // log10 bits/s
-  if (simulate_cu(p, method, std::pow(10.0, hi)).cu < target) return std::numeric_limits<double>::infinity();
-  if (simulate_cu(p, method, std::pow(10.0, lo)).cu >= target) return std::pow(10.0, lo);
+  auto cu = [&](double log_bw) { return simulate_cu(p, method, std::pow(10.0, log_bw), 0, convention).cu; };
+  if (cu(hi) < target) return std::numeric_limits<double>::infinity();
+  if (cu(lo) >= target) return std::pow(10.0, lo);
   for (int i = 0; i < 40; ++i) {
     const double mid = 0.5 * (lo + hi);
-    (simulate_cu(p, method, std::pow(10.0, mid)).cu >= target ? hi : lo) = mid;
+    (cu(mid) >= target ? hi : lo) = mid;
   }
   return std::pow(10.0, hi);
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Compute-utilization simulator (spec 06-simulator.md): a discrete-event schedule of one
 // worker's steps as a DAG of per-layer compute nodes (forward F_l, backward to activations B_l,
-// backward to weights W_l) on one compute resource and reductions R on one network resource.
+// backward to weights W_l) on one compute resource and reductions R on one network resource,
+// under loco's convention or the paper's (below).
 #include <cstdint>
 #include <map>
 #include <string>
@@ -18,10 +19,23 @@ struct Profile {
   int fragment_layers = 3;
   int64_t inner_steps = 100;
   int64_t tau = 1;
-  double bytes_per_value = 4;
-  double fp4_bytes_per_value = 0.53125;
-  double latency_s = 0;
+  int replicas = 2;         // M (loco convention)
+  int codec_block = 128;    // values per shared scale of the fp4 codec (loco convention)
+  double latency_s = 0;     // one-way latency per message (loco convention)
 };
+
+// How a reduction is costed and scheduled (spec 06):
+//  - Loco: what loco sends and when. fp32 through an M-worker ring all-reduce (the bytes of
+//    ring_all_reduce_floats_sent, 2 (M-1) dependent messages); fp4 E3M0 in blocks of
+//    codec_block, combined as outer.reduce = auto does (encoded_sync_bytes; all-gather: M-1
+//    messages, reduce-scatter: 2 rounds). DDP reduces the whole gradient after the backward,
+//    DiLoCo all parameters after the step, streaming a fragment after its sync step.
+//  - Paper: the Streaming DiLoCo paper's model as spec 06 states it: per-layer reductions for
+//    every method, each right after its layer's W (DiLoCo's at step kH, overlapping the rest of
+//    that backward); bf16 payloads (2 bytes per value) except fp4 (0.5); cost = payload /
+//    bandwidth, no latency.
+enum class Convention { Loco, Paper };
+Convention parse_convention(const std::string& name);  // "loco" or "paper"
 
 // Profiles from a TOML file (one table each; see configs/sim-profiles.toml), by name.
 std::map<std::string, Profile> load_profiles(const std::string& path);
@@ -52,13 +66,15 @@ struct CuResult {
 // Simulates `method` on profile p with an outgoing link of `bandwidth_bps` bits/s (infinity
 // allowed). The measured window is whole periods after the first (a period is 1 step for DDP,
 // H steps otherwise), so a DiLoCo round gives exactly H T / (H T + bytes / bandwidth).
-CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int record_steps = 0);
+CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int record_steps = 0,
+                     Convention convention = Convention::Loco);
 
-// Bytes of one reduction of n values under the method's encoding.
-double reduction_bytes(const Profile& p, Method method, double values);
+// Bytes one worker sends for one reduction of n values, and the latency it pays on top.
+double reduction_bytes(const Profile& p, Method method, double values, Convention convention = Convention::Loco);
+double reduction_latency(const Profile& p, Method method, Convention convention = Convention::Loco);
 
 // Smallest bandwidth (bits/s) at which CU >= target, by bisection on a log scale over
 // [1e3, 1e16]; infinity if not reached at 1e16.
-double bandwidth_for_cu(const Profile& p, Method method, double target);
+double bandwidth_for_cu(const Profile& p, Method method, double target, Convention convention = Convention::Loco);
 
 }  // namespace loco::sim

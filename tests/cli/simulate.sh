@@ -9,6 +9,10 @@ rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
 "$loco" simulate cu --model 1b --bandwidth-range 0.1:100:4 --plot cu.svg --gantt gantt.svg --gantt-steps 2 > cu.txt
 grep -q "bandwidth (Gbit/s) needed" cu.txt
+"$loco" simulate cu --model 1b --bandwidth-range 0.1:100:4 --convention paper | grep -q "convention: paper"
+# fp4 at 64 replicas: reduce-scatter keeps about 1 byte per value per worker.
+"$loco" simulate cu --model 1b --set 1b.replicas=64 --method streaming-overlap-fp4 --bandwidth-range 1:10:2 |
+  grep -qE "bytes per value each worker sends per reduction: streaming-overlap-fp4 (0\.9[0-9]*|1|1\.0[0-9]*)$"
 grep -qE "^1b +streaming-overlap-fp4 " cu.txt
 [ -s cu.svg ] && [ -s gantt.svg ]
 # A custom profile defined on the command line.
@@ -50,7 +54,8 @@ expect_error "no such profile" simulate cu --model 7b
 expect_error "unknown method" simulate cu --method fsdp
 expect_error "unknown profile key" simulate cu --set 1b.depth=3
 expect_error "not a number" simulate cu --set 1b.layers=many
-expect_error "tau must be smaller" simulate cu --set 1b.tau=50
+expect_error "tau must be smaller than inner_steps" simulate cu --set 1b.tau=100
+expect_error "convention must be loco or paper" simulate cu --model 1b --convention mine
 expect_error "MIN:MAX:POINTS" simulate cu --bandwidth-range 10:1:5
 expect_error "power of two" simulate latency --workers 48
 expect_error "divisible" estimate --config "$root/configs/small.toml" --slices 3

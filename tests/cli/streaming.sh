@@ -7,20 +7,22 @@
 #    fp32 ring all-reduce sends each replica's delta once; the largest single synchronization
 #    shrinks from the whole model to the largest fragment;
 #  - evaluation on replica 0 / the replica average differs from the outer parameters mid-round
+#    (whose evaluation carries a note that its fragments were synced at different steps)
 #    and equals them after the final synchronization;
 #  - per-worker tau runs and changes the result.
 set -euo pipefail
 source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet
-      --set train.steps=12 --set distributed.replicas=2 --set outer.inner_steps=6)
+      --set train.steps=12 --set distributed.replicas=2 --set outer.inner_steps=6 --set outer.lr=0.7)
 ck=checkpoints/step_00000012
 files="model.safetensors replica-0.safetensors replica-1.safetensors"
 json() { $py -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
-# One fragment, tau = 0, fp32 == DiLoCo, bitwise.
+# One fragment, tau = 0, alpha = 0 (the synced value replaces the local one), fp32 == DiLoCo,
+# bitwise (both at outer lr 0.7).
 "$loco" train "${base[@]}" --set algorithm=diloco --set train.out_dir=diloco
 "$loco" train "${base[@]}" --set algorithm=streaming --set streaming.fragment_blocks=0 --set streaming.tau=0 \
-  --set train.out_dir=onefrag
+  --set streaming.alpha=0 --set train.out_dir=onefrag
 cmp diloco/$ck/model.safetensors onefrag/$ck/model.safetensors
 for f in replica-0 replica-1; do  # same tensors (streaming adds a "pending" entry to the metadata)
   $py "$here/../tools/params_close.py" diloco/$ck/$f.safetensors onefrag/$ck/$f.safetensors 0
@@ -99,10 +101,18 @@ def vals(run):
 o, r0, av = vals("outer"), vals("replica0"), vals("average")
 print(f"val loss at step 3: outer {o[3]:.6f} replica0 {r0[3]:.6f} average {av[3]:.6f}; at 12: {o[12]:.6f} {r0[12]:.6f} {av[12]:.6f}")
 ok = o[3] != r0[3] and o[3] != av[3] and r0[3] != av[3] and abs(o[12] - r0[12]) < 1e-9 and abs(o[12] - av[12]) < 1e-6
+# An evaluation of outer parameters mixing fragments synced at different steps says so (step 9:
+# fragments synced at 6 and 8, one not yet); at step 3 (none synced: the initial model), at the
+# end (every fragment synced) and for the other choices there is nothing to say.
+notes = {r["step"]: r.get("val_note", "") for r in map(json.loads, open("eval_outer/metrics.jsonl")) if "val_loss" in r}
+print(f"note at step 9: {notes[9]!r}")
+ok = ok and notes[3] == "" and "a mix rather than one model state" in notes[9] and notes[12] == ""
+ok = ok and all("val_note" not in json.loads(l) for l in open("eval_replica0/metrics.jsonl"))
 sys.exit(0 if ok else 1)
 PY
 
-# Heterogeneous tau: runs, and differs from the uniform tau = 1 run.
+# Heterogeneous tau: runs, and differs from the uniform tau = 1 run (checked against an
+# independent reference in tests/algo/test_streaming.cpp).
 "$loco" train "${base[@]}" "${st[@]}" --set streaming.worker_tau=0,1 --set train.out_dir=hetero
 if cmp -s hetero/$ck/model.safetensors fp4/$ck/model.safetensors; then echo "FAIL: worker_tau had no effect"; exit 1; fi
 echo "streaming: OK"

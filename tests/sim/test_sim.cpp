@@ -41,56 +41,100 @@ ModelConfig small_model(int vocab, int d, int layers, int heads, int ff) {
 
 }  // namespace
 
+const Convention kConventions[] = {Convention::Loco, Convention::Paper};
+
 TEST(SimCu, InfiniteBandwidthGivesFullUtilization) {
   const Profile p = small_profile();
-  for (Method m : all_methods()) EXPECT_NEAR(simulate_cu(p, m, 1e300).cu, 1.0, 1e-12) << method_name(m);
+  for (Convention c : kConventions)
+    for (Method m : all_methods()) EXPECT_NEAR(simulate_cu(p, m, 1e300, 0, c).cu, 1.0, 1e-12) << method_name(m);
 }
 
-TEST(SimCu, DdpWithoutOverlapIsComputeOverComputePlusTransfer) {
+TEST(SimCu, ReductionBytesAreWhatTheCodeSends) {
   Profile p = small_profile();
-  p.layers = 1;  // one layer: its reduction can only start when the backward has finished
+  const double n = 1e6;
+  // loco: the fp32 ring all-reduce of 2 workers sends each value once; fp4 E3M0 in blocks of
+  // 128 is half a byte per value plus one scale byte per block.
+  EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::DDP, n), 4 * n);
+  EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::StreamingOverlapFp4, n), n / 2 + std::ceil(n / 128));
+  EXPECT_DOUBLE_EQ(reduction_latency(p, Method::DDP), 2 * p.latency_s);
+  // paper: bf16, and 4 bits for fp4.
+  EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::DiLoCo, n, Convention::Paper), 2 * n);
+  EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::StreamingOverlapFp4, n, Convention::Paper), n / 2);
+  // With many workers the fp32 ring tends to 8 bytes per value and worker, and fp4 (reduce-
+  // scatter, then all-gather of the re-encoded shards) to about 1, whatever M.
+  for (int M : {4, 8, 64}) {
+    p.replicas = M;
+    const double fp32 = reduction_bytes(p, Method::DDP, n) / n, fp4 = reduction_bytes(p, Method::StreamingOverlapFp4, n) / n;
+    EXPECT_NEAR(fp32, 8.0 * (M - 1) / M, 4.0 * 2 * 256 / n) << M;  // up to a 256-value block per chunk
+    EXPECT_GT(fp4, 0.7);
+    EXPECT_LT(fp4, 1.1) << M;
+  }
+}
+
+TEST(SimCu, WholeReductionIsComputeOverComputePlusTransfer) {
+  Profile p = small_profile();
   p.latency_s = 0.03;
-  const double bw = 1e10, transfer = 8 * p.params * p.bytes_per_value / bw;
-  EXPECT_NEAR(simulate_cu(p, Method::DDP, bw).cu, p.step_time_s / (p.step_time_s + transfer + p.latency_s), 1e-12);
+  const double bw = 1e10;
+  // loco's DDP reduces the whole gradient after the backward: nothing overlaps.
+  const double ring = 8 * reduction_bytes(p, Method::DDP, p.params) / bw + reduction_latency(p, Method::DDP);
+  EXPECT_NEAR(simulate_cu(p, Method::DDP, bw).cu, p.step_time_s / (p.step_time_s + ring), 1e-12);
+  // The paper's per-layer reductions: with one layer there is nothing to overlap either.
+  p.layers = 1;
+  const double bf16 = 8 * 2 * p.params / bw;
+  EXPECT_NEAR(simulate_cu(p, Method::DDP, bw, 0, Convention::Paper).cu, p.step_time_s / (p.step_time_s + bf16), 1e-12);
 }
 
 TEST(SimCu, DilocoRoundIsHStepsOverHStepsPlusTransfer) {
-  const Profile p = small_profile();
+  Profile p = small_profile();
   for (double bw : {1e8, 1e9, 1e10}) {
-    const double H = double(p.inner_steps), transfer = 8 * p.params * p.bytes_per_value / bw;
+    const double H = double(p.inner_steps), transfer = 8 * reduction_bytes(p, Method::DiLoCo, p.params) / bw;
     EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw).cu, H * p.step_time_s / (H * p.step_time_s + transfer), 1e-12);
   }
+  p.layers = 1;
+  const double bw = 1e9, H = double(p.inner_steps), transfer = 8 * 2 * p.params / bw;
+  EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw, 0, Convention::Paper).cu,
+              H * p.step_time_s / (H * p.step_time_s + transfer), 1e-12);
+}
+
+TEST(SimCu, PaperDilocoOverlapsTheLastBackward) {
+  // Per-layer reductions start as each layer's W finishes, so the paper's DiLoCo needs less
+  // bandwidth than loco's, which reduces everything after the step.
+  const Profile p = small_profile();
+  const double bw = 8 * 2 * p.params / (0.5 * p.step_time_s);
+  EXPECT_GT(simulate_cu(p, Method::DiLoCo, bw, 0, Convention::Paper).cu,
+            simulate_cu(p, Method::DiLoCo, bw / 2, 0, Convention::Loco).cu);
 }
 
 TEST(SimCu, OverlapReachesFullUtilizationWhenAFragmentFitsInTauSteps) {
   const Profile p = small_profile();
   // The largest fragment (2 blocks, 2e8 values) takes 0.9 steps: hidden by tau = 2 steps of
   // compute, but not without overlap.
-  const double bw = 8 * 2e8 * p.bytes_per_value / (0.9 * p.step_time_s);
+  const double bw = 8 * reduction_bytes(p, Method::StreamingOverlap, 2e8) / (0.9 * p.step_time_s);
   EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlap, bw).cu, 1.0, 1e-12);
   EXPECT_LT(simulate_cu(p, Method::Streaming, bw).cu, 0.999);
   // At a quarter of that bandwidth it no longer fits.
   EXPECT_LT(simulate_cu(p, Method::StreamingOverlap, bw / 4).cu, 0.999);
-  // fp4 moves 0.53125 / 4 of the bytes, so it fits at a quarter.
+  // fp4 moves about 0.13 of fp32's bytes, so it fits at a quarter.
   EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlapFp4, bw / 4).cu, 1.0, 1e-12);
 }
 
 TEST(SimCu, UtilizationNeverFallsWithBandwidthAndFp4NeverNeedsMore) {
-  for (const auto& [name, p] : load_profiles(std::string(LOCO_SOURCE_DIR) + "/configs/sim-profiles.toml")) {
-    for (Method m : all_methods()) {
-      double prev = 0;
-      for (double bw = 1e7; bw <= 1e14; bw *= 1.7) {
-        const double cu = simulate_cu(p, m, bw).cu;
-        EXPECT_GE(cu, prev - 1e-12) << name << " " << method_name(m) << " at " << bw;
-        EXPECT_LE(cu, 1.0 + 1e-12);
-        prev = cu;
+  for (Convention c : kConventions)
+    for (const auto& [name, p] : load_profiles(std::string(LOCO_SOURCE_DIR) + "/configs/sim-profiles.toml")) {
+      for (Method m : all_methods()) {
+        double prev = 0;
+        for (double bw = 1e7; bw <= 1e14; bw *= 1.7) {
+          const double cu = simulate_cu(p, m, bw, 0, c).cu;
+          EXPECT_GE(cu, prev - 1e-12) << name << " " << method_name(m) << " at " << bw;
+          EXPECT_LE(cu, 1.0 + 1e-12);
+          prev = cu;
+        }
       }
+      for (double target : {0.5, 0.9, 0.99})
+        EXPECT_LE(bandwidth_for_cu(p, Method::StreamingOverlapFp4, target, c),
+                  bandwidth_for_cu(p, Method::StreamingOverlap, target, c))
+            << name;
     }
-    for (double target : {0.5, 0.9, 0.99})
-      EXPECT_LE(bandwidth_for_cu(p, Method::StreamingOverlapFp4, target),
-                bandwidth_for_cu(p, Method::StreamingOverlap, target))
-          << name;
-  }
 }
 
 TEST(SimCu, ProfileErrors) {
@@ -98,9 +142,13 @@ TEST(SimCu, ProfileErrors) {
   EXPECT_THROW(set_profile_key(p, "layers=2.5"), Error);
   EXPECT_THROW(set_profile_key(p, "nope=1"), Error);
   EXPECT_THROW(set_profile_key(p, "layers"), Error);
-  set_profile_key(p, "tau=10");
-  EXPECT_THROW(validate_profile(p), Error);  // tau >= H / fragments
+  set_profile_key(p, "tau=40");
+  EXPECT_THROW(validate_profile(p), Error);  // tau >= H
+  set_profile_key(p, "tau=1");
+  set_profile_key(p, "replicas=1");
+  EXPECT_THROW(validate_profile(p), Error);
   EXPECT_THROW(parse_method("fsdp"), Error);
+  EXPECT_THROW(parse_convention("mine"), Error);
   EXPECT_THROW(load_profiles("/nonexistent/profiles.toml"), Error);
 }
 
