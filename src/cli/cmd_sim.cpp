@@ -1,5 +1,6 @@
 // loco simulate cu | latency, loco estimate: predictions at scale (spec 06-simulator.md).
 // loco simulate pipeline is in cmd_sim_pipeline.cpp.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -112,7 +113,9 @@ void calibrate(const CuArgs& a) {
   const ParamLayout layout(rc.model);
   int64_t nonblock = 0;
   for (const auto& r : layout.nonblock_ranges()) nonblock += r.size();
-  const int64_t steps = summary.at("steps").get<int64_t>();
+  const std::string source = dir + "/summary.json";
+  const int64_t steps = json_integer(summary, "steps", source);
+  check(steps >= 1, source + ": steps must be >= 1");
   sim::Profile p;
   p.name = dir;
   p.layers = rc.model.num_layers;
@@ -121,7 +124,7 @@ void calibrate(const CuArgs& a) {
   p.inner_steps = rc.outer.inner_steps;
   p.fragment_layers = std::max(1, rc.streaming.fragment_blocks == 0 ? p.layers : rc.streaming.fragment_blocks);
   p.tau = rc.streaming.tau;
-  p.replicas = summary.at("replicas").get<int>();
+  p.replicas = int(std::clamp<int64_t>(json_integer(summary, "replicas", source), 0, 1 << 20));
   p.codec_block = rc.outer.block;
   p.latency_s = parse_duration(rc.network.latency, "network.latency");
   check(p.replicas >= 2, "--calibrate: the run has one replica: nothing crosses the network");

@@ -114,7 +114,9 @@ void calibrate(const std::string& dir) {
       bubble(size_t(p.stages), 0), cu(size_t(p.stages), 0);
   double step_s = 0;
   for (const auto& w : workers) {
-    const size_t s = size_t(w.at("stage").get<int>());
+    const int64_t stage = json_integer(w, "stage", dir + "/summary.json");
+    if (stage < 0 || stage >= p.stages) fail(dir + "/summary.json: a worker's stage is out of range");
+    const size_t s = size_t(stage);
     const double steps = std::max(1.0, w.at("steps_run").get<double>());
     fwd[s] += w.at("forward_s_per_step").get<double>() / p.microbatches / R;
     bwd[s] += w.at("backward_s_per_step").get<double>() / p.microbatches / R;

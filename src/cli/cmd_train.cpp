@@ -160,7 +160,7 @@ void add_compare(CLI::App& app) {
       const double steps = std::max(1.0, j.at("steps").get<double>());
       const std::string name = std::filesystem::path(dir).filename().string();
       std::printf("%-22s %-9s %3d %10.3g %9.4f %12.4g %13.4g %13.4g %11.4g %6.1f%% %8.1f\n", name.c_str(),
-                  j.at("algorithm").get<std::string>().c_str(), j.at("replicas").get<int>(),
+                  j.at("algorithm").get<std::string>().c_str(), int(json_integer(j, "replicas", dir + "/summary.json")),
                   j.at("tokens").get<double>(), j.at("final_val_loss").get<double>(), sent / n, sent / n / steps,
                   largest, peak, 100 * cu / n, j.at("seconds").get<double>());
     } catch (const nlohmann::json::exception& e) {

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "io/fs.h"
 
 namespace loco {
 
@@ -102,7 +103,7 @@ void TrafficStats::restore(const nlohmann::json& saved, const std::string& sourc
       auto& o = ops_[item.key()];
       const auto& v = item.value();
       auto get = [&](const char* key) {
-        const int64_t x = v.at(key).get<int64_t>();
+        const int64_t x = json_integer(v, key, source);
         if (x < 0) throw std::invalid_argument(key);
         return x;
       };

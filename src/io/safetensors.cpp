@@ -137,16 +137,22 @@ void SafetensorsReader::parse(bool require_checksum) {
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       fail(where + ": entry needs dtype, shape and data_offsets");
     Entry ent;
-    try {
-      ent.dtype = e["dtype"].get<std::string>();
-      ent.shape = e["shape"].get<std::vector<int64_t>>();
-      const auto off = e["data_offsets"].get<std::vector<uint64_t>>();
-      if (off.size() != 2) fail(where + ": data_offsets must have 2 entries");
-      ent.begin = off[0];
-      ent.end = off[1];
-    } catch (const nlohmann::json::exception&) {
-      fail(where + ": malformed entry");
-    }
+    // Integers only: converting a JSON float (1e57) to an integer would be undefined.
+    auto integers = [&](const nlohmann::json& a, const char* key, bool allow_negative) {
+      if (!a.is_array()) fail(where + ": " + key + " must be a list of integers");
+      for (const auto& x : a)
+        if (!(x.is_number_unsigned() || (allow_negative && x.is_number_integer())))
+          fail(where + ": " + key + " must be a list of " + (allow_negative ? "integers" : "non-negative integers"));
+    };
+    if (!e["dtype"].is_string()) fail(where + ": dtype must be a string");
+    integers(e["shape"], "shape", true);
+    integers(e["data_offsets"], "data_offsets", false);
+    ent.dtype = e["dtype"].get<std::string>();
+    ent.shape = e["shape"].get<std::vector<int64_t>>();
+    const auto off = e["data_offsets"].get<std::vector<uint64_t>>();
+    if (off.size() != 2) fail(where + ": data_offsets must have 2 entries");
+    ent.begin = off[0];
+    ent.end = off[1];
     if (ent.begin > ent.end || ent.end > data_size)
       fail(where + ": data range [" + std::to_string(ent.begin) + ", " + std::to_string(ent.end) +
            ") is outside the data section of " + std::to_string(data_size) + " bytes (truncated file?)");

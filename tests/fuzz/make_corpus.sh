@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the seed corpora in corpus/ (committed) from valid files loco writes.
+# Regenerates the seed corpora in corpus/ (committed) from valid files loco writes, plus
+# every input in regressions/ that once made a target fail.
 # Usage: tests/fuzz/make_corpus.sh build/loco
 set -euo pipefail
 loco=$(realpath "$1")
@@ -48,4 +49,8 @@ w("link", b"\x02" + struct.pack("<d", 0.5) + b"payload")
 w("boundary", b"\x03" + struct.pack("<32f", *([0.1] * 32)) + struct.pack("<5i", 1, 2, 3, 4, 5))
 w("norm", b"\x04" + bytes([16]) + struct.pack("<4d", 0, 1.5, 3, 2.0))
 PY
+# Inputs that once crashed a target (regressions/TARGET/NAME) stay in its corpus.
+for f in "$here"/regressions/*/*; do
+  cp "$f" "$c/$(basename "$(dirname "$f")")/regression-$(basename "$f")"
+done
 ls -R "$c" | head -40

@@ -125,6 +125,21 @@ TEST(Safetensors, HeaderIsValidatedStrictly) {
   EXPECT_NE(parse_error(raw_file("{" + entry("a", "[2]", 0, 8, "Q7") + "}", d8)).find("unknown dtype"),
             std::string::npos);
   EXPECT_TRUE(parse_error(raw_file("{" + entry("a", "[4]", 0, 8, "BF16") + "}", d8)).empty());
+  // Numbers that are not integers (a fuzzer's 1e57 converted with undefined behaviour).
+  const std::string floats = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,1e57]}})";
+  EXPECT_NE(parse_error(raw_file(floats, d8)).find("data_offsets must be a list of non-negative integers"),
+            std::string::npos);
+  const std::string negative = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,8]}})";
+  EXPECT_NE(parse_error(raw_file(negative, d8)).find("non-negative integers"), std::string::npos);
+  const std::string fshape = R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})";
+  EXPECT_NE(parse_error(raw_file(fshape, d8)).find("shape must be a list of integers"), std::string::npos);
+}
+
+TEST(Fs, JsonIntegerRefusesFloatsAndMissingKeys) {
+  const auto j = nlohmann::json::parse(R"({"a": 3, "b": 1e57, "c": -2, "d": "4"})");
+  EXPECT_EQ(json_integer(j, "a", "x"), 3);
+  EXPECT_EQ(json_integer(j, "c", "x"), -2);
+  for (const char* key : {"b", "d", "e"}) EXPECT_THROW(json_integer(j, key, "x"), std::runtime_error);
 }
 
 TEST(Fs, AtomicWriteLeavesNoTemporaryFile) {
