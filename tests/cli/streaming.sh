@@ -9,7 +9,9 @@
 #  - evaluation on replica 0 / the replica average differs from the outer parameters mid-round
 #    (whose evaluation carries a note that its fragments were synced at different steps)
 #    and equals them after the final synchronization;
-#  - per-worker tau runs and changes the result.
+#  - per-worker tau runs and changes the result;
+#  - 4 replicas with fp4 by reduce-scatter: in-process == MPI, bytes per worker half the
+#    all-gather's.
 set -euo pipefail
 source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet
@@ -115,4 +117,22 @@ PY
 # independent reference in tests/algo/test_streaming.cpp).
 "$loco" train "${base[@]}" "${st[@]}" --set streaming.worker_tau=0,1 --set train.out_dir=hetero
 if cmp -s hetero/$ck/model.safetensors fp4/$ck/model.safetensors; then echo "FAIL: worker_tau had no effect"; exit 1; fi
+# Four replicas, fp4 outer gradients by reduce-scatter: in-process == MPI (mpirun -np 4) bitwise,
+# and every worker sends the same bytes both ways (the in-process bytes equal the formula of
+# comm/codec.h in tests/algo/test_streaming.cpp): 2 (M-1)/M payloads per worker, not M - 1.
+four=(--set distributed.replicas=4 --set outer.reduce=reduce-scatter)
+"$loco" train "${base[@]}" "${st[@]}" "${four[@]}" --set train.out_dir=rs4
+timeout 180 mpirun -np 4 --oversubscribe "$loco" train "${base[@]}" "${st[@]}" "${four[@]}" --set train.out_dir=rs4mpi \
+  > rs4mpi.out 2>&1 || { cat rs4mpi.out; exit 1; }
+for f in model.safetensors replica-{0,1,2,3}.safetensors; do cmp rs4/$ck/$f rs4mpi/$ck/$f; done
+"$loco" train "${base[@]}" "${st[@]}" --set distributed.replicas=4 --set outer.reduce=all-gather --set train.out_dir=ag4
+$py - rs4/summary.json rs4mpi/summary.json ag4/summary.json <<'PY'
+import json, sys
+def sent(p): return [w["by_operation"]["outer_gradients"]["bytes_sent"] for w in json.load(open(p))["workers"]]
+rs, mpi, ag = (sent(p) for p in sys.argv[1:4])
+print(f"fp4 outer-gradient bytes per worker, 4 replicas: reduce-scatter {rs} (MPI {mpi}), all-gather {ag}")
+# all-gather: (M-1) payloads; reduce-scatter: 2 (M-1)/M; their ratio M/2 = 2 (up to block rounding)
+ok = rs == mpi and all(1.95 < a / r < 2.05 for a, r in zip(ag, rs))
+sys.exit(0 if ok else 1)
+PY
 echo "streaming: OK"
