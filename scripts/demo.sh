@@ -3,7 +3,9 @@
 # vocabulary, then trains configs/small.toml with 4 in-process replicas over an emulated
 # 1 Gbit/s, 30 ms link with DDP, DiLoCo and Streaming DiLoCo (fp4 outer gradients) on the same
 # token budget, and prints a comparison (validation loss, bytes sent per worker, largest sync,
-# peak send rate, compute utilization) and a loss plot.
+# peak send rate, compute utilization) and a loss plot. DiLoCo and Streaming DiLoCo run at the
+# same outer learning rate, 0.4, the value the Streaming DiLoCo paper used for both (DiLoCo's own
+# default is the original paper's 0.7; docs/streaming.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/brown-data.sh
@@ -13,12 +15,13 @@ common=(--config configs/small.toml --set distributed.replicas=4 --set data.batc
         --set network.bandwidth=1Gbit --set network.latency=30ms)
 echo "== DDP: gradients all-reduced every step =="
 build/loco train "${common[@]}" --set algorithm=ddp --set train.out_dir=runs/demo/ddp
-echo "== DiLoCo: outer gradients all-reduced every H = 20 steps =="
-build/loco train "${common[@]}" --set algorithm=diloco --set outer.inner_steps=20 --set train.out_dir=runs/demo/diloco
-echo "== Streaming DiLoCo: strided 3-block fragments, tau = 1, alpha = 0.5, fp4 (E3M0) outer gradients =="
+echo "== DiLoCo: outer gradients all-reduced every H = 20 steps (outer lr 0.4, as the streaming run) =="
+build/loco train "${common[@]}" --set algorithm=diloco --set outer.inner_steps=20 --set outer.lr=0.4 \
+  --set train.out_dir=runs/demo/diloco
+echo "== Streaming DiLoCo: strided 3-block fragments, tau = 1, alpha = 0.5, fp4 (E3M0) outer gradients, outer lr 0.4 =="
 build/loco train "${common[@]}" --set algorithm=streaming --set outer.inner_steps=20 --set streaming.fragment_blocks=3 \
   --set streaming.pattern=strided --set streaming.tau=1 --set streaming.alpha=0.5 --set outer.codec=fp4-e3m0 \
-  --set train.out_dir=runs/demo/streaming-fp4
+  --set outer.lr=0.4 --set train.out_dir=runs/demo/streaming-fp4
 echo
 build/loco compare runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4
 build/loco plot runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4 --out runs/demo/loss.png
