@@ -11,6 +11,7 @@ std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w)
     return make_diloco(cfg, w);
   }
   if (cfg.algorithm == "streaming") return make_streaming(cfg, w);
+  if (cfg.algorithm == "noloco") return make_noloco(cfg, w);
   fail("unknown algorithm \"" + cfg.algorithm + "\"");
 }
 

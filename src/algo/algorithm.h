@@ -29,6 +29,11 @@ class Algorithm {
   // What eval_params(w) holds after `step` steps, when a reader needs to be told (e.g. outer
   // parameters whose fragments were synchronized at different steps); "" otherwise.
   virtual std::string eval_note(int64_t step) const { return ""; }
+  // Terms of the spread between replicas (spec 04), for algorithms whose replicas differ:
+  // {sum over this worker's parameters of (p_r - mean over replicas)^2, parameter count};
+  // summed over all workers, spread = sqrt(first / second). Called by every worker at each
+  // evaluation (it may communicate); empty: replicas are identical.
+  virtual std::vector<double> spread_terms(Worker& w) { return {}; }
   // Algorithm-specific accounting for the run summary.
   virtual void report(nlohmann::json& out) const {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it
@@ -45,6 +50,8 @@ std::unique_ptr<Algorithm> make_ddp();
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w);
 // Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized.
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w);
+// NoLoCo: every H inner steps, a heavy-ball outer step within a random group (algo/noloco.h).
+std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w);
 
 // The outer optimizer (SGD with momentum, PyTorch convention) given the average of the
 // replicas' parameters: delta = theta - avg (the averaged outer gradient, old minus new);

@@ -65,7 +65,9 @@ struct WorkerRun {
   std::unique_ptr<Algorithm> algo;
   TransformerStage stage_model;
   std::vector<PipeOp> ops;  // this stage's schedule of every step
-  Route route;
+  Route route;        // fixed pipelines: evaluation, and training unless routes are random
+  Route train_route;  // training: fixed, or NoLoCo's random paths (per step, microbatch, boundary)
+  int64_t route_step = 0;  // the step train_route serves (1-based)
   std::vector<int32_t> inputs, targets;  // the step's batch (first stage)
   size_t full_tensors = 0;                // tensors of the whole model (for the norm exchange)
 
@@ -92,6 +94,9 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr);
 
 // Mean validation loss of the algorithm's evaluation parameters (every worker calls it).
 double evaluate(WorkerRun& run);
+// The spread between replicas (spec 04), pooled over stages; -1 when the algorithm keeps its
+// replicas identical. Every worker calls it at the same step (diagnostic traffic "spread").
+double replica_spread(WorkerRun& run);
 
 // Restores a worker from the run's latest checkpoint; returns (step, elapsed seconds).
 std::pair<int64_t, double> restore_worker(WorkerRun& run);

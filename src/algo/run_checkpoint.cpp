@@ -2,6 +2,7 @@
 // optimizer moments, data position, algorithm state); the model file is assembled by the
 // reporter from replica 0's stages (their evaluation parameters), so a pipelined run writes the
 // same single Hugging Face checkpoint as one worker would. Resuming reads each worker's own file.
+#include <cmath>
 #include <cstring>
 
 #include "algo/run.h"
@@ -163,6 +164,16 @@ double evaluate(WorkerRun& run) {
   const double loss = (run.grid.size() == 1 ? local : run.world.sum_doubles({local}, "eval")[0]) / double(W);
   run.eval_seconds += clock.now() - t0;
   return loss;
+}
+
+double replica_spread(WorkerRun& run) {
+  const Clock& clock = run.world.clock();
+  const double t0 = clock.now();
+  const std::vector<double> terms = run.algo->spread_terms(run.w);
+  if (terms.empty()) return -1;
+  const std::vector<double> sum = run.grid.size() == 1 ? terms : run.world.sum_doubles(terms, "spread");
+  run.eval_seconds += clock.now() - t0;
+  return sum[1] > 0 ? std::sqrt(sum[0] / sum[1]) : 0.0;
 }
 
 }  // namespace loco

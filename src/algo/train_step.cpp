@@ -45,7 +45,8 @@ double global_grad_norm(WorkerRun& run) {
   const std::vector<double> mine = tensor_square_sums(run);
   std::string payload(mine.size() * sizeof(double), '\0');
   std::memcpy(payload.data(), mine.data(), payload.size());
-  if (run.grid.stages == 1) return std::sqrt(combine_square_sums({payload}, int64_t(run.full_tensors)));
+  if (run.grid.stages == 1 || run.cfg.optim.clip_scope == "stage")
+    return std::sqrt(combine_square_sums({payload}, int64_t(run.full_tensors)));
   std::vector<std::string> all;
   const double t0 = run.chain.clock().now();
   auto h = run.chain.all_gather_direct_start(std::move(payload), &all, "grad_norm");
@@ -116,7 +117,8 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   if (run.first_stage) w.loader.next(run.inputs, run.targets);
   run.stage_model.begin_step(step + 1, w.params.data(), w.grads.data(), &w.trainable, &run.inputs, &run.targets);
   const double compute_before = run.pipe.compute_seconds();
-  run.pipe.run(run.ops, run.stage_model, run.route);
+  run.route_step = step + 1;
+  run.pipe.run(run.ops, run.stage_model, run.train_route);
   w.compute_seconds += run.pipe.compute_seconds() - compute_before;
   ++run.steps_run;
 

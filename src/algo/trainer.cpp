@@ -144,6 +144,9 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
                   max_in_flight(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches()))),
       ops(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches())),
       route(fixed_route(grid, rank)),
+      train_route(cfg.algorithm == "noloco" && cfg.noloco.routing == "random" && grid.stages > 1
+                      ? random_route(grid, rank, uint64_t(cfg.noloco.seed), &route_step)
+                      : route),
       full_tensors(ParamLayout(cfg.model).tensors().size()) {}
 
 namespace {
@@ -199,12 +202,13 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
       ++loss_count;
       const bool do_eval =
           s.val_windows > 0 && (last || (cfg.train.eval_interval > 0 && done % cfg.train.eval_interval == 0));
-      double val_loss = -1;
+      double val_loss = -1, spread = -1;
       std::string val_note;
       if (do_eval) {
         val_loss = evaluate(run);
         val_note = run.algo->eval_note(done);
         sum.final_val_loss = val_loss;
+        spread = replica_spread(run);
       }
       if (run.reporter && (done % cfg.train.log_interval == 0 || last || do_eval)) {
         const double now = clock.now();
@@ -220,6 +224,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                               {"bytes_sent", run.traffic->bytes_sent()},
                               {"comm_wait", run.comm_wait_seconds()}};
         if (do_eval) rec["val_loss"] = val_loss;
+        if (spread >= 0) rec["replica_spread"] = spread;
         if (!val_note.empty()) rec["val_note"] = val_note;
         metrics->write(rec);
         const double tps = double(loss_count * tokens_per_step) / std::max(dt, 1e-9);

@@ -1,6 +1,7 @@
 #include "core/rng.h"
 
 #include <cmath>
+#include <utility>
 
 namespace loco {
 
@@ -62,6 +63,14 @@ uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c) {
   h = splitmix64(x);
   x = h ^ c;
   return splitmix64(x);
+}
+
+std::vector<int> seeded_permutation(int n, uint64_t seed) {
+  std::vector<int> p(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) p[size_t(i)] = i;
+  Rng rng(seed);
+  for (int i = n - 1; i > 0; --i) std::swap(p[size_t(i)], p[size_t(rng.next_u64() % uint64_t(i + 1))]);
+  return p;
 }
 
 }  // namespace loco

@@ -2,6 +2,7 @@
 // Deterministic RNG: splitmix64-seeded xoshiro256** with our own normal sampler, so that
 // results do not depend on the standard library's distribution implementations.
 #include <cstdint>
+#include <vector>
 
 namespace loco {
 
@@ -31,5 +32,7 @@ class Rng {
 
 // Mixes several integers into one seed (for per-worker, per-step streams).
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0);
+// A permutation of 0..n-1 drawn from `seed` (Fisher-Yates over this Rng): the same everywhere.
+std::vector<int> seeded_permutation(int n, uint64_t seed);
 
 }  // namespace loco

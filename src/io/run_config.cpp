@@ -9,8 +9,9 @@ namespace loco {
 ConfigSchema run_config_schema(RunConfig& cfg) {
   ConfigSchema s;
   s.add("algorithm", &cfg.algorithm,
-        "training method: ddp (gradient all-reduce every step), diloco, streaming (Streaming DiLoCo)",
-        {"ddp", "diloco", "streaming"});
+        "training method: ddp (gradient all-reduce every step), diloco, streaming (Streaming DiLoCo), noloco "
+        "(random-group outer steps, no collective)",
+        {"ddp", "diloco", "streaming", "noloco"});
   auto& m = cfg.model;
   s.add("model.vocab_size", &m.vocab_size, "vocabulary size V (must cover the data's token ids)", 2);
   s.add("model.hidden_size", &m.hidden_size, "model width d", 2);
@@ -44,6 +45,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("optimizer.decay_embeddings", &o.adamw.decay_embeddings, "apply weight decay to embeddings and lm_head");
   s.add("optimizer.decay_norms", &o.adamw.decay_norms, "apply weight decay to norm weights");
   s.add("optimizer.clip", &o.clip, "global gradient-norm clipping threshold (0: off)", 0.0, 1e9);
+  s.add("optimizer.clip_scope", &o.clip_scope,
+        "norm that clipping uses with pipeline stages: model (over all stages, one small exchange) or stage (each "
+        "stage its own, as the NoLoCo paper's code)", {"model", "stage"});
 
   auto& t = cfg.train;
   s.add("train.steps", &t.steps, "optimizer steps to train for", 1);
@@ -105,6 +109,19 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (1: everything)", 1);
   s.add("partial.strategy", &pa.strategy, "sliced matrices: mlp (gate/up/down) or mlp+heads (also q/k/v)",
         {"mlp", "mlp+heads"});
+  auto& nl = cfg.noloco;
+  s.add("noloco.inner_steps", &nl.inner_steps, "H: inner steps between NoLoCo outer steps", 1);
+  s.add("noloco.outer_lr", &nl.outer_lr, "beta: outer learning rate on the group's mean local progress", 0.0, 10.0);
+  s.add("noloco.momentum", &nl.momentum, "alpha: heavy-ball outer momentum", 0.0, 0.999999);
+  s.add("noloco.pull", &nl.pull, "gamma: pull toward the group's mean slow weights (-1: = noloco.outer_lr, as the "
+        "authors' code)", -1.0, 10.0);
+  s.add("noloco.group_size", &nl.group_size, "n: replicas per group (2: one partner; leftovers join the last group)",
+        2, 1 << 20);
+  s.add("noloco.routing", &nl.routing, "pipeline paths per microbatch (pipeline.stages > 1): random or fixed",
+        {"random", "fixed"});
+  s.add("noloco.seed", &nl.seed, "seed of the groups and routes (shared by every worker)");
+  s.add("noloco.eval", &nl.eval, "evaluated weights: shards (each replica's slow weights on its share of the "
+        "validation windows, pooled), replica0, or average (of the replicas)", {"shards", "replica0", "average"});
   auto& pp = cfg.pipeline;
   s.add("pipeline.stages", &pp.stages,
         "S: pipeline stages, each a contiguous group of blocks on its own worker (S x replicas workers)", 1, 1024);
@@ -154,6 +171,13 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");
   need(parse_duration(c.network.peak_window, source + ": network.peak_window") > 0,
        "network.peak_window must be > 0");
+  need(c.optim.clip_scope == "model" || !c.model.tie_embeddings || c.pipeline.stages == 1,
+       "optimizer.clip_scope = \"stage\" with a tied embedding on two stages would scale its two copies "
+       "differently: untie it (model.tie_embeddings = false) or clip over the model");
+  if (c.algorithm == "noloco") {
+    need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
+    need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");
+  }
   if (c.partial.slices > 1) {
     need(c.algorithm == "diloco" || c.algorithm == "streaming",
          "partial.slices > 1 needs algorithm = \"diloco\" or \"streaming\"");

@@ -24,6 +24,7 @@ struct OptimConfig {
   double min_lr = 3e-5;
   int64_t warmup_steps = 100;
   double clip = 1.0;         // global-norm clipping, 0 disables
+  std::string clip_scope = "model";  // norm over the whole model, or over each stage's own part
 };
 
 struct TrainConfig {
@@ -78,6 +79,17 @@ struct PartialConfig {
   std::string strategy = "mlp";  // mlp, or mlp+heads (also q/k/v by head groups)
 };
 
+struct NolocoConfig {
+  int64_t inner_steps = 50;         // H (NoLoCo paper)
+  double outer_lr = 0.7;            // beta
+  double momentum = 0.5;            // alpha (heavy ball)
+  double pull = -1;                 // gamma; -1: = beta (the authors' code)
+  int group_size = 2;               // n: replicas averaged together (2: one partner)
+  std::string routing = "random";   // random or fixed pipeline paths (pipeline.stages > 1)
+  int64_t seed = 0;                 // groups and routes
+  std::string eval = "shards";      // shards, replica0, average
+};
+
 struct PipelineConfig {
   int stages = 1;                   // S: pipeline stages (contiguous groups of blocks)
   int microbatches = 0;             // m per step (0: data.batch_size / train.micro_batch_size, or 1)
@@ -86,7 +98,7 @@ struct PipelineConfig {
 };
 
 struct RunConfig {
-  std::string algorithm = "ddp";    // ddp, diloco, streaming
+  std::string algorithm = "ddp";    // ddp, diloco, streaming, noloco
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;
@@ -96,6 +108,7 @@ struct RunConfig {
   OuterConfig outer;
   StreamingConfig streaming;
   PartialConfig partial;
+  NolocoConfig noloco;
   PipelineConfig pipeline;
   // Microbatches per step and windows in each (from pipeline.microbatches or
   // train.micro_batch_size; one of the whole batch when neither is set).

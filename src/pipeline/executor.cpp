@@ -1,8 +1,10 @@
 #include "pipeline/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace loco {
 
@@ -24,6 +26,25 @@ void from_bytes(const std::string& bytes, std::vector<T>& out) {
 Route fixed_route(const Grid& grid, int rank) {
   const int s = grid.stage_of(rank), r = grid.replica_of(rank);
   return {[=](int) { return grid.rank(s - 1, r); }, [=](int) { return grid.rank(s + 1, r); }};
+}
+
+std::vector<int> route_permutation(int R, uint64_t seed, int64_t step, int mb, int boundary) {
+  constexpr uint64_t kRouteTag = 0x6e6f6c6f636f5231ULL;
+  return seeded_permutation(R, mix_seed(seed ^ kRouteTag, uint64_t(step), (uint64_t(mb) << 20) ^ uint64_t(boundary)));
+}
+
+Route random_route(const Grid& grid, int rank, uint64_t seed, const int64_t* step) {
+  const int s = grid.stage_of(rank), r = grid.replica_of(rank), R = grid.replicas;
+  auto next = [=](int mb) {
+    return grid.rank(s + 1, route_permutation(R, seed, *step, mb, s)[size_t(r)]);
+  };
+  auto prev = [=](int mb) {
+    const auto perm = route_permutation(R, seed, *step, mb, s - 1);
+    const auto from = std::find(perm.begin(), perm.end(), r);
+    check(from != perm.end(), "random route: not a permutation");
+    return grid.rank(s - 1, int(from - perm.begin()));
+  };
+  return {prev, next};
 }
 
 PipelineExecutor::PipelineExecutor(std::shared_ptr<Transport> transport, Grid grid, int rank, double timeout_s,

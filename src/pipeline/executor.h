@@ -45,6 +45,13 @@ struct Route {
 };
 // The grid's fixed pipelines: replica r's stages talk to replica r's neighbouring stages.
 Route fixed_route(const Grid& grid, int rank);
+// NoLoCo's random paths: at boundary b (stage b -> b + 1), microbatch mb of step *step, replica r
+// of stage b sends to replica perm[r] of stage b + 1, perm = route_permutation(R, seed, *step,
+// mb, b) (algo/noloco.h); the backward returns along the same path. Each boundary is a
+// permutation, so every worker handles exactly one microbatch per slot.
+Route random_route(const Grid& grid, int rank, uint64_t seed, const int64_t* step);
+// The permutation of boundary b for microbatch mb of step `step`, drawn from (seed, step, mb, b).
+std::vector<int> route_permutation(int R, uint64_t seed, int64_t step, int mb, int boundary);
 
 class PipelineExecutor {
  public:

@@ -99,6 +99,12 @@ expect_error "unknown key train.stepz" "$loco" train --config train.toml --set t
 expect_error "train.checkpoint_interval must be a multiple of train.log_interval" \
   "$loco" train --config train.toml --set train.checkpoint_interval=15
 expect_error "data.batch_size must be in" "$loco" train --config train.toml --set data.batch_size=0
+expect_error "noloco.pull must be >= 0" "$loco" train --config train.toml --set algorithm=noloco --set noloco.pull=-0.5
+expect_error "noloco.group_size must be in" "$loco" train --config train.toml --set algorithm=noloco --set noloco.group_size=1
+expect_error "noloco sends fp32" "$loco" train --config train.toml --set algorithm=noloco --set outer.codec=fp4-e3m0
+expect_error "partial.slices > 1 needs" "$loco" train --config train.toml --set algorithm=noloco --set partial.slices=2
+expect_error "would scale its two copies differently" "$loco" train --config train.toml --set pipeline.stages=2 \
+  --set model.tie_embeddings=true --set optimizer.clip_scope=stage
 expect_error "--set optimizer.lr: expected key=value" "$loco" train --config train.toml --set optimizer.lr
 expect_error "data.train is not set" "$loco" train --config train.toml --set data.train=
 expect_error "give either --config or --resume" "$loco" train --config train.toml --resume r

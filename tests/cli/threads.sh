@@ -2,7 +2,8 @@
 # In-process runs that exercise every thread loco starts (workers, communication threads of
 # every channel, the compute pool), for ThreadSanitizer (scripts/sanitize.sh) and as a plain
 # test: a pipelined grid with DDP; Streaming DiLoCo with syncs in flight (tau 1) and fp4; a
-# pipelined DiLoCo grid over a link; runs in which one worker fails while syncs are in flight,
+# pipelined DiLoCo grid over a link; NoLoCo with random routes; runs in which one worker fails
+# while syncs (or NoLoCo's slow weights) are in flight,
 # which must end with that one error and no crash.
 set -euo pipefail
 source "$(dirname "$0")/distributed_env.sh" "$@"
@@ -15,16 +16,28 @@ base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.v
   --set train.out_dir=streaming
 "$loco" train "${base[@]}" --set distributed.replicas=2 --set pipeline.stages=2 --set algorithm=diloco \
   --set outer.inner_steps=3 --set network.bandwidth=50Mbit --set train.out_dir=diloco
-# Worker 1 fails at the start of step 6, when fragment syncs started at step 5 are in flight
-# (tau 1): every worker stops, the error is the injected one, nothing crashes.
-for target in 1:6 0:3; do
+# NoLoCo on a 2 x 4 grid with random routes, slow weights in flight between outer steps.
+"$loco" train "${base[@]}" --set distributed.replicas=4 --set pipeline.stages=2 --set pipeline.microbatches=2 \
+  --set algorithm=noloco --set noloco.inner_steps=3 --set network.latency=2ms --set train.out_dir=noloco
+# A worker fails with communication in flight: every worker stops, the error is the injected
+# one, nothing crashes. Streaming: worker 1 at the start of step 6, when fragment syncs started at
+# step 5 are in flight (tau 1), and worker 0 at step 3. NoLoCo: worker 3 at step 7, while the slow
+# weights sent after the outer step at 4 are in flight.
+streaming=(--set distributed.replicas=3 --set algorithm=streaming --set outer.inner_steps=10
+           --set streaming.fragment_blocks=1 --set streaming.tau=1)
+noloco=(--set distributed.replicas=4 --set algorithm=noloco --set noloco.inner_steps=4)
+fails() {  # fails TARGET ARGS...
+  local target=$1 rc
+  shift
   set +e
-  LOCO_INJECT_FAILURE=$target "$loco" train "${base[@]}" --set distributed.replicas=3 --set algorithm=streaming \
-    --set outer.inner_steps=10 --set streaming.fragment_blocks=1 --set streaming.tau=1 --set network.latency=20ms \
+  LOCO_INJECT_FAILURE=$target "$loco" train "${base[@]}" "$@" --set network.latency=20ms \
     --set train.out_dir=fail-${target/:/-} > fail.out 2> fail.err
   rc=$?
   set -e
   [ $rc -eq 1 ] && [ "$(wc -l < fail.err)" -eq 1 ] && grep -q "injected failure (LOCO_INJECT_FAILURE=$target)" fail.err ||
     { echo "FAIL: $target: exit $rc"; cat fail.err; exit 1; }
-done
+}
+fails 1:6 "${streaming[@]}"
+fails 0:3 "${streaming[@]}"
+fails 3:7 "${noloco[@]}"
 echo "threads: OK ($(cat fail.err))"

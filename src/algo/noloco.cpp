@@ -1,0 +1,264 @@
+// NoLoCo (spec 04-noloco.md), the outer step: every H inner steps replica i meets the members of
+// its random group G (one partner for n = 2) point to point and takes the heavy-ball step
+//   d_j = theta_j - phi_j
+//   delta_i = alpha delta_i + beta mean_G(d) - gamma (phi_i - mean_G(phi))
+//   phi_i += delta_i;  theta_i = phi_i
+// What crosses the link, per member of the group, all fp32 over the stage's parameters:
+//  - "outer_weights": phi_i, sent right after the previous outer step (it is known then), so
+//    the transfer overlaps the next H inner steps. Before the first outer step every replica
+//    holds the same phi_0, so nothing is sent for step 1;
+//  - "outer_progress": d_i, at the outer step itself; the only transfer on the critical path.
+// No collective, no barrier: a worker waits only for the members of its group. The final step
+// of a run ends a round, as in DiLoCo. Evaluation: the slow weights phi_i (each replica's own
+// pipeline on its shard of the validation windows, pooled: noloco.eval = "shards"), replica
+// 0's ("replica0"), or the replicas' average ("average"); the spread between replicas is a
+// diagnostic computed at each evaluation (traffic "spread", apart from the method's own).
+#include "algo/noloco.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "algo/algorithm.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace loco {
+
+namespace {
+
+constexpr uint64_t kGroupTag = 0x6e6f6c6f636f4731ULL;
+
+}  // namespace
+
+std::vector<std::vector<int>> noloco_groups(int R, int n, uint64_t seed, int64_t k) {
+  check(R >= 1 && n >= 2, "noloco groups: need at least one replica and groups of at least 2");
+  const auto p = seeded_permutation(R, mix_seed(seed ^ kGroupTag, uint64_t(k)));
+  const int count = std::max(1, R / n);
+  std::vector<std::vector<int>> groups(static_cast<size_t>(count));
+  for (int i = 0; i < R; ++i) groups[size_t(std::min(i / n, count - 1))].push_back(p[size_t(i)]);
+  for (auto& g : groups) std::sort(g.begin(), g.end());
+  return groups;
+}
+
+std::vector<int> noloco_group_of(int R, int n, uint64_t seed, int64_t k, int r) {
+  for (auto& g : noloco_groups(R, n, seed, k))
+    if (std::find(g.begin(), g.end(), r) != g.end()) return g;
+  fail("noloco: replica " + std::to_string(r) + " is in no group");
+}
+
+void noloco_outer_step(const std::vector<const float*>& phis, const std::vector<const float*>& progress, int self,
+                       float* phi, float* delta, float* theta, int64_t n, const NolocoStepParams& p) {
+  const size_t G = phis.size();
+  check(G >= 1 && progress.size() == G && self >= 0 && size_t(self) < G, "noloco step: malformed group");
+  const float inv = 1.0f / float(G), alpha = float(p.alpha), beta = float(p.beta), gamma = float(p.gamma);
+  for (int64_t i = 0; i < n; ++i) {
+    float sum_phi = 0, sum_d = 0;
+    for (size_t j = 0; j < G; ++j) {
+      sum_phi += phis[j][i];
+      sum_d += progress[j][i];
+    }
+    const float own = phi[i];  // phis[self] may alias phi: read before writing
+    const float v = alpha * delta[i] + beta * (sum_d * inv) - gamma * (own - sum_phi * inv);
+    delta[i] = v;
+    phi[i] = own + v;
+    theta[i] = phi[i];
+  }
+}
+
+namespace {
+
+std::string to_bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+class Noloco : public Algorithm {
+ public:
+  Noloco(const RunConfig& cfg, const Worker& w)
+      : cfg_(cfg.noloco),
+        rank_(w.rank),
+        replicas_(w.replicas),
+        n_(int64_t(w.params.size())),
+        phi_(size_t(n_)),
+        delta_(size_t(n_), 0.0f),
+        progress_(size_t(n_)) {}
+
+  void start(Worker& w, bool resumed) override {
+    if (!resumed) phi_ = w.params;
+    // On a resume, the weights received for the next outer step were saved with the state.
+  }
+
+  void after_step(Worker& w, int64_t done, bool last) override {
+    const int64_t H = cfg_.inner_steps;
+    if (done % H != 0 && !last) return;
+    const int64_t k = (done + H - 1) / H;  // this outer step (the last one may end a short round)
+    const auto group = group_of(w, k);
+    const int self = int(std::find(group.begin(), group.end(), w.rank) - group.begin());
+    finish_weights(w, k, group);
+    for (int64_t i = 0; i < n_; ++i) progress_[size_t(i)] = w.params[size_t(i)] - phi_[size_t(i)];
+    // Local progress to every other member, theirs from each (sends first: no member waits on
+    // another's receive).
+    std::vector<std::string> theirs(group.size());
+    std::vector<Communicator::Handle> handles;
+    for (int m : group)
+      if (m != w.rank) handles.push_back(w.comm.send_start(m, to_bytes(progress_), "outer_progress"));
+    for (size_t j = 0; j < group.size(); ++j)
+      if (group[j] != w.rank) handles.push_back(w.comm.recv_start(group[j], &theirs[j], "outer_progress"));
+    for (auto& h : handles) w.comm.wait(h);
+    std::vector<std::vector<float>> progress(group.size());
+    std::vector<const float*> phis(group.size()), deltas(group.size());
+    for (size_t j = 0; j < group.size(); ++j) {
+      if (int(j) == self) {
+        phis[j] = phi_.data();
+        deltas[j] = progress_.data();
+        continue;
+      }
+      progress[j] = floats(theirs[j], group[j], "local progress");
+      deltas[j] = progress[j].data();
+      phis[j] = partner_phi_[j].empty() ? phi_.data() : partner_phi_[j].data();
+    }
+    noloco_outer_step(phis, deltas, self, phi_.data(), delta_.data(), w.params.data(), n_,
+                      {cfg_.outer_lr, cfg_.momentum, pull()});
+    ++outer_steps_;
+    partner_phi_.clear();
+    if (!last) start_weights(w, k + 1);
+  }
+
+  const std::vector<float>& eval_params(Worker& w) override {
+    if (cfg_.eval == "shards") return phi_;
+    eval_buffer_ = phi_;
+    if (cfg_.eval == "average") {
+      w.comm.all_reduce(eval_buffer_.data(), n_, ReduceOp::Mean, "eval");
+    } else {  // replica0
+      std::string bytes = to_bytes(eval_buffer_);
+      auto h = w.comm.broadcast_start(&bytes, 0, "eval");
+      w.comm.wait(h);
+      std::memcpy(eval_buffer_.data(), bytes.data(), bytes.size());
+    }
+    return eval_buffer_;
+  }
+
+  std::vector<double> spread_terms(Worker& w) override {
+    std::vector<float> mean = phi_;
+    w.comm.all_reduce(mean.data(), n_, ReduceOp::Mean, "spread");
+    double sq = 0;
+    for (int64_t i = 0; i < n_; ++i) {
+      const double e = double(phi_[size_t(i)]) - double(mean[size_t(i)]);
+      sq += e * e;
+    }
+    return {sq, double(n_)};
+  }
+
+  void report(nlohmann::json& out) const override {
+    out["outer_state_bytes"] = int64_t(phi_.size() + delta_.size() + progress_.size()) * 4;
+    out["noloco_outer_steps"] = outer_steps_;
+  }
+
+  // The weights received for the next outer step are part of the state: finish receiving them
+  // (the members sent them right after the last outer step, before their own checkpoint).
+  void save_state(TrainingState& st) override {
+    st.tensors["noloco.phi"] = phi_;
+    st.tensors["noloco.delta"] = delta_;
+    if (pending_k_ > 0) {
+      if (!received_) wait_weights(*comm_);
+      st.meta["noloco.weights_for"] = std::to_string(pending_k_);
+      for (size_t j = 0; j < partner_phi_.size(); ++j)
+        if (!partner_phi_[j].empty()) st.tensors["noloco.weights." + std::to_string(pending_group_[j])] = partner_phi_[j];
+    }
+  }
+  void load_state(const TrainingState& st) override {
+    st.take("noloco.phi", phi_);
+    st.take("noloco.delta", delta_);
+    pending_k_ = 0;
+    partner_phi_.clear();
+    if (!st.meta.count("noloco.weights_for")) return;
+    pending_k_ = st.get_int("noloco.weights_for");
+    if (pending_k_ < 1) fail("training state: noloco.weights_for must be >= 1");
+    pending_group_ = noloco_group_of(replicas_, cfg_.group_size, uint64_t(cfg_.seed), pending_k_, rank_);
+    partner_phi_.assign(pending_group_.size(), std::vector<float>());
+    for (size_t j = 0; j < pending_group_.size(); ++j)
+      if (pending_group_[j] != rank_) {
+        partner_phi_[j].resize(size_t(n_));
+        st.take("noloco.weights." + std::to_string(pending_group_[j]), partner_phi_[j]);
+      }
+    received_ = true;
+  }
+
+ private:
+  double pull() const { return cfg_.pull < 0 ? cfg_.outer_lr : cfg_.pull; }
+
+  std::vector<int> group_of(const Worker&, int64_t k) const {
+    return noloco_group_of(replicas_, cfg_.group_size, uint64_t(cfg_.seed), k, rank_);
+  }
+
+  std::vector<float> floats(const std::string& bytes, int member, const char* what) const {
+    if (bytes.size() != size_t(n_) * sizeof(float))
+      fail("noloco: replica " + std::to_string(member) + " sent " + std::to_string(bytes.size()) + " bytes of " + what +
+           ", expected " + std::to_string(n_ * 4));
+    std::vector<float> v(static_cast<size_t>(n_));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }
+
+  // Right after outer step k - 1: send phi to the members of this replica's group at step k and
+  // post the receptions of theirs; the transfers overlap the next H inner steps.
+  void start_weights(Worker& w, int64_t k) {
+    comm_ = &w.comm;
+    pending_k_ = k;
+    pending_group_ = group_of(w, k);
+    weights_in_.assign(pending_group_.size(), std::string());
+    weight_handles_.clear();
+    for (int m : pending_group_)
+      if (m != w.rank) weight_handles_.push_back(w.comm.send_start(m, to_bytes(phi_), "outer_weights"));
+    for (size_t j = 0; j < pending_group_.size(); ++j)
+      if (pending_group_[j] != w.rank)
+        weight_handles_.push_back(w.comm.recv_start(pending_group_[j], &weights_in_[j], "outer_weights"));
+    received_ = false;
+  }
+
+  void wait_weights(Communicator& comm) {
+    if (received_) return;
+    for (auto& h : weight_handles_) comm.wait(h);
+    weight_handles_.clear();
+    partner_phi_.assign(pending_group_.size(), std::vector<float>());
+    for (size_t j = 0; j < pending_group_.size(); ++j)
+      if (pending_group_[j] != comm.rank()) partner_phi_[j] = floats(weights_in_[j], pending_group_[j], "weights");
+    weights_in_.clear();
+    received_ = true;
+  }
+
+  // The members' phi for outer step k, in group order (empty for this replica). Step 1 needs
+  // none: every replica starts from the same phi_0.
+  void finish_weights(Worker& w, int64_t k, const std::vector<int>& group) {
+    if (pending_k_ == 0) {
+      partner_phi_.assign(group.size(), std::vector<float>());
+      return;
+    }
+    check(pending_k_ == k && pending_group_ == group, "noloco: weights were exchanged for outer step " +
+                                                           std::to_string(pending_k_) + ", not " + std::to_string(k));
+    wait_weights(w.comm);
+    pending_k_ = 0;
+  }
+
+  NolocoConfig cfg_;
+  int rank_, replicas_;
+  int64_t n_;
+  std::vector<float> phi_, delta_, progress_, eval_buffer_;
+  int64_t outer_steps_ = 0;
+  // The weights exchange for outer step pending_k_ (0: none in flight).
+  Communicator* comm_ = nullptr;
+  int64_t pending_k_ = 0;
+  std::vector<int> pending_group_;
+  std::vector<std::string> weights_in_;
+  std::vector<Communicator::Handle> weight_handles_;
+  bool received_ = true;
+  std::vector<std::vector<float>> partner_phi_;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w) {
+  return std::make_unique<Noloco>(cfg, w);
+}
+
+}  // namespace loco

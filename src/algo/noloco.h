@@ -1,0 +1,33 @@
+#pragma once
+// NoLoCo (spec 04-noloco.md): no collective at all. Every H inner steps each replica averages
+// with a small random group (one partner by default) instead of everyone, and with pipeline
+// stages every microbatch can take a random path through the stages. The pieces every worker
+// must compute identically from shared seeds live here.
+#include <cstdint>
+#include <vector>
+
+namespace loco {
+
+// The groups of outer step k (1-based) among R replicas: a permutation of 0..R-1 drawn from
+// (seed, k), cut into floor(R / n) consecutive groups of n; the R mod n replicas left over join
+// the last group (never an idle replica; fewer than n replicas make one group). Each group is
+// sorted ascending. Every worker derives the same partition.
+std::vector<std::vector<int>> noloco_groups(int R, int n, uint64_t seed, int64_t k);
+// The group of replica r at outer step k (sorted, r included).
+std::vector<int> noloco_group_of(int R, int n, uint64_t seed, int64_t k, int r);
+
+// Random pipeline routing is pipeline/executor.h's random_route.
+
+// One outer step of replica i (spec 04, heavy-ball form), for n values:
+//   d_j = theta_j - phi_j;   delta = alpha delta + beta mean_G(d) - gamma (phi_i - mean_G(phi))
+//   phi_i += delta;   theta_i = phi_i
+// `phis` and `progress` hold the group's members' phi_j and d_j in ascending member order (this
+// replica's own among them, at `self`); the means are summed in that order, so every member of
+// a group computes the same means. Writes phi (in place), delta and theta.
+struct NolocoStepParams {
+  double beta, alpha, gamma;
+};
+void noloco_outer_step(const std::vector<const float*>& phis, const std::vector<const float*>& progress, int self,
+                       float* phi, float* delta, float* theta, int64_t n, const NolocoStepParams& p);
+
+}  // namespace loco
