@@ -73,6 +73,7 @@ struct WorkerRun {
 
   // Accounting.
   double eval_seconds = 0, checkpoint_seconds = 0, backward_seconds = 0, chain_wait_seconds = 0;
+  double jitter_seconds = 0;  // emulated straggling (network.compute_jitter), counted as compute
   int64_t steps_run = 0;
   std::string checkpoint;  // latest committed (reporter)
 

@@ -65,7 +65,8 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
   me["steps_run"] = run.steps_run;
   me["forward_s_per_step"] = (run.pipe.compute_seconds() - run.pipe.backward_seconds()) / steps;
   me["backward_s_per_step"] = run.pipe.backward_seconds() / steps;
-  me["optimizer_s_per_step"] = (w.compute_seconds - run.pipe.compute_seconds()) / steps;
+  me["optimizer_s_per_step"] = (w.compute_seconds - run.jitter_seconds - run.pipe.compute_seconds()) / steps;
+  me["jitter_s"] = run.jitter_seconds;
   me["peak_rss_bytes"] = peak_rss_bytes();
   int64_t train_bytes = 0, pipeline_bytes = 0;
   for (const auto& [op, v] : me["by_operation"].items()) {

@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "algo/run.h"
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace loco {
 
@@ -108,6 +111,22 @@ void maybe_inject_failure(const WorkerRun& run, int64_t step) {
 }
 }  // namespace
 
+// network.compute_jitter = sigma: this step's compute c (so far) is stretched to c exp(sigma |Z|),
+// Z ~ N(0, 1) drawn from (train.seed, world rank, step), by idling for the difference. The idle
+// time counts as compute: it emulates a slower machine.
+static void emulate_straggling(WorkerRun& run, int64_t step, double compute) {
+  const double sigma = run.cfg.network.compute_jitter;
+  if (sigma <= 0) return;
+  Rng rng(mix_seed(uint64_t(run.cfg.train.seed) ^ 0x6a6974746572ULL, uint64_t(run.rank), uint64_t(step)));
+  const double extra = compute * (std::exp(sigma * std::abs(rng.normal())) - 1);
+  const double t0 = run.world.clock().now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+  const double slept = run.world.clock().now() - t0;
+  run.jitter_seconds += slept;
+  run.w.compute_seconds += slept;
+  run.trace->span("straggling", "compute", 0, t0, t0 + slept);
+}
+
 StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   maybe_inject_failure(run, step + 1);
   auto& w = run.w;
@@ -119,7 +138,8 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   const double compute_before = run.pipe.compute_seconds();
   run.route_step = step + 1;
   run.pipe.run(run.ops, run.stage_model, run.train_route);
-  w.compute_seconds += run.pipe.compute_seconds() - compute_before;
+  const double pipeline_compute = run.pipe.compute_seconds() - compute_before;
+  w.compute_seconds += pipeline_compute;
   ++run.steps_run;
 
   run.algo->on_gradients(w);
@@ -133,8 +153,9 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   const double t2 = clock.now();
   scale_to_norm(w.grads.data(), int64_t(w.grads.size()), result.grad_norm, run.cfg.optim.clip);
   w.adamw.step(w.params.data(), w.grads.data(), lr);
+  run.trace->span("optimizer", "compute", 0, t2, clock.now());
+  emulate_straggling(run, step, pipeline_compute + (clock.now() - t2));
   const double t3 = clock.now();
-  run.trace->span("optimizer", "compute", 0, t2, t3);
   const int64_t done = step + 1;
   const double wait_before = run.comm_wait_seconds();
   run.algo->after_step(w, done, done == run.cfg.train.steps);

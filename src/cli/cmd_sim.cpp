@@ -262,6 +262,7 @@ void add_simulate_latency(CLI::App& parent) {
     int trials = 2000;
     uint64_t seed = 1;
     std::string plot;
+    double jitter = -1;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = parent.add_subcommand("latency", "Tree all-reduce vs pair averaging, and the global-barrier cost");
@@ -275,7 +276,16 @@ void add_simulate_latency(CLI::App& parent) {
   cmd->add_option("--trials", a->trials, "Monte Carlo trials")->capture_default_str()->check(CLI::Range(2, 100000000));
   cmd->add_option("--seed", a->seed, "Monte Carlo seed")->capture_default_str();
   cmd->add_option("--plot", a->plot, "write the tree / pair time ratio vs workers to this .png/.svg");
+  cmd->add_option("--compute-jitter", a->jitter,
+                  "barrier cost for inner-step times exp(sigma |Z|) as network.compute_jitter = sigma emulates "
+                  "(replaces --step-mu/--step-sigma)")
+      ->check(CLI::Range(0.0, 5.0));
   cmd->callback([a] {
+    const bool folded = a->jitter >= 0;
+    if (folded) {
+      a->step_mu = 0;
+      a->step_sigma = a->jitter;
+    }
     const auto workers = parse_list(a->workers, "--workers");
     const auto sigmas = parse_list(a->sigmas, "--sigma");
     std::printf("message times ~ LogNormal(mu = %g, sigma^2); times in units of e^mu\n", a->mu);
@@ -303,18 +313,23 @@ void add_simulate_latency(CLI::App& parent) {
                   "' using 1:3 with linespoints dt 2 lc " + std::to_string(si + 1) + " title 'full tree, sigma " +
                   std::to_string(s).substr(0, 4) + "'";
     }
-    std::printf("\nglobal barrier: %lld inner steps ~ LogNormal(%g, %g^2); cost = E[slowest] / E[mean] - 1\n",
-                (long long)a->inner_steps, a->step_mu, a->step_sigma);
+    if (folded)
+      std::printf("\nglobal barrier: %lld inner steps, each exp(%g |Z|) times the compute (network.compute_jitter); "
+                  "cost = E[slowest] / E[mean] - 1\n",
+                  (long long)a->inner_steps, a->step_sigma);
+    else
+      std::printf("\nglobal barrier: %lld inner steps ~ LogNormal(%g, %g^2); cost = E[slowest] / E[mean] - 1\n",
+                  (long long)a->inner_steps, a->step_mu, a->step_sigma);
     std::printf("%8s %16s %16s %16s %16s\n", "workers", "barrier closed", "barrier MC", "pair closed", "pair MC");
     for (double wf : workers) {
       const int n = int(wf);
       // Fewer trials for the global barrier (n x H draws each): its spread is small.
       const auto bm = sim::barrier_cost_mc(n, a->inner_steps, a->step_mu, a->step_sigma, std::max(20, a->trials / 20),
-                                           a->seed + 3);
-      const auto pm = sim::barrier_cost_mc(2, a->inner_steps, a->step_mu, a->step_sigma, a->trials, a->seed + 4);
+                                           a->seed + 3, folded);
+      const auto pm = sim::barrier_cost_mc(2, a->inner_steps, a->step_mu, a->step_sigma, a->trials, a->seed + 4, folded);
       std::printf("%8d %15.2f%% %15.2f%% %15.2f%% %15.2f%%\n", n,
-                  100 * sim::barrier_cost_closed(n, a->inner_steps, a->step_mu, a->step_sigma), 100 * bm.mean,
-                  100 * sim::barrier_cost_closed(2, a->inner_steps, a->step_mu, a->step_sigma), 100 * pm.mean);
+                  100 * sim::barrier_cost_closed(n, a->inner_steps, a->step_mu, a->step_sigma, folded), 100 * bm.mean,
+                  100 * sim::barrier_cost_closed(2, a->inner_steps, a->step_mu, a->step_sigma, folded), 100 * pm.mean);
     }
     if (!a->plot.empty()) {
       job.run(GnuplotJob::terminal(a->plot, 900, 540) +

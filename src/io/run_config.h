@@ -50,6 +50,7 @@ struct NetworkConfig {
   std::string latency = "0ms";      // one-way latency, e.g. "30ms"
   std::string timeout = "60s";      // longest wait on a peer before failing
   std::string peak_window = "1s";   // window of the peak send rate
+  double compute_jitter = 0;        // sigma: each inner step slowed by exp(sigma |Z|), Z ~ N(0, 1)
 };
 
 struct OuterConfig {

@@ -96,27 +96,41 @@ Estimate tree_allreduce_full_mc(int n, double mu, double sigma, int trials, uint
   return summarize(x);
 }
 
-double barrier_cost_closed(int group, int64_t H, double mu, double sigma) {
+namespace {
+// Mean and variance of one step time.
+std::pair<double, double> step_moments(double mu, double sigma, bool folded) {
+  if (!folded) {
+    const double m = std::exp(mu + sigma * sigma / 2);
+    return {m, (std::exp(sigma * sigma) - 1) * m * m};
+  }
+  // E[exp(s |Z|)] = 2 exp(s^2 / 2) Phi(s).
+  auto moment = [&](double s) { return std::exp(s * s / 2) * std::erfc(-s / std::sqrt(2.0)); };
+  const double m = std::exp(mu) * moment(sigma), m2 = std::exp(2 * mu) * moment(2 * sigma);
+  return {m, m2 - m * m};
+}
+}  // namespace
+
+double barrier_cost_closed(int group, int64_t H, double mu, double sigma, bool folded) {
   check(group >= 1 && H >= 1, "barrier cost needs group >= 1 and H >= 1");
-  // The sum of H log-normal step times is close to normal with mean H m and variance H v; the
-  // expected maximum of n normals is mean + sd * Phi^-1((n - 0.375) / (n + 0.25)) (Blom).
-  const double m = std::exp(mu + sigma * sigma / 2), v = (std::exp(sigma * sigma) - 1) * m * m;
+  // The sum of H step times is close to normal with mean H m and variance H v; the expected
+  // maximum of n normals is mean + sd * Phi^-1((n - 0.375) / (n + 0.25)) (Blom).
+  const auto [m, v] = step_moments(mu, sigma, folded);
   if (group == 1) return 0.0;
   // Two workers: E[max(Z1, Z2)] = 1 / sqrt(pi) exactly.
   const double z = group == 2 ? 1.0 / std::sqrt(M_PI) : normal_quantile((group - 0.375) / (group + 0.25));
   return z * std::sqrt(double(H) * v) / (double(H) * m);
 }
 
-Estimate barrier_cost_mc(int group, int64_t H, double mu, double sigma, int trials, uint64_t seed) {
+Estimate barrier_cost_mc(int group, int64_t H, double mu, double sigma, int trials, uint64_t seed, bool folded) {
   check(group >= 1 && H >= 1 && trials >= 2, "barrier cost needs group >= 1, H >= 1, trials >= 2");
   Rng rng(seed);
-  const double m = std::exp(mu + sigma * sigma / 2);
+  const double m = step_moments(mu, sigma, folded).first;
   std::vector<double> x(static_cast<size_t>(trials));
   for (auto& v : x) {
     double slowest = 0;
     for (int w = 0; w < group; ++w) {
       double sum = 0;
-      for (int64_t h = 0; h < H; ++h) sum += lognormal(rng, mu, sigma);
+      for (int64_t h = 0; h < H; ++h) sum += folded ? std::exp(mu + sigma * std::abs(rng.normal())) : lognormal(rng, mu, sigma);
       slowest = std::max(slowest, sum);
     }
     v = slowest / (double(H) * m) - 1.0;

@@ -7,7 +7,8 @@
 #  - fixed routing with 2 stages == the same run on one worker per replica (bitwise);
 #  - random routing: deterministic, different from fixed, MPI (mpirun -np 4) == in-process;
 #  - the three evaluation modes give three numbers (4 replicas differ); no data-parallel
-#    collective in training.
+#    collective in training;
+#  - network.compute_jitter changes the timing only (bitwise the same model).
 set -euo pipefail
 source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet
@@ -86,5 +87,14 @@ runs = {"shards": "dp4", "replica0": "eval_replica0", "average": "eval_average"}
 v = {m: [json.loads(l) for l in open(f"{d}/metrics.jsonl") if "val_loss" in l][-1]["val_loss"] for m, d in runs.items()}
 print("final val loss by evaluation mode:", v)
 sys.exit(0 if len(set(v.values())) == 3 else 1)
+PY
+# Emulated stragglers change the timing only: the same model, bitwise, with idle time counted.
+"$loco" train "${base[@]}" --set distributed.replicas=4 --set network.compute_jitter=0.5 --set train.out_dir=jitter
+cmp dp4/$ck/model.safetensors jitter/$ck/model.safetensors
+$py - <<'PY'
+import json, sys
+w = json.load(open("jitter/summary.json"))["workers"]
+print("jitter_s per worker:", [round(x["jitter_s"], 4) for x in w])
+sys.exit(0 if all(x["jitter_s"] > 0 and x["jitter_s"] < x["compute_s"] for x in w) else 1)
 PY
 echo "noloco: OK"
