@@ -16,14 +16,6 @@ int64_t peak_rss_bytes() {
   return int64_t(u.ru_maxrss) * 1024;
 }
 
-// Operations that belong to the training method itself (not evaluation, checkpoints, reports).
-bool is_training_traffic(const std::string& op) {
-  for (const char* t : {"gradients", "outer_gradients", "activations", "tokens", "activation_grads", "tied_embedding",
-                        "grad_norm"})
-    if (op == t) return true;
-  return false;
-}
-
 bool is_pipeline_traffic(const std::string& op) {
   return op == "activations" || op == "tokens" || op == "activation_grads";
 }

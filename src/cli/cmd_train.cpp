@@ -6,6 +6,7 @@
 
 #include "algo/trainer.h"
 #include "cli/commands.h"
+#include "comm/stats.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "io/fs.h"
@@ -149,10 +150,10 @@ void add_compare(CLI::App& app) {
       double sent = 0, peak = 0, cu = 0, largest = 0;
       const auto& w = j.at("workers");
       for (const auto& x : w) {
-        sent += x["train_bytes_sent"].get<double>();
-        for (const auto& [op, v] : x["by_operation"].items())
-          if (op == "gradients" || op == "outer_gradients")
-            largest = std::max(largest, v["largest_instance_bytes_sent"].get<double>());
+        for (const auto& [op, v] : x["by_operation"].items()) {
+          if (is_training_traffic(op)) sent += v["bytes_sent"].get<double>();
+          if (is_sync_traffic(op)) largest = std::max(largest, v["largest_instance_bytes_sent"].get<double>());
+        }
         peak = std::max(peak, x["peak_send_bytes_per_s"].get<double>());
         cu += x["compute_utilization"].get<double>();
       }
@@ -166,9 +167,9 @@ void add_compare(CLI::App& app) {
     } catch (const nlohmann::json::exception& e) {
       fail(dir + "/summary.json: not a loco run summary (" + e.what() + ")");
     }
-    std::printf("(sent: payload bytes of the training method's traffic per worker (gradients, outer gradients, pipeline "
+    std::printf("(sent: payload bytes of the training method's traffic per worker (gradients, outer gradients, NoLoCo exchanges, pipeline "
                 "activations); largest sync: most bytes one worker "
-                "sent in one reduction; peak: highest send rate in bytes/s over network.peak_window, all traffic; "
+                "sent in one reduction (NoLoCo: one message to a partner); peak: highest send rate in bytes/s over network.peak_window, all traffic; "
                 "CU: mean compute utilization)\n");
   });
 }

@@ -9,6 +9,19 @@
 
 namespace loco {
 
+bool is_sync_traffic(const std::string& op) {
+  for (const char* t : {"gradients", "outer_gradients", "outer_progress", "outer_weights"})
+    if (op == t) return true;
+  return false;
+}
+
+bool is_training_traffic(const std::string& op) {
+  if (is_sync_traffic(op)) return true;
+  for (const char* t : {"activations", "tokens", "activation_grads", "tied_embedding", "grad_norm"})
+    if (op == t) return true;
+  return false;
+}
+
 void TrafficStats::record_send(const std::string& op, int64_t bytes, double start, double end) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& o = ops_[op];

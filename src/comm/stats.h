@@ -11,6 +11,12 @@
 
 namespace loco {
 
+// Operations that belong to the training method itself (not evaluation, checkpoints, reports,
+// diagnostics), and among them the synchronizations of the data-parallel methods (whose
+// largest instance is the "largest sync").
+bool is_training_traffic(const std::string& op);
+bool is_sync_traffic(const std::string& op);
+
 class TrafficStats {
  public:
   explicit TrafficStats(double peak_window_s = 1.0) : window_(peak_window_s) {}
