@@ -52,6 +52,7 @@ struct CuArgs {
   std::string plot, gantt, calibrate, convention = "loco";
   int gantt_steps = 12;
   double gantt_gbit = 1.0;
+  double grid = 1.2;  // the paper's table 4 reads off a log grid about 1.2x apart (spec 06)
 };
 
 std::vector<sim::Profile> selected_profiles(const CuArgs& a) {
@@ -181,6 +182,9 @@ void add_simulate_cu(CLI::App& parent) {
   cmd->add_option("--gantt", a->gantt, "write the schedule of a few steps of the first model to this .png/.svg");
   cmd->add_option("--gantt-steps", a->gantt_steps, "steps shown by --gantt")->capture_default_str();
   cmd->add_option("--gantt-bandwidth", a->gantt_gbit, "bandwidth of --gantt in Gbit/s")->capture_default_str();
+  cmd->add_option("--grid", a->grid, "ratio of the log grid whose first point reaching each CU is shown in brackets")
+      ->capture_default_str()
+      ->check(CLI::Range(1.000001, 10.0));
   cmd->add_option("--calibrate", a->calibrate, "predict the CU of a finished loco run and compare with its measurement");
   cmd->add_option("--convention", a->convention,
                   "loco (what loco sends: fp32 ring or its fp4 codec among the profile's replicas, whole-model "
@@ -235,13 +239,26 @@ void add_simulate_cu(CLI::App& parent) {
                     "' with linespoints lw 2 pt " + std::to_string(pi + 5) + " lc " + std::to_string(mi + 1) +
                     " title '" + p.name + " " + sim::method_name(methods[mi]) + "'";
     }
-    std::printf("\nbandwidth (Gbit/s) needed for a compute utilization of\n%-12s %-22s", "model", "method");
-    for (double t : targets) std::printf(" %9.0f%%", 100 * t);
+    std::printf("\nbandwidth (Gbit/s) needed for a compute utilization of (interpolated; in brackets the first "
+                "point of the grid %g^k Gbit/s that reaches it, as the paper's table reads)\n%-12s %-22s",
+                a->grid, "model", "method");
+    for (double t : targets) std::printf(" %19.0f%%", 100 * t);
     std::printf("\n");
     for (const auto& p : profiles)
       for (auto m : methods) {
         std::printf("%-12s %-22s", p.name.c_str(), sim::method_name(m).c_str());
-        for (double t : targets) std::printf(" %10s", gbit(sim::bandwidth_for_cu(p, m, t, convention)).c_str());
+        for (double t : targets) {
+          const double bw = sim::bandwidth_for_cu(p, m, t, convention);
+          std::string cell = gbit(bw);
+          if (std::isfinite(bw)) {
+            // CU grows with bandwidth, so the first grid point at or above bw reaches t.
+            double k = std::ceil(std::log(bw / 1e9) / std::log(a->grid) - 1e-9);
+            double point = std::pow(a->grid, k) * 1e9;
+            if (sim::simulate_cu(p, m, point, 0, convention).cu < t) point *= a->grid;  // bisection rounding
+            cell += " [" + gbit(point) + "]";
+          }
+          std::printf(" %20s", cell.c_str());
+        }
         std::printf("\n");
       }
     if (!a->plot.empty()) {

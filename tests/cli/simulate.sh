@@ -5,6 +5,7 @@ set -euo pipefail
 loco=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+py=/usr/bin/python3
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
 "$loco" simulate cu --model 1b --bandwidth-range 0.1:100:4 --plot cu.svg --gantt gantt.svg --gantt-steps 2 > cu.txt
@@ -14,6 +15,14 @@ grep -q "bandwidth (Gbit/s) needed" cu.txt
 "$loco" simulate cu --model 1b --set 1b.replicas=64 --method streaming-overlap-fp4 --bandwidth-range 1:10:2 |
   grep -qE "bytes per value each worker sends per reduction: streaming-overlap-fp4 (0\.9[0-9]*|1|1\.0[0-9]*)$"
 grep -qE "^1b +streaming-overlap-fp4 " cu.txt
+# Each needed bandwidth comes with the first point of the 1.2x log grid reaching it: at or above
+# it, less than one grid step away.
+$py - cu.txt <<'PY'
+import re, sys
+cells = re.findall(r"([0-9.e+]+) \[([0-9.e+]+)\]", open(sys.argv[1]).read())
+print(f"{len(cells)} needed bandwidths with their grid point")
+sys.exit(0 if cells and all(float(x) <= float(g) * 1.01 and float(g) < float(x) * 1.2 * 1.01 for x, g in cells) else 1)
+PY
 [ -s cu.svg ] && [ -s gantt.svg ]
 # A custom profile defined on the command line.
 "$loco" simulate cu --model mine --set mine.layers=8 --set mine.params=2e8 --set mine.nonblock_params=1e7 \
@@ -26,7 +35,6 @@ grep -q "global barrier" lat.txt && [ -s lat.svg ]
   grep -q "ring all-reduce"
 
 # Calibration on a real DiLoCo run over an emulated link.
-py=/usr/bin/python3
 $py "$here/../tools/make_tokens.py" train.tok 256 20000 5
 "$loco" train --config "$root/configs/tiny.toml" --set data.train=train.tok --quiet --set train.steps=20 \
   --set algorithm=diloco --set outer.inner_steps=10 --set distributed.replicas=2 --set network.bandwidth=50Mbit \
