@@ -7,9 +7,10 @@
 #     DiLoCo and Streaming both at the Streaming DiLoCo paper's outer lr 0.4; DiLoCo at the
 #     original paper's 0.7 as well;
 #  3. fp4 outer gradients as M grows (M = 2, 4, 8): fp32 ring, fp4 all-gather, fp4 reduce-scatter;
-#  4. DiLoCo's sensitivity to H and the outer optimizer (M = 4).
+#  4. seed spread: DDP, DiLoCo and streaming fp4 (tau 1) with two more seeds;
+#  5. DiLoCo's sensitivity to H and the outer optimizer (M = 4).
 # Prints `loco compare` tables. Usage: scripts/repro-streaming.sh [OUT_DIR]
-# (default runs/repro-streaming; about 50 minutes on 2 cores)
+# (default runs/repro-streaming; about 65 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/repro-streaming}
@@ -54,6 +55,15 @@ for M in 2 4 8; do
     --set outer.reduce=all-gather
 done
 
+# Seed spread: two more seeds (initialization and data order) of DDP, DiLoCo and streaming fp4.
+for seed in 1 2; do
+  seeds=(--set train.seed=$seed --set data.seed=$((1234 + seed)))
+  run ddp-seed$seed "${m4[@]}" "${seeds[@]}" --set algorithm=ddp
+  run diloco-seed$seed "${m4[@]}" "${seeds[@]}" --set algorithm=diloco --set outer.inner_steps=20 --set outer.lr=0.4
+  run streaming-fp4-tau1-seed$seed "${m4[@]}" "${seeds[@]}" "${stream[@]}" --set streaming.tau=1 \
+    --set outer.codec=fp4-e3m0
+done
+
 dl=(--set algorithm=diloco)
 run diloco-h5-lr0.7 "${m4[@]}" "${dl[@]}" --set outer.inner_steps=5 --set outer.lr=0.7
 run diloco-h10-lr0.7 "${m4[@]}" "${dl[@]}" --set outer.inner_steps=10 --set outer.lr=0.7
@@ -70,6 +80,10 @@ echo
 echo "M scaling (tau 1, equal tokens):"
 build/loco compare "$out"/m2-{fp32,fp4-ag,fp4-rs} "$out"/{streaming-fp32-tau1,m4-fp4-ag,streaming-fp4-tau1} \
   "$out"/m8-{fp32,fp4-ag,fp4-rs}
+echo
+echo "Seeds 0 (above), 1, 2:"
+build/loco compare "$out"/{ddp,ddp-seed1,ddp-seed2,diloco,diloco-seed1,diloco-seed2} \
+  "$out"/streaming-fp4-tau1{,-seed1,-seed2}
 echo
 echo "DiLoCo sensitivity (M = 4):"
 build/loco compare "$out"/diloco-h{5,10}-lr0.7 "$out"/{diloco-lr0.7,diloco-lr0.7-mom0.5,diloco-averaging,diloco}
