@@ -1,5 +1,7 @@
 #include "algo/algorithm.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace loco {
@@ -13,6 +15,19 @@ std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w)
   if (cfg.algorithm == "streaming") return make_streaming(cfg, w);
   if (cfg.algorithm == "noloco") return make_noloco(cfg, w);
   fail("unknown algorithm \"" + cfg.algorithm + "\"");
+}
+
+void share_for_eval(Communicator& comm, std::vector<float>& params, const std::string& how) {
+  if (how == "average") {
+    comm.all_reduce(params.data(), int64_t(params.size()), ReduceOp::Mean, "eval");
+    return;
+  }
+  check(how == "replica0", "internal: share_for_eval(" + how + ")");
+  std::string bytes(reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float));
+  auto h = comm.broadcast_start(&bytes, 0, "eval");
+  comm.wait(h);
+  if (bytes.size() != params.size() * sizeof(float)) fail("eval: replica 0 sent parameters of the wrong size");
+  std::memcpy(params.data(), bytes.data(), bytes.size());
 }
 
 void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer) {

@@ -60,4 +60,9 @@ std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w);
 // (so DiLoCo with one replica and plain averaging reproduces ordinary training bit for bit).
 void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer);
 
+// For evaluating replicas that differ: replaces every replica's `params` by the replicas'
+// average (`how` = "average": one all-reduce) or by replica 0's ("replica0": a broadcast), so
+// that every worker holds the same parameters. Traffic "eval"; every replica calls it.
+void share_for_eval(Communicator& comm, std::vector<float>& params, const std::string& how);
+
 }  // namespace loco

@@ -76,6 +76,7 @@ class Noloco : public Algorithm {
  public:
   Noloco(const RunConfig& cfg, const Worker& w)
       : cfg_(cfg.noloco),
+        comm_(w.comm),
         rank_(w.rank),
         replicas_(w.replicas),
         n_(int64_t(w.params.size())),
@@ -92,9 +93,9 @@ class Noloco : public Algorithm {
     const int64_t H = cfg_.inner_steps;
     if (done % H != 0 && !last) return;
     const int64_t k = (done + H - 1) / H;  // this outer step (the last one may end a short round)
-    const auto group = group_of(w, k);
+    const auto group = group_of(k);
     const int self = int(std::find(group.begin(), group.end(), w.rank) - group.begin());
-    finish_weights(w, k, group);
+    finish_weights(k, group);
     for (int64_t i = 0; i < n_; ++i) progress_[size_t(i)] = w.params[size_t(i)] - phi_[size_t(i)];
     // Local progress to every other member, theirs from each (sends first: no member waits on
     // another's receive).
@@ -127,14 +128,7 @@ class Noloco : public Algorithm {
   const std::vector<float>& eval_params(Worker& w) override {
     if (cfg_.eval == "shards") return phi_;
     eval_buffer_ = phi_;
-    if (cfg_.eval == "average") {
-      w.comm.all_reduce(eval_buffer_.data(), n_, ReduceOp::Mean, "eval");
-    } else {  // replica0
-      std::string bytes = to_bytes(eval_buffer_);
-      auto h = w.comm.broadcast_start(&bytes, 0, "eval");
-      w.comm.wait(h);
-      std::memcpy(eval_buffer_.data(), bytes.data(), bytes.size());
-    }
+    share_for_eval(w.comm, eval_buffer_, cfg_.eval);
     return eval_buffer_;
   }
 
@@ -160,7 +154,7 @@ class Noloco : public Algorithm {
     st.tensors["noloco.phi"] = phi_;
     st.tensors["noloco.delta"] = delta_;
     if (pending_k_ > 0) {
-      if (!received_) wait_weights(*comm_);
+      wait_weights();
       st.meta["noloco.weights_for"] = std::to_string(pending_k_);
       for (size_t j = 0; j < partner_phi_.size(); ++j)
         if (!partner_phi_[j].empty()) st.tensors["noloco.weights." + std::to_string(pending_group_[j])] = partner_phi_[j];
@@ -174,7 +168,7 @@ class Noloco : public Algorithm {
     if (!st.meta.count("noloco.weights_for")) return;
     pending_k_ = st.get_int("noloco.weights_for");
     if (pending_k_ < 1) fail("training state: noloco.weights_for must be >= 1");
-    pending_group_ = noloco_group_of(replicas_, cfg_.group_size, uint64_t(cfg_.seed), pending_k_, rank_);
+    pending_group_ = group_of(pending_k_);
     partner_phi_.assign(pending_group_.size(), std::vector<float>());
     for (size_t j = 0; j < pending_group_.size(); ++j)
       if (pending_group_[j] != rank_) {
@@ -187,7 +181,7 @@ class Noloco : public Algorithm {
  private:
   double pull() const { return cfg_.pull < 0 ? cfg_.outer_lr : cfg_.pull; }
 
-  std::vector<int> group_of(const Worker&, int64_t k) const {
+  std::vector<int> group_of(int64_t k) const {
     return noloco_group_of(replicas_, cfg_.group_size, uint64_t(cfg_.seed), k, rank_);
   }
 
@@ -203,9 +197,8 @@ class Noloco : public Algorithm {
   // Right after outer step k - 1: send phi to the members of this replica's group at step k and
   // post the receptions of theirs; the transfers overlap the next H inner steps.
   void start_weights(Worker& w, int64_t k) {
-    comm_ = &w.comm;
     pending_k_ = k;
-    pending_group_ = group_of(w, k);
+    pending_group_ = group_of(k);
     weights_in_.assign(pending_group_.size(), std::string());
     weight_handles_.clear();
     for (int m : pending_group_)
@@ -216,37 +209,37 @@ class Noloco : public Algorithm {
     received_ = false;
   }
 
-  void wait_weights(Communicator& comm) {
+  void wait_weights() {
     if (received_) return;
-    for (auto& h : weight_handles_) comm.wait(h);
+    for (auto& h : weight_handles_) comm_.wait(h);
     weight_handles_.clear();
     partner_phi_.assign(pending_group_.size(), std::vector<float>());
     for (size_t j = 0; j < pending_group_.size(); ++j)
-      if (pending_group_[j] != comm.rank()) partner_phi_[j] = floats(weights_in_[j], pending_group_[j], "weights");
+      if (pending_group_[j] != rank_) partner_phi_[j] = floats(weights_in_[j], pending_group_[j], "weights");
     weights_in_.clear();
     received_ = true;
   }
 
   // The members' phi for outer step k, in group order (empty for this replica). Step 1 needs
   // none: every replica starts from the same phi_0.
-  void finish_weights(Worker& w, int64_t k, const std::vector<int>& group) {
+  void finish_weights(int64_t k, const std::vector<int>& group) {
     if (pending_k_ == 0) {
       partner_phi_.assign(group.size(), std::vector<float>());
       return;
     }
     check(pending_k_ == k && pending_group_ == group, "noloco: weights were exchanged for outer step " +
                                                            std::to_string(pending_k_) + ", not " + std::to_string(k));
-    wait_weights(w.comm);
+    wait_weights();
     pending_k_ = 0;
   }
 
   NolocoConfig cfg_;
+  Communicator& comm_;  // the stage's replicas
   int rank_, replicas_;
   int64_t n_;
   std::vector<float> phi_, delta_, progress_, eval_buffer_;
   int64_t outer_steps_ = 0;
   // The weights exchange for outer step pending_k_ (0: none in flight).
-  Communicator* comm_ = nullptr;
   int64_t pending_k_ = 0;
   std::vector<int> pending_group_;
   std::vector<std::string> weights_in_;

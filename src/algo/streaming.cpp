@@ -166,14 +166,7 @@ class Streaming : public Algorithm {
       return eval_buffer_;
     }
     eval_buffer_ = w.params;
-    if (cfg_.eval == "average") {
-      w.comm.all_reduce(eval_buffer_.data(), int64_t(eval_buffer_.size()), ReduceOp::Mean, "eval");
-    } else {  // replica0
-      std::string bytes(reinterpret_cast<const char*>(eval_buffer_.data()), eval_buffer_.size() * 4);
-      auto h = w.comm.broadcast_start(&bytes, 0, "eval");
-      w.comm.wait(h);
-      std::memcpy(eval_buffer_.data(), bytes.data(), bytes.size());
-    }
+    share_for_eval(w.comm, eval_buffer_, cfg_.eval);
     return eval_buffer_;
   }
 

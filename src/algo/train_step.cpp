@@ -109,12 +109,11 @@ void maybe_inject_failure(const WorkerRun& run, int64_t step) {
   if (std::sscanf(spec, "%d:%lld", &worker, &at) == 2 && worker == run.rank && at == step)
     fail("injected failure (LOCO_INJECT_FAILURE=" + std::string(spec) + ")");
 }
-}  // namespace
 
 // network.compute_jitter = sigma: this step's compute c (so far) is stretched to c exp(sigma |Z|),
 // Z ~ N(0, 1) drawn from (train.seed, world rank, step), by idling for the difference. The idle
 // time counts as compute: it emulates a slower machine.
-static void emulate_straggling(WorkerRun& run, int64_t step, double compute) {
+void emulate_straggling(WorkerRun& run, int64_t step, double compute) {
   const double sigma = run.cfg.network.compute_jitter;
   if (sigma <= 0) return;
   Rng rng(mix_seed(uint64_t(run.cfg.train.seed) ^ 0x6a6974746572ULL, uint64_t(run.rank), uint64_t(step)));
@@ -125,6 +124,7 @@ static void emulate_straggling(WorkerRun& run, int64_t step, double compute) {
   run.jitter_seconds += slept;  // inside the step's optimizer-to-outer-step span: counted as compute there
   run.trace->span("straggling", "compute", 0, t0, t0 + slept);
 }
+}  // namespace
 
 StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   maybe_inject_failure(run, step + 1);

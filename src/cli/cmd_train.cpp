@@ -167,10 +167,10 @@ void add_compare(CLI::App& app) {
     } catch (const nlohmann::json::exception& e) {
       fail(dir + "/summary.json: not a loco run summary (" + e.what() + ")");
     }
-    std::printf("(sent: payload bytes of the training method's traffic per worker (gradients, outer gradients, NoLoCo exchanges, pipeline "
-                "activations); largest sync: most bytes one worker "
-                "sent in one reduction (NoLoCo: one message to a partner); peak: highest send rate in bytes/s over network.peak_window, all traffic; "
-                "CU: mean compute utilization)\n");
+    std::printf("(sent: payload bytes of the training method's traffic per worker (gradients, outer gradients, "
+                "NoLoCo exchanges, pipeline activations); largest sync: most bytes one worker sent in one reduction "
+                "(NoLoCo: one message to a partner); peak: highest send rate in bytes/s over network.peak_window, "
+                "all traffic; CU: mean compute utilization)\n");
   });
 }
 
