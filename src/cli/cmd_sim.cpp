@@ -15,6 +15,7 @@
 #include "io/run_config.h"
 #include "model/layout.h"
 #include "sim/cu.h"
+#include "comm/stats.h"
 #include "sim/estimate.h"
 #include "sim/latency.h"
 
@@ -136,7 +137,7 @@ void calibrate(const CuArgs& a) {
     compute += w.at("compute_s").get<double>();
     cu += w.at("compute_utilization").get<double>();
     for (const auto& [op, v] : w.at("by_operation").items())
-      if (op == "gradients" || op == "outer_gradients") bytes += v.at("bytes_sent").get<double>();
+      if (is_sync_traffic(op)) bytes += v.at("bytes_sent").get<double>();
   }
   const double n = double(workers.size());
   p.step_time_s = compute / n / double(steps);
