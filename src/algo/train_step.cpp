@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "algo/run.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "sim/latency.h"
 
 namespace loco {
 
@@ -111,13 +113,14 @@ void maybe_inject_failure(const WorkerRun& run, int64_t step) {
 }
 
 // network.compute_jitter = sigma: this step's compute c (so far) is stretched to c exp(sigma |Z|),
-// Z ~ N(0, 1) drawn from (train.seed, world rank, step), by idling for the difference. The idle
-// time counts as compute: it emulates a slower machine.
+// Z ~ N(0, 1) drawn from (train.seed, world rank, step), by idling for the difference (the
+// factor capped at 20, so that a tail draw cannot stall the run). The idle time counts as
+// compute: it emulates a slower machine.
 void emulate_straggling(WorkerRun& run, int64_t step, double compute) {
   const double sigma = run.cfg.network.compute_jitter;
   if (sigma <= 0) return;
   Rng rng(mix_seed(uint64_t(run.cfg.train.seed) ^ 0x6a6974746572ULL, uint64_t(run.rank), uint64_t(step)));
-  const double extra = compute * (std::exp(sigma * std::abs(rng.normal())) - 1);
+  const double extra = compute * (std::min(sim::kJitterCap, std::exp(sigma * std::abs(rng.normal()))) - 1);
   const double t0 = run.world.clock().now();
   std::this_thread::sleep_for(std::chrono::duration<double>(extra));
   const double slept = run.world.clock().now() - t0;

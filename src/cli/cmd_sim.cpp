@@ -295,9 +295,9 @@ void add_simulate_latency(CLI::App& parent) {
   cmd->add_option("--seed", a->seed, "Monte Carlo seed")->capture_default_str();
   cmd->add_option("--plot", a->plot, "write the tree / pair time ratio vs workers to this .png/.svg");
   cmd->add_option("--compute-jitter", a->jitter,
-                  "barrier cost for inner-step times exp(sigma |Z|) as network.compute_jitter = sigma emulates "
+                  "barrier cost for inner-step times min(20, exp(sigma |Z|)) as network.compute_jitter = sigma emulates "
                   "(replaces --step-mu/--step-sigma)")
-      ->check(CLI::Range(0.0, 5.0));
+      ->check(CLI::Range(0.0, 2.0));
   cmd->callback([a] {
     const bool folded = a->jitter >= 0;
     if (folded) {
@@ -332,7 +332,7 @@ void add_simulate_latency(CLI::App& parent) {
                   std::to_string(s).substr(0, 4) + "'";
     }
     if (folded)
-      std::printf("\nglobal barrier: %lld inner steps, each exp(%g |Z|) times the compute (network.compute_jitter); "
+      std::printf("\nglobal barrier: %lld inner steps, each min(20, exp(%g |Z|)) times the compute (network.compute_jitter); "
                   "cost = E[slowest] / E[mean] - 1\n",
                   (long long)a->inner_steps, a->step_sigma);
     else

@@ -76,7 +76,7 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("network.peak_window", &n.peak_window, "window over which the peak send rate is measured");
   s.add("network.compute_jitter", &n.compute_jitter,
         "sigma: emulated stragglers; each worker's every inner step takes exp(sigma |Z|) times its compute, Z ~ "
-        "N(0, 1) drawn per worker and step (0: off)", 0.0, 5.0);
+        "N(0, 1) drawn per worker and step, at most 20 times (0: off)", 0.0, 2.0);
 
   auto& o2 = cfg.outer;
   s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco, streaming)", 1);

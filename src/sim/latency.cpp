@@ -103,9 +103,15 @@ std::pair<double, double> step_moments(double mu, double sigma, bool folded) {
     const double m = std::exp(mu + sigma * sigma / 2);
     return {m, (std::exp(sigma * sigma) - 1) * m * m};
   }
-  // E[exp(s |Z|)] = 2 exp(s^2 / 2) Phi(s).
-  auto moment = [&](double s) { return std::exp(s * s / 2) * std::erfc(-s / std::sqrt(2.0)); };
-  const double m = std::exp(mu) * moment(sigma), m2 = std::exp(2 * mu) * moment(2 * sigma);
+  // X = min(cap, exp(s |Z|)); with c = ln(cap) / s, E[X^p] = 2 exp((ps)^2 / 2) (Phi(c - ps) -
+  // Phi(-ps)) + cap^p 2 (1 - Phi(c)).
+  auto Phi = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+  const double cap = kJitterCap, c = sigma > 0 ? std::log(cap) / sigma : INFINITY;
+  auto moment = [&](double p) {
+    const double ps = p * sigma;
+    return 2 * std::exp(ps * ps / 2) * (Phi(c - ps) - Phi(-ps)) + std::pow(cap, p) * 2 * (1 - Phi(c));
+  };
+  const double m = std::exp(mu) * moment(1), m2 = std::exp(2 * mu) * moment(2);
   return {m, m2 - m * m};
 }
 }  // namespace
@@ -130,7 +136,9 @@ Estimate barrier_cost_mc(int group, int64_t H, double mu, double sigma, int tria
     double slowest = 0;
     for (int w = 0; w < group; ++w) {
       double sum = 0;
-      for (int64_t h = 0; h < H; ++h) sum += folded ? std::exp(mu + sigma * std::abs(rng.normal())) : lognormal(rng, mu, sigma);
+      for (int64_t h = 0; h < H; ++h)
+        sum += folded ? std::exp(mu) * std::min(kJitterCap, std::exp(sigma * std::abs(rng.normal())))
+                      : lognormal(rng, mu, sigma);
       slowest = std::max(slowest, sum);
     }
     v = slowest / (double(H) * m) - 1.0;

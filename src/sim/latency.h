@@ -29,8 +29,10 @@ Estimate tree_allreduce_full_mc(int n, double mu, double sigma, int trials, uint
 
 // Relative cost of waiting: E[max over `group` workers of the sum of H step times] / E[sum] - 1.
 // group = n: a global barrier (DiLoCo); group = 2: a pairwise step (NoLoCo).
-// Step times: exp(mu + sigma Z) (log-normal), or with `folded` exp(mu + sigma |Z|), what
-// `network.compute_jitter = sigma` emulates in real runs (a step is slowed, never sped up).
+// Step times: exp(mu + sigma Z) (log-normal), or with `folded` exp(mu) min(kJitterCap,
+// exp(sigma |Z|)), what `network.compute_jitter = sigma` emulates in real runs (a step is
+// slowed, never sped up, and at most kJitterCap times).
+constexpr double kJitterCap = 20;
 double barrier_cost_closed(int group, int64_t H, double mu, double sigma, bool folded = false);  // normal approx.
 Estimate barrier_cost_mc(int group, int64_t H, double mu, double sigma, int trials, uint64_t seed,
                          bool folded = false);
