@@ -1,5 +1,6 @@
 #include "io/config_schema.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +13,26 @@ namespace loco {
 namespace {
 
 const toml::node& as_node(const void* p) { return *static_cast<const toml::node*>(p); }
+
+// `s` as a TOML basic string: quotes, backslashes and control characters escaped, so that any
+// value reads back as itself.
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
 
 std::string show_double(double v) {
   std::ostringstream ss;
@@ -106,7 +127,7 @@ void ConfigSchema::add(const std::string& key, std::string* field, const std::st
                      }
                      *field = *v;
                    },
-                   [=] { return "\"" + *field + "\""; }});
+                   [=] { return toml_string(*field); }});
 }
 
 const ConfigSchema::Key* ConfigSchema::find(const std::string& key) const {
@@ -150,13 +171,7 @@ void ConfigSchema::apply_override(const std::string& assignment) {
   const Key* k = find(key);
   if (!k) fail("--set: unknown key " + key + " (see loco train --print-config)");
   if (k->type == "string" && (value.empty() || value.front() != '"')) {
-    // A bare word: quote it as a TOML basic string.
-    std::string quoted = "\"";
-    for (char ch : value) {
-      if (ch == '"' || ch == '\\') quoted += '\\';
-      quoted += ch;
-    }
-    value = quoted + "\"";
+    value = toml_string(value);  // a bare word
   }
   toml::table t;
   try {

@@ -120,7 +120,8 @@ ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string
     if (hd != c.hidden_size / c.num_heads) fail(source + ": head_dim must equal hidden_size / num_attention_heads");
   }
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") fail(source + ": hidden_act must be \"silu\"");
-  if (j.value("attention_bias", false) || j.value("mlp_bias", false)) fail(source + ": biases are not supported");
+  if (get_key<bool>(j, "attention_bias", source, false, false) || get_key<bool>(j, "mlp_bias", source, false, false))
+    fail(source + ": biases are not supported");
   c.validate(source);
   return c;
 }
