@@ -114,8 +114,11 @@ for w in s["workers"]:
 print("boundary bytes b*T*d*4 per microbatch and direction; 1F1B holds S - s microbatches")
 PY
 
-# A stuck (SIGSTOP) or killed (SIGKILL) stage: the run ends within the timeout, naming it.
+# A stuck (SIGSTOP) or killed (SIGKILL) stage: the run ends within the timeout, naming it. Which
+# wait times out first depends on where the stage stopped: a pipeline receive ("... from stage 1,
+# replica 0 (worker 1): worker 1 did not answer") or the per-step exchange along the pipeline
+# ("worker 1 did not answer worker 2"); both name the stuck worker.
 for sig in STOP KILL; do
-  signal_rank $sig 3 "from stage 1, replica 0 (worker 1): worker 1 did not answer" "${base[@]}" --set pipeline.stages=3
+  signal_rank $sig 3 "worker 1 did not answer" "${base[@]}" --set pipeline.stages=3
 done
 echo "pipeline: OK"
