@@ -15,6 +15,7 @@
 #include "pipeline/executor.h"
 #include "pipeline/grid.h"
 #include "pipeline/schedule.h"
+#include "model/protocol.h"
 #include "pipeline/stage_model.h"
 
 namespace loco {
@@ -61,6 +62,7 @@ struct WorkerRun {
   std::shared_ptr<TrafficStats> traffic;
   Communicator world, dp, chain;
   PipelineExecutor pipe;
+  std::unique_ptr<Subspace> subspace;  // protocol models (protocol.rank > 0), else null
   Worker w;
   std::unique_ptr<Algorithm> algo;
   TransformerStage stage_model;
@@ -70,6 +72,11 @@ struct WorkerRun {
   int64_t route_step = 0;  // the step train_route serves (1-based)
   std::vector<int32_t> inputs, targets;  // the step's batch (first stage)
   size_t full_tensors = 0;                // tensors of the whole model (for the norm exchange)
+  // Protocol models: A = sum g^T g of the last boundary's full gradients since the last
+  // Grassmann update (last stage, protocol.grassmann_interval > 0), and the updates' account.
+  std::vector<double> grassmann_a;
+  int64_t grassmann_updates = 0;
+  double grassmann_loss_before = -1, grassmann_loss_after = -1, grassmann_seconds = 0;
 
   // Accounting.
   double eval_seconds = 0, checkpoint_seconds = 0, backward_seconds = 0, chain_wait_seconds = 0;
@@ -98,6 +105,19 @@ double evaluate(WorkerRun& run);
 // The spread between replicas (spec 04), pooled over stages; -1 when the algorithm keeps its
 // replicas identical. Every worker calls it at the same step (diagnostic traffic "spread").
 double replica_spread(WorkerRun& run);
+
+// Protocol models (spec 05; protocol_run.cpp), no-ops when protocol.rank = 0:
+// constrained matrices projected into the subspace at initialisation (scaled by sqrt(d/k) to
+// keep their norm); their gradients projected after backward; the constraint re-applied after
+// parameter updates (every optimizer step with "project"; after a quantized streaming sync with
+// either); every protocol.grassmann_interval steps the subspace moved (Grassmann update).
+void protocol_init(WorkerRun& run);
+void protocol_after_backward(WorkerRun& run);
+void protocol_after_optimizer(WorkerRun& run);
+void protocol_after_step(WorkerRun& run, int64_t done);
+// The subspace state in a worker's checkpoint (U everywhere, A on the accumulating stage).
+void protocol_save(const WorkerRun& run, TrainingState& st);
+void protocol_load(WorkerRun& run, const TrainingState& st, const std::string& source);
 
 // Restores a worker from the run's latest checkpoint; returns (step, elapsed seconds).
 std::pair<int64_t, double> restore_worker(WorkerRun& run);

@@ -33,8 +33,13 @@ void place_stage(const ParamLayout& full, const ParamLayout& stage_layout, const
 
 // The full model's evaluation parameters, on the reporter (empty elsewhere): replica 0's other
 // stages send theirs along the pipeline.
-std::vector<float> assemble_model(WorkerRun& run, const std::vector<float>& eval_params) {
+std::vector<float> assemble_model(WorkerRun& run, const std::vector<float>& stage_params) {
   if (run.replica != 0) return {};
+  // Protocol models: the first stage's embedding E = E_fixed + E_s U^T materialised, so the model
+  // is an ordinary Llama.
+  std::vector<float> materialised;
+  if (run.subspace && run.first_stage) materialised = run.subspace->materialise(run.w.model.layout(), stage_params.data());
+  const std::vector<float>& eval_params = materialised.empty() ? stage_params : materialised;
   if (!run.reporter) {
     auto h = run.chain.send_start(run.grid.stages - 1,
                                   std::string(reinterpret_cast<const char*>(eval_params.data()),
@@ -46,7 +51,9 @@ std::vector<float> assemble_model(WorkerRun& run, const std::vector<float>& eval
   const ParamLayout full(run.cfg.model);
   std::vector<float> model(size_t(full.size()), 0.0f);
   for (int s = 0; s < run.grid.stages; ++s) {
-    const ParamLayout layout(run.cfg.model, run.s.stages[size_t(s)]);
+    StageSpec plain = run.s.stages[size_t(s)];
+    plain.embedding_rank = 0;
+    const ParamLayout layout(run.cfg.model, plain);
     if (s == run.stage) {
       place_stage(full, layout, eval_params.data(), model.data());
       continue;
@@ -103,6 +110,7 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
   w.adamw.set_steps(step);
   if (run.first_stage) w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken")});
   run.algo->load_state(rep);
+  protocol_load(run, rep, state_path);
   const std::string traffic = traffic_path(ck, run);
   if (file_exists(traffic)) run.traffic->restore(read_json_file(traffic), traffic);
   return {step, elapsed};
@@ -126,6 +134,7 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
               {"data.epoch", std::to_string(pos.epoch)},
               {"data.taken", std::to_string(pos.taken)}};
   run.algo->save_state(rep);
+  protocol_save(run, rep);
   const std::vector<float>& eval_params = run.algo->eval_params(w);
   write_state_file(worker_state_path(tmp, run.stage, run.replica, run.grid.stages), rep);
   write_file_atomic(traffic_path(tmp, run), run.traffic->to_json().dump() + "\n");

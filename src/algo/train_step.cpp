@@ -143,6 +143,7 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   const double pipeline_compute = run.pipe.compute_seconds() - compute_before;
   w.compute_seconds += pipeline_compute;
   ++run.steps_run;
+  protocol_after_backward(run);
 
   run.algo->on_gradients(w);
   if (run.cfg.model.tie_embeddings && run.grid.stages > 1 && (run.first_stage || run.last_stage))
@@ -155,12 +156,14 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   const double t2 = clock.now();
   scale_to_norm(w.grads.data(), int64_t(w.grads.size()), result.grad_norm, run.cfg.optim.clip);
   w.adamw.step(w.params.data(), w.grads.data(), lr);
+  protocol_after_optimizer(run);
   run.trace->span("optimizer", "compute", 0, t2, clock.now());
   emulate_straggling(run, step, pipeline_compute + (clock.now() - t2));
   const double t3 = clock.now();
   const int64_t done = step + 1;
   const double wait_before = run.comm_wait_seconds();
   run.algo->after_step(w, done, done == run.cfg.train.steps);
+  protocol_after_step(run, done);
   const double t4 = clock.now();
   // Outer updates are compute; time blocked on the network inside after_step is not.
   w.compute_seconds += (t3 - t2) + std::max(0.0, (t4 - t3) - (run.comm_wait_seconds() - wait_before));

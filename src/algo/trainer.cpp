@@ -138,6 +138,9 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
       dp(make_group_view(transport, grid.stage_group(stage)), setup.comm, trace, kDataChannel, traffic),
       chain(make_group_view(transport, grid.replica_chain(replica)), setup.comm, trace, kChainChannel, traffic),
       pipe(transport, grid, rank, setup.comm.timeout_s, traffic, trace),
+      subspace(cfg.protocol.rank > 0 ? std::make_unique<Subspace>(cfg.model, cfg.protocol.rank,
+                                                                  uint64_t(cfg.protocol.seed), cfg.protocol.fixed_std)
+                                     : nullptr),
       w(cfg, dp, setup.train_tokens, setup.stages[size_t(stage)], rank),
       algo(make_algorithm(cfg, w)),
       stage_model(w.model, cfg.micro_windows(), cfg.data.seq_len, cfg.microbatches(),
@@ -147,7 +150,13 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
       train_route(cfg.algorithm == "noloco" && cfg.noloco.routing == "random" && grid.stages > 1
                       ? random_route(grid, rank, uint64_t(cfg.noloco.seed), &route_step)
                       : route),
-      full_tensors(ParamLayout(cfg.model).tensors().size()) {}
+      full_tensors(ParamLayout(cfg.model).tensors().size()) {
+  if (subspace) {
+    w.model.set_protocol(subspace.get());
+    const bool accumulate = last_stage && cfg.protocol.grassmann_interval > 0;
+    stage_model.set_protocol(subspace.get(), cfg.protocol.compress, accumulate ? &grassmann_a : nullptr);
+  }
+}
 
 namespace {
 
@@ -163,8 +172,10 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     double elapsed_before = 0;
     if (s.resuming)
       std::tie(start_step, elapsed_before) = restore_worker(run);
-    else
+    else {
       w.model.init_params(w.params.data(), uint64_t(cfg.train.seed));  // same seed: identical replicas
+      protocol_init(run);
+    }
     run.algo->start(w, s.resuming);
 
     const LrSchedule schedule{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
@@ -334,6 +345,10 @@ TrainSummary run_training(const TrainOptions& opt) {
   }
   s->grid = {S, R};
   s->stages = partition_stages(cfg.model, S, cfg.pipeline.split);
+  if (cfg.protocol.rank > 0) {  // E_s on the first stage; every block before the last boundary constrained
+    s->stages.front().embedding_rank = cfg.protocol.rank;
+    for (auto& st : s->stages) st.constrained_end = s->stages.back().first_block;
+  }
   s->schedule = parse_schedule(cfg.pipeline.schedule);
   s->reporter_rank = s->grid.rank(S - 1, 0);
   s->backend = backend;

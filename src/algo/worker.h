@@ -30,7 +30,7 @@ struct Worker {
                                          : TrainableSet(model.layout())),
         params(size_t(model.layout().size())),
         grads(size_t(trainable.size())),
-        adamw(cfg.optim.adamw, model.layout(), &trainable),
+        adamw(cfg.optim.adamw, model.layout(), &trainable, cfg.protocol.constraint == "subspace-adamw"),
         loader(std::move(train_tokens), cfg.data.seq_len, cfg.data.batch_size, rank, replicas,
                uint64_t(cfg.data.seed)) {}
 

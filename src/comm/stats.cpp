@@ -17,7 +17,8 @@ bool is_sync_traffic(const std::string& op) {
 
 bool is_training_traffic(const std::string& op) {
   if (is_sync_traffic(op)) return true;
-  for (const char* t : {"activations", "tokens", "activation_grads", "tied_embedding", "grad_norm"})
+  for (const char* t : {"activations", "tokens", "activation_grads", "tied_embedding", "grad_norm", "grassmann_A",
+                        "grassmann_U"})
     if (op == t) return true;
   return false;
 }

@@ -73,4 +73,13 @@ std::vector<int> seeded_permutation(int n, uint64_t seed) {
   return p;
 }
 
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace loco

@@ -2,6 +2,7 @@
 // Deterministic RNG: splitmix64-seeded xoshiro256** with our own normal sampler, so that
 // results do not depend on the standard library's distribution implementations.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace loco {
@@ -32,6 +33,8 @@ class Rng {
 
 // Mixes several integers into one seed (for per-worker, per-step streams).
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0);
+// FNV-1a of a name (a tensor's), for seeding one stream per name.
+uint64_t name_hash(const std::string& s);
 // A permutation of 0..n-1 drawn from `seed` (Fisher-Yates over this Rng): the same everywhere.
 std::vector<int> seeded_permutation(int n, uint64_t seed);
 

@@ -133,6 +133,21 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("pipeline.schedule", &pp.schedule, "microbatch schedule: 1f1b (at most S in flight) or gpipe (all m)",
         {"1f1b", "gpipe"});
   s.add("pipeline.split", &pp.split, "blocks per stage, e.g. \"2,4\" (\"\": balanced by parameter count)");
+  auto& pr = cfg.protocol;
+  s.add("protocol.rank", &pr.rank,
+        "k: protocol models, every write into the residual stream before the last stage boundary is kept in a "
+        "k-dimensional subspace and boundaries carry k numbers per token (0: off)", 0, 1 << 20);
+  s.add("protocol.seed", &pr.seed, "seed of the subspace U and the frozen embedding E_fixed (shared by every worker)");
+  s.add("protocol.constraint", &pr.constraint,
+        "how weights stay in the subspace: project (W <- U U^T W after every optimizer step) or subspace-adamw "
+        "(second moment shared along the output dimension, no projection)", {"project", "subspace-adamw"});
+  s.add("protocol.compress", &pr.compress,
+        "send the k subspace coordinates across boundaries (false: the full d, same results; for checking)");
+  s.add("protocol.fixed_std", &pr.fixed_std, "standard deviation of the frozen embedding part E_fixed", 0.0, 1e6);
+  s.add("protocol.grassmann_interval", &pr.grassmann_interval,
+        "T_U: optimizer steps between Grassmann updates of the subspace (0: U stays fixed)", 0);
+  s.add("protocol.grassmann_lr", &pr.grassmann_lr, "eta: Grassmann step size on A normalised to unit trace", 0.0,
+        1e6);
   return s;
 }
 
@@ -180,6 +195,18 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   if (c.algorithm == "noloco") {
     need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
     need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");
+  }
+  if (c.protocol.rank > 0) {
+    const auto& p = c.protocol;
+    need(p.rank < c.model.hidden_size, "protocol.rank (" + std::to_string(p.rank) + ") must be below model.hidden_size (" +
+                                           std::to_string(c.model.hidden_size) + ")");
+    need(c.pipeline.stages >= 2, "protocol.rank needs pipeline.stages >= 2 (it compresses stage boundaries)");
+    need(!c.model.tie_embeddings, "protocol.rank needs an untied head (model.tie_embeddings = false): a head tied to "
+                                  "E = E_fixed + E_s U^T would be mostly the frozen random E_fixed");
+    need(c.partial.slices == 1, "protocol.rank with partial.slices > 1 is not supported");
+    need(p.grassmann_interval == 0 || c.algorithm == "ddp",
+         "protocol.grassmann_interval > 0 needs algorithm = \"ddp\" (the outer state of " + c.algorithm +
+             " is not moved to a new subspace)");
   }
   if (c.partial.slices > 1) {
     need(c.algorithm == "diloco" || c.algorithm == "streaming",

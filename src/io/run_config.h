@@ -91,6 +91,16 @@ struct NolocoConfig {
   std::string eval = "shards";      // shards, replica0, average
 };
 
+struct ProtocolConfig {
+  int rank = 0;                       // k: subspace dimension (0: off)
+  int64_t seed = 0;                   // U and E_fixed (shared by every worker)
+  std::string constraint = "project"; // project or subspace-adamw
+  bool compress = true;               // send k numbers per token (false: d, for checking exactness)
+  double fixed_std = 1.0;             // std of the frozen embedding E_fixed (reference code: 1)
+  int64_t grassmann_interval = 0;     // T_U: steps between subspace updates (0: U fixed)
+  double grassmann_lr = 0.1;          // eta, on A normalised to unit trace
+};
+
 struct PipelineConfig {
   int stages = 1;                   // S: pipeline stages (contiguous groups of blocks)
   int microbatches = 0;             // m per step (0: data.batch_size / train.micro_batch_size, or 1)
@@ -111,6 +121,7 @@ struct RunConfig {
   PartialConfig partial;
   NolocoConfig noloco;
   PipelineConfig pipeline;
+  ProtocolConfig protocol;
   // Microbatches per step and windows in each (from pipeline.microbatches or
   // train.micro_batch_size; one of the whole batch when neither is set).
   int microbatches() const;

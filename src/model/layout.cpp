@@ -13,7 +13,8 @@ ParamLayout::ParamLayout(const ModelConfig& c, StageSpec stage) : config_(c), st
             ") are outside the model's " + std::to_string(c.num_layers) + " layers");
   const int64_t d = c.hidden_size, f = c.intermediate_size, v = c.vocab_size, hd = c.head_dim();
   if (stage_.embedding || (stage_.head && c.tie_embeddings))
-    add("model.embed_tokens.weight", TensorKind::Embedding, -1, v, d, false);
+    add("model.embed_tokens.weight", TensorKind::Embedding, -1, v, stage_.embedding_rank > 0 ? stage_.embedding_rank : d,
+        false);
   if (stage_.head && !c.tie_embeddings) add("lm_head.weight", TensorKind::LmHead, -1, v, d, false);
   if (stage_.head) add("model.norm.weight", TensorKind::FinalNorm, -1, 1, d, false);
   for (int l = stage_.first_block; l < stage_.last_block; ++l) {

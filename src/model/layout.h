@@ -43,7 +43,19 @@ struct StageSpec {
   int last_block = -1;  // -1: up to num_layers
   bool embedding = true;
   bool head = true;
+  // Protocol models (spec 05, model/protocol.h): with embedding_rank = k > 0 the embedding
+  // tensor holds the trainable coordinates E_s (V x k) of E = E_fixed + E_s U^T; o_proj and
+  // down_proj of blocks below constrained_end write only into span(U).
+  int embedding_rank = 0;
+  int constrained_end = 0;
 };
+
+// o_proj and down_proj: the matrices that write into the residual stream.
+inline bool writes_residual(const TensorInfo& t) { return t.kind == TensorKind::O || t.kind == TensorKind::Down; }
+// A matrix kept in the protocol subspace on this stage.
+inline bool is_constrained(const StageSpec& stage, const TensorInfo& t) {
+  return writes_residual(t) && t.block < stage.constrained_end;
+}
 
 enum class SliceStrategy { Mlp, MlpHeads };
 
@@ -56,6 +68,7 @@ class ParamLayout {
   const TensorInfo& get(TensorKind kind, int block = -1) const;
   const TensorInfo* find(const std::string& name) const;
   const StageSpec& stage() const { return stage_; }
+  const ModelConfig& config() const { return config_; }
   int num_blocks() const { return stage_.last_block - stage_.first_block; }
 
   // Fragment ranges: one range covering all tensors of a block, or the non-block tensors.

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/kernels.h"
 #include "core/rng.h"
+#include "model/protocol.h"
 
 namespace loco {
 
@@ -14,14 +15,6 @@ namespace {
 
 void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
 
-uint64_t name_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 }  // namespace
 
@@ -117,6 +110,17 @@ Transformer::Transformer(const ModelConfig& config, StageSpec stage) : config_(c
   config_.validate("model config");
 }
 
+void Transformer::set_protocol(const Subspace* subspace) {
+  check(!subspace || subspace->k() == layout_.stage().embedding_rank || !layout_.stage().embedding,
+        "internal: the subspace's rank differs from the stage's embedding rank");
+  subspace_ = subspace;
+}
+
+const Subspace* Transformer::protocol() const {
+  check(subspace_ != nullptr, "internal: a protocol stage without its subspace");
+  return subspace_;
+}
+
 void Transformer::init_params(float* params, uint64_t seed) const {
   const double residual_scale = config_.scale_residual_init ? 1.0 / std::sqrt(2.0 * config_.num_layers) : 1.0;
   for (const auto& t : layout_.tensors()) {
@@ -152,7 +156,10 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
       if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
         fail("input token id " + std::to_string(tokens[i]) + " is outside the vocabulary (" +
              std::to_string(c.vocab_size) + ")");
-    embedding_forward(x, tokens, P(TensorKind::Embedding), n, d);
+    if (st.embedding_rank > 0)
+      protocol()->embed_forward(x, tokens, P(TensorKind::Embedding), n);
+    else
+      embedding_forward(x, tokens, P(TensorKind::Embedding), n, d);
   } else {
     std::copy_n(x_in, n * d, x);
   }
@@ -296,7 +303,9 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
                      P(TensorKind::InputNorm, l), b.rstd1.data(), n, d);
   }
 
-  if (st.embedding)
+  if (st.embedding && st.embedding_rank > 0)
+    protocol()->embed_backward(G(TensorKind::Embedding), sc.dx.data(), tokens, n);
+  else if (st.embedding)
     embedding_backward(G(TensorKind::Embedding), sc.dx.data(), tokens, n, d);
   else if (dx_in)
     for (int64_t j = 0; j < n * d; ++j) dx_in[j] += sc.dx[j];

@@ -12,6 +12,8 @@
 
 namespace loco {
 
+class Subspace;
+
 // Backward-pass scratch for a (batch, seq) shape: needed by one backward pass at a time, so the
 // workspaces of microbatches in flight in a pipeline share one.
 struct BackwardScratch {
@@ -58,6 +60,10 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   const StageSpec& stage() const { return layout_.stage(); }
+  // Protocol models: the subspace the embedding coordinates E_s (stage().embedding_rank > 0)
+  // live in (owned by the caller, kept alive while the model is used).
+  void set_protocol(const Subspace* subspace);
+  const Subspace* protocol() const;
 
   // Seeded init of spec 00-system.md. Each tensor draws from its own stream (seed, name), in
   // Hugging Face element order, so a stage gets the same values as the full model.
@@ -81,6 +87,7 @@ class Transformer {
  private:
   ModelConfig config_;
   ParamLayout layout_;
+  const Subspace* subspace_ = nullptr;
 };
 
 }  // namespace loco

@@ -22,8 +22,12 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // Moments for the trained entries only (all parameters without `trainable`).
-  AdamW(const AdamWConfig& config, const ParamLayout& layout, const TrainableSet* trainable = nullptr);
+  // Moments for the trained entries only (all parameters without `trainable`). With
+  // `subspace_moments`, the protocol-constrained matrices of the layout's stage (spec 05) use
+  // the subspace AdamW: the bias-corrected second moment is averaged over the output (d)
+  // dimension, so an update whose first moment lies in the subspace stays there.
+  AdamW(const AdamWConfig& config, const ParamLayout& layout, const TrainableSet* trainable = nullptr,
+        bool subspace_moments = false);
   // One update of every trained parameter with learning rate `lr`; grads is compact (the
   // trainable set's buffer), params is the full layout.
   void step(float* params, const float* grads, double lr);
@@ -39,6 +43,13 @@ class AdamW {
     int64_t param, compact, size;  // params[param + i] pairs with grads/m/v[compact + i]
   };
   std::vector<Segment> decay_, no_decay_;
+  struct SharedTensor {
+    Segment seg;
+    int64_t rows, cols;
+    bool out_is_cols;  // the output dimension is the stored columns (down_proj)
+    bool decay;
+  };
+  std::vector<SharedTensor> shared_;
   std::vector<float> m_, v_;
   int64_t step_ = 0;
 };

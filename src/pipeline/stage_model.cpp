@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/blas.h"
 #include "core/error.h"
 
 namespace loco {
@@ -58,6 +59,41 @@ void TransformerStage::begin_step(int64_t step, const float* params, float* grad
 
 TransformerStage::Slot& TransformerStage::slot_for(int mb) { return slots_[size_t(mb) % slots_.size()]; }
 
+int TransformerStage::width() const {
+  return compress_ ? subspace_->k() : model_.config().hidden_size;
+}
+
+void TransformerStage::set_protocol(const Subspace* subspace, bool compress, std::vector<double>* grassmann) {
+  subspace_ = subspace;
+  compress_ = subspace && compress;
+  grassmann_ = grassmann;
+  if (grassmann_) grassmann_->assign(size_t(model_.config().hidden_size) * model_.config().hidden_size, 0.0);
+}
+
+void TransformerStage::receive_activations(const BoundaryMessage& in, const std::vector<int32_t>& tokens,
+                                           const float*& x_in) {
+  const int64_t n = int64_t(tokens.size());
+  const int64_t expect = n * width();
+  if (int64_t(in.activations.size()) != expect)
+    fail("pipeline: activations of " + std::to_string(in.activations.size()) + " floats, expected " +
+         std::to_string(expect) + " (mismatched configs across workers?)");
+  x_in = in.activations.data();
+  if (!compress_) return;
+  expanded_.resize(size_t(n) * model_.config().hidden_size);
+  subspace_->expand(in.activations.data(), tokens.data(), n, expanded_.data());
+  x_in = expanded_.data();
+}
+
+void TransformerStage::send_activations(const float* x_out, const std::vector<int32_t>& tokens, BoundaryMessage& out) {
+  const int64_t n = int64_t(tokens.size());
+  if (!compress_) {
+    out.activations.assign(x_out, x_out + n * model_.config().hidden_size);
+    return;
+  }
+  out.activations.resize(size_t(n) * subspace_->k());
+  subspace_->compress(x_out, tokens.data(), n, out.activations.data());
+}
+
 void TransformerStage::forward(int mb, const BoundaryMessage& in, BoundaryMessage& out) {
   const auto& st = model_.stage();
   Slot& slot = slot_for(mb);
@@ -65,25 +101,22 @@ void TransformerStage::forward(int mb, const BoundaryMessage& in, BoundaryMessag
                                  std::to_string(slot.microbatch) + " (schedule exceeds the workspaces)");
   slot.microbatch = mb;
   const int64_t n = int64_t(windows_) * seq_;
+  const float* x_in = nullptr;
   if (st.embedding) {
     slot.inputs.assign(inputs_->begin() + mb * n, inputs_->begin() + (mb + 1) * n);
     slot.targets.assign(targets_->begin() + mb * n, targets_->begin() + (mb + 1) * n);
   } else {
     unpack_windows(in.tokens, windows_, seq_, slot.inputs, slot.targets);
-    const int64_t expect = n * model_.config().hidden_size;
-    if (int64_t(in.activations.size()) != expect)
-      fail("pipeline: activations of " + std::to_string(in.activations.size()) + " floats, expected " +
-           std::to_string(expect) + " (mismatched configs across workers?)");
+    receive_activations(in, slot.inputs, x_in);
   }
-  const double loss = model_.forward(params_, slot.inputs.data(), st.embedding ? nullptr : in.activations.data(),
-                                     slot.targets.data(), *slot.ws);
+  const double loss = model_.forward(params_, slot.inputs.data(), x_in, slot.targets.data(), *slot.ws);
   if (st.head) {
     if (!std::isfinite(loss))
       fail("non-finite training loss at step " + std::to_string(step_) + " (lower optimizer.lr?); stopped before "
            "the update");
     loss_ += loss / microbatches_;
   } else {
-    out.activations = slot.ws->x_out;
+    send_activations(slot.ws->x_out.data(), slot.inputs, out);
     pack_windows(slot.inputs.data(), slot.targets.data(), windows_, seq_, out.tokens);
   }
 }
@@ -92,15 +125,34 @@ void TransformerStage::backward(int mb, const std::vector<float>& grad_out, std:
   const auto& st = model_.stage();
   Slot& slot = slot_for(mb);
   check(slot.microbatch == mb, "internal: backward of microbatch " + std::to_string(mb) + " before its forward");
-  const int64_t nd = int64_t(windows_) * seq_ * model_.config().hidden_size;
-  if (!st.head && int64_t(grad_out.size()) != nd)
-    fail("pipeline: activation gradients of " + std::to_string(grad_out.size()) + " floats, expected " +
-         std::to_string(nd));
+  const int d = model_.config().hidden_size;
+  const int64_t n = int64_t(windows_) * seq_, nd = n * d;
+  const float* dy = nullptr;
+  if (!st.head) {
+    if (int64_t(grad_out.size()) != n * width())
+      fail("pipeline: activation gradients of " + std::to_string(grad_out.size()) + " floats, expected " +
+           std::to_string(n * width()));
+    dy = grad_out.data();
+    if (compress_) {
+      expanded_.resize(size_t(nd));
+      subspace_->expand(grad_out.data(), nullptr, n, expanded_.data());
+      dy = expanded_.data();
+    }
+  }
   if (!st.embedding) grad_in.assign(size_t(nd), 0.0f);
-  model_.backward(params_, grads_, slot.inputs.data(), slot.targets.data(), 1.0 / microbatches_,
-                  st.head ? nullptr : grad_out.data(), st.embedding ? nullptr : grad_in.data(), *slot.ws,
-                  trainable_);
+  model_.backward(params_, grads_, slot.inputs.data(), slot.targets.data(), 1.0 / microbatches_, dy,
+                  st.embedding ? nullptr : grad_in.data(), *slot.ws, trainable_);
   slot.microbatch = -1;
+  if (st.embedding) return;
+  if (grassmann_) {  // A += g^T g, in double
+    std::vector<double> g(grad_in.begin(), grad_in.end());
+    gemm(true, false, d, d, int(n), 1.0, g.data(), d, g.data(), d, 1.0, grassmann_->data(), d);
+  }
+  if (compress_) {
+    compressed_.resize(size_t(n) * subspace_->k());
+    subspace_->compress(grad_in.data(), nullptr, n, compressed_.data());
+    grad_in.swap(compressed_);
+  }
 }
 
 double TransformerStage::eval_loss_sum(const float* params, PipelineExecutor& ex, const Route& route,
@@ -123,13 +175,14 @@ double TransformerStage::eval_loss_sum(const float* params, PipelineExecutor& ex
       ex.recv_forward(route.prev(mb), msg, mb, true);
       unpack_windows(msg.tokens, b, T, in, tgt);
     }
-    const double loss = model_.forward(params, in.data(), st.embedding ? nullptr : msg.activations.data(), tgt.data(),
-                                       *eval_ws_);
+    const float* x_in = nullptr;
+    if (!st.embedding) receive_activations(msg, in, x_in);
+    const double loss = model_.forward(params, in.data(), x_in, tgt.data(), *eval_ws_);
     if (st.head) {
       total += loss * double(b);
     } else {
       BoundaryMessage out;
-      out.activations = eval_ws_->x_out;
+      send_activations(eval_ws_->x_out.data(), in, out);
       pack_windows(in.data(), tgt.data(), b, T, out.tokens);
       ex.send_forward(route.next(mb), out, true);
     }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/protocol.h"
 #include "model/trainable.h"
 #include "model/transformer.h"
 #include "pipeline/executor.h"
@@ -36,6 +37,12 @@ class TransformerStage : public StageCompute {
   double eval_loss_sum(const float* params, PipelineExecutor& ex, const Route& route,
                        const std::vector<int32_t>& tokens, int64_t first, int64_t count, int batch);
 
+  // Protocol models (spec 05): boundaries carry the k subspace coordinates of the activations
+  // (with the token ids) and of the activation gradients when `compress`, else all d (the same
+  // results, for checking). `grassmann` (the last stage only, or null): A += g^T g over the rows
+  // of the full gradient g of this stage's input, before it is compressed.
+  void set_protocol(const Subspace* subspace, bool compress, std::vector<double>* grassmann);
+
   // Bytes of activations held at most (workspaces of the microbatches in flight + scratch).
   int64_t activation_bytes() const;
   int in_flight() const { return int(slots_.size()); }
@@ -59,6 +66,14 @@ class TransformerStage : public StageCompute {
   const std::vector<int32_t>* inputs_ = nullptr;
   const std::vector<int32_t>* targets_ = nullptr;
   double loss_ = 0;
+  // Protocol models.
+  int width() const;  // floats per token crossing a boundary
+  void receive_activations(const BoundaryMessage& in, const std::vector<int32_t>& tokens, const float*& x_in);
+  void send_activations(const float* x_out, const std::vector<int32_t>& tokens, BoundaryMessage& out);
+  const Subspace* subspace_ = nullptr;
+  bool compress_ = false;
+  std::vector<double>* grassmann_ = nullptr;
+  std::vector<float> expanded_, compressed_;
 };
 
 // The tokens message for windows of T inputs and their targets (T + 1 ids per window), and

@@ -1,0 +1,65 @@
+#pragma once
+// Protocol models (spec 05-protocol.md): one global k-dimensional subspace S = span(U) of the
+// residual stream, U (d x k) with orthonormal columns, and a frozen, seeded embedding part
+// E_fixed (V x d). The token embedding is E = E_fixed + E_s U^T with E_s (V x k) trainable, and
+// every o_proj / down_proj before the last stage boundary writes only into S, so every
+// residual-stream state there is E_fixed[tokens] + (a vector in S): a boundary carries its k
+// coordinates, c = (h - E_fixed[tokens]) U, and the receiver rebuilds h = c U^T + E_fixed[tokens]
+// exactly (to rounding). Backward, a boundary carries g U.
+//
+// Layouts: U is row-major (d, k); projections are computed as U (U^T W), never with U U^T.
+// A constrained matrix's output dimension is d: the rows of o_proj (d, d) and the columns of
+// down_proj as loco stores it (f, d).
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace loco {
+
+class Subspace {
+ public:
+  // U from a seeded Gaussian (d x k) orthonormalised (Gram-Schmidt in double, twice: the Q of a
+  // QR with positive diag(R)); E_fixed ~ N(0, fixed_std^2), seeded. Identical on every worker.
+  Subspace(const ModelConfig& model, int k, uint64_t seed, double fixed_std);
+
+  int d() const { return d_; }
+  int k() const { return k_; }
+  const std::vector<float>& basis() const { return u_; }
+  // Replaces U (d x k; checked orthonormal to 1e-4, else an error naming `source`).
+  void set_basis(const std::vector<float>& u, const std::string& source);
+  const std::vector<float>& fixed_embedding() const { return fixed_; }
+
+  // c (n x k) = (h - E_fixed[tokens]) U; with tokens == nullptr, c = h U (gradients).
+  void compress(const float* h, const int32_t* tokens, int64_t n, float* c) const;
+  // h (n x d) = c U^T + E_fixed[tokens]; with tokens == nullptr, h = c U^T.
+  void expand(const float* c, const int32_t* tokens, int64_t n, float* h) const;
+  // The embedding: x (n x d) = E_fixed[tokens] + E_s[tokens] U^T, and its backward
+  // dE_s[tokens] += dx U.
+  void embed_forward(float* x, const int32_t* tokens, const float* e_s, int64_t n) const;
+  void embed_backward(float* de_s, const float* dx, const int32_t* tokens, int64_t n) const;
+
+  // W <- scale * U U^T W along the output dimension of a constrained matrix `t` stored at w.
+  void project(const TensorInfo& t, float* w, float scale = 1.0f) const;
+  // Every constrained matrix of `layout` in `buffer` (parameters, gradients or first moments,
+  // all at the layout's offsets).
+  void project_constrained(const ParamLayout& layout, float* buffer) const;
+  // max over the constrained matrices of ||W - U U^T W|| / ||W|| (0 when there are none).
+  double max_residual(const ParamLayout& layout, const float* params) const;
+
+  // The plain stage layout's parameters (embedding E materialised, V x d) from a protocol
+  // stage's (E_s, V x k); the other tensors are copied.
+  std::vector<float> materialise(const ParamLayout& layout, const float* params) const;
+
+ private:
+  int d_, k_, vocab_;
+  std::vector<float> u_;      // (d, k)
+  std::vector<float> fixed_;  // (V, d)
+};
+
+// Q of the thin QR of a (rows x cols, row-major, rows >= cols) with diag(R) > 0, in double:
+// modified Gram-Schmidt applied twice. Fails on a rank-deficient input.
+std::vector<double> orthonormalise(std::vector<double> a, int rows, int cols);
+
+}  // namespace loco
