@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "algo/run.h"
-#include "core/blas.h"
 #include "core/error.h"
 
 namespace loco {
@@ -19,67 +18,6 @@ bool lossy_outer_updates(const WorkerRun& run) {
   return run.cfg.algorithm == "streaming" && run.cfg.outer.codec != "fp32";
 }
 
-// Moves every worker to the basis `u_new`: the embedding coordinates and their first moment
-// rotated by U_old^T U_new (so E_s U^T is unchanged wherever it lies in both subspaces), the
-// constrained matrices and their first moments projected onto the new subspace. The second
-// moments are kept as they are (they cannot be rotated exactly).
-void move_to_basis(WorkerRun& run, const std::vector<float>& u_new) {
-  Subspace& sub = *run.subspace;
-  const int d = sub.d(), k = sub.k();
-  const auto& layout = run.w.model.layout();
-  if (run.first_stage) {
-    std::vector<float> rot(size_t(k) * k);
-    gemm(true, false, k, k, d, 1.0f, sub.basis().data(), k, u_new.data(), k, 0.0f, rot.data(), k);
-    const auto& e = layout.get(TensorKind::Embedding);
-    std::vector<float> tmp(size_t(e.numel()));
-    for (std::vector<float>* buf : {&run.w.params, &run.w.adamw.m()}) {
-      float* es = buf->data() + e.offset;  // full trainable set: compact offsets are the layout's
-      gemm_mt(false, false, int(e.rows), k, k, 1.0f, es, k, rot.data(), k, 0.0f, tmp.data(), k);
-      std::memcpy(es, tmp.data(), tmp.size() * sizeof(float));
-    }
-  }
-  sub.set_basis(u_new, "Grassmann update");
-  sub.project_constrained(layout, run.w.params.data());
-  sub.project_constrained(layout, run.w.adamw.m().data());
-}
-
-// One Grassmann step on the last stage: A normalised to unit trace, Riemannian gradient
-// R = (I - U U^T)(-2 A U), U_new = qr(U - eta R).Q with positive diag(R). Returns U_new and
-// the subspace loss 1 - tr(U^T A U) before and after.
-std::vector<float> grassmann_step(const Subspace& sub, const std::vector<double>& a_sum, double eta, double& before,
-                                  double& after) {
-  const int d = sub.d(), k = sub.k();
-  std::vector<double> u(sub.basis().begin(), sub.basis().end());
-  double trace = 0;
-  for (int i = 0; i < d; ++i) trace += a_sum[size_t(i) * d + i];
-  if (!(trace > 0)) {  // no gradient seen: keep U
-    before = after = -1;
-    return sub.basis();
-  }
-  std::vector<double> a(a_sum.size());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = a_sum[i] / trace;
-  auto loss = [&](const std::vector<double>& basis) {
-    std::vector<double> au(size_t(d) * k);
-    gemm(false, false, d, k, d, 1.0, a.data(), d, basis.data(), k, 0.0, au.data(), k);
-    double captured = 0;
-    for (size_t i = 0; i < au.size(); ++i) captured += basis[i] * au[i];
-    return std::pair{1.0 - captured, au};
-  };
-  auto [l0, au] = loss(u);
-  before = l0;
-  // G = -2 A U; R = G - U (U^T G); X = U - eta R.
-  std::vector<double> g(au.size()), utg(size_t(k) * k), r(au.size());
-  for (size_t i = 0; i < g.size(); ++i) g[i] = -2.0 * au[i];
-  gemm(true, false, k, k, d, 1.0, u.data(), k, g.data(), k, 0.0, utg.data(), k);
-  r = g;
-  gemm(false, false, d, k, k, -1.0, u.data(), k, utg.data(), k, 1.0, r.data(), k);
-  std::vector<double> x(u.size());
-  for (size_t i = 0; i < x.size(); ++i) x[i] = u[i] - eta * r[i];
-  const auto q = orthonormalise(std::move(x), d, k);
-  after = loss(q).first;
-  return std::vector<float>(q.begin(), q.end());
-}
-
 void grassmann_update(WorkerRun& run) {
   const Clock& clock = run.world.clock();
   const double t0 = clock.now();
@@ -88,8 +26,8 @@ void grassmann_update(WorkerRun& run) {
   if (run.last_stage) {
     std::vector<double> a = run.grassmann_a;
     if (run.grid.replicas > 1) a = run.dp.sum_doubles(a, "grassmann_A");
-    const auto u_new = grassmann_step(*run.subspace, a, run.cfg.protocol.grassmann_lr, run.grassmann_loss_before,
-                                      run.grassmann_loss_after);
+    const auto u_new = grassmann_step(run.subspace->basis(), a, run.subspace->d(), run.subspace->k(),
+                                      run.cfg.protocol.grassmann_lr, run.grassmann_loss_before, run.grassmann_loss_after);
     std::fill(run.grassmann_a.begin(), run.grassmann_a.end(), 0.0);  // A restarts after every update
     bytes.assign(reinterpret_cast<const char*>(u_new.data()), u_new.size() * sizeof(float));
   }
@@ -97,7 +35,9 @@ void grassmann_update(WorkerRun& run) {
   run.chain.wait(h);
   std::vector<float> u_new(bytes.size() / sizeof(float));
   if (!u_new.empty()) std::memcpy(u_new.data(), bytes.data(), u_new.size() * sizeof(float));
-  move_to_basis(run, u_new);
+  // Every linear per-parameter quantity moves with the basis: the parameters and AdamW's first
+  // moments (the second moments stay: they cannot be rotated exactly).
+  run.subspace->change_basis(u_new, run.w.model.layout(), {run.w.params.data(), run.w.adamw.m().data()});
   ++run.grassmann_updates;
   run.grassmann_seconds += clock.now() - t0;
 }

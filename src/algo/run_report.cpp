@@ -67,6 +67,18 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
   }
   me["train_bytes_sent"] = train_bytes;
   me["pipeline_bytes_sent"] = pipeline_bytes;
+  if (run.subspace) {
+    const auto& layout = w.model.layout();
+    me["protocol"] = {{"rank", run.subspace->k()},
+                      {"boundary_floats_per_token", run.cfg.protocol.compress ? run.subspace->k() : run.subspace->d()},
+                      {"max_residual", run.subspace->max_residual(layout, w.params.data())},
+                      {"grassmann_updates", run.grassmann_updates},
+                      {"grassmann_s", run.grassmann_seconds}};
+    if (run.grassmann_loss_before >= 0) {  // the accumulating stage: the subspace loss of the last update
+      me["protocol"]["subspace_loss_before"] = run.grassmann_loss_before;
+      me["protocol"]["subspace_loss_after"] = run.grassmann_loss_after;
+    }
+  }
   run.algo->report(me);
   return me;
 }

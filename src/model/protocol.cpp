@@ -131,6 +131,24 @@ double Subspace::max_residual(const ParamLayout& layout, const float* params) co
   return worst;
 }
 
+void Subspace::change_basis(const std::vector<float>& u_new, const ParamLayout& layout,
+                            const std::vector<float*>& buffers) {
+  if (u_new.size() != u_.size()) fail("subspace: a new basis of the wrong size");
+  std::vector<float> rot(size_t(k_) * k_);
+  gemm(true, false, k_, k_, d_, 1.0f, u_.data(), k_, u_new.data(), k_, 0.0f, rot.data(), k_);
+  const bool coordinates = layout.stage().embedding && layout.stage().embedding_rank > 0;
+  const auto* e = coordinates ? &layout.get(TensorKind::Embedding) : nullptr;
+  std::vector<float> tmp(e ? size_t(e->numel()) : 0);
+  set_basis(u_new, "subspace update");
+  for (float* buf : buffers) {
+    if (e) {
+      gemm_mt(false, false, int(e->rows), k_, k_, 1.0f, buf + e->offset, k_, rot.data(), k_, 0.0f, tmp.data(), k_);
+      std::memcpy(buf + e->offset, tmp.data(), tmp.size() * sizeof(float));
+    }
+    project_constrained(layout, buf);
+  }
+}
+
 std::vector<float> Subspace::materialise(const ParamLayout& layout, const float* params) const {
   StageSpec plain_stage = layout.stage();
   plain_stage.embedding_rank = 0;
@@ -151,6 +169,40 @@ std::vector<float> Subspace::materialise(const ParamLayout& layout, const float*
     }
   }
   return out;
+}
+
+std::vector<float> grassmann_step(const std::vector<float>& u_in, const std::vector<double>& a_sum, int d, int k,
+                                  double eta, double& before, double& after) {
+  check(u_in.size() == size_t(d) * k && a_sum.size() == size_t(d) * d, "internal: grassmann_step sizes");
+  std::vector<double> u(u_in.begin(), u_in.end());
+  double trace = 0;
+  for (int i = 0; i < d; ++i) trace += a_sum[size_t(i) * d + i];
+  if (!(trace > 0)) {  // no gradient seen: keep U
+    before = after = -1;
+    return u_in;
+  }
+  std::vector<double> a(a_sum.size());
+  for (size_t i = 0; i < a.size(); ++i) a[i] = a_sum[i] / trace;
+  auto loss = [&](const std::vector<double>& basis) {
+    std::vector<double> au(size_t(d) * k);
+    gemm(false, false, d, k, d, 1.0, a.data(), d, basis.data(), k, 0.0, au.data(), k);
+    double captured = 0;
+    for (size_t i = 0; i < au.size(); ++i) captured += basis[i] * au[i];
+    return std::pair{1.0 - captured, au};
+  };
+  auto [l0, au] = loss(u);
+  before = l0;
+  // G = -2 A U; R = G - U (U^T G); X = U - eta R.
+  std::vector<double> g(au.size()), utg(size_t(k) * k), r(au.size());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = -2.0 * au[i];
+  gemm(true, false, k, k, d, 1.0, u.data(), k, g.data(), k, 0.0, utg.data(), k);
+  r = g;
+  gemm(false, false, d, k, k, -1.0, u.data(), k, utg.data(), k, 1.0, r.data(), k);
+  std::vector<double> x(u.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = u[i] - eta * r[i];
+  const auto q = orthonormalise(std::move(x), d, k);
+  after = loss(q).first;
+  return std::vector<float>(q.begin(), q.end());
 }
 
 }  // namespace loco

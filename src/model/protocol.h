@@ -48,6 +48,13 @@ class Subspace {
   // max over the constrained matrices of ||W - U U^T W|| / ||W|| (0 when there are none).
   double max_residual(const ParamLayout& layout, const float* params) const;
 
+  // Moves to the basis u_new (orthonormal, d x k): in each buffer (parameters or another
+  // quantity linear in them, at the layout's offsets) the embedding coordinates are rotated,
+  // E_s <- E_s (U_old^T U_new), and the constrained matrices projected onto the new subspace;
+  // then U = u_new. Where E_s U_old^T and the constrained matrices lie in both subspaces, the
+  // model's function is unchanged.
+  void change_basis(const std::vector<float>& u_new, const ParamLayout& layout, const std::vector<float*>& buffers);
+
   // The plain stage layout's parameters (embedding E materialised, V x d) from a protocol
   // stage's (E_s, V x k); the other tensors are copied.
   std::vector<float> materialise(const ParamLayout& layout, const float* params) const;
@@ -57,6 +64,13 @@ class Subspace {
   std::vector<float> u_;      // (d, k)
   std::vector<float> fixed_;  // (V, d)
 };
+
+// One Grassmann step (spec 05): with A (d x d, a sum of g^T g) normalised to unit trace,
+// R = (I - U U^T)(-2 A U) and U_new = qr(U - eta R).Q with positive diag(R), in double. `before`
+// and `after` receive the subspace loss L(U) = 1 - tr(U^T A U) of U and U_new (-1 and U kept
+// when A is zero).
+std::vector<float> grassmann_step(const std::vector<float>& u, const std::vector<double>& a_sum, int d, int k,
+                                  double eta, double& before, double& after);
 
 // Q of the thin QR of a (rows x cols, row-major, rows >= cols) with diag(R) > 0, in double:
 // modified Gram-Schmidt applied twice. Fails on a rank-deficient input.
