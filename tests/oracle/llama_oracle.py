@@ -155,6 +155,42 @@ def cmd_grad(a):
     return bad
 
 
+def cmd_protocol_grad(a):
+    """A protocol model's gradients (loco, through the compressed pipeline) against torch's on
+    the materialised Llama: the embedding coordinates E_s get (dL/dE) U, the constrained o_proj
+    and down_proj (blocks below constrained_end) U U^T dL/dW, every other tensor dL/dW."""
+    cfg, weights = load_model(a.checkpoint)
+    tokens, _ = read_tokens(a.data)
+    model = Llama(cfg, weights)
+    inp, tgt = windows(tokens, a.seq_len, 0, a.windows)
+    loss = model.loss(inp, tgt)
+    loss.backward()
+    loco_grads, meta = read_safetensors(a.grads)
+    U = loco_grads.pop("protocol.U")
+    k = U.shape[1]
+    eye = U.T @ U
+    if not (eye - torch.eye(k, dtype=eye.dtype)).abs().max().item() < 1e-6:
+        print("FAIL protocol.U is not orthonormal")
+        return 1
+    end = int(meta["constrained_end"])
+    expected = {}
+    for name, p in model.w.items():
+        g = p.grad
+        if name == "model.embed_tokens.weight":
+            g = g @ U
+        elif any(name == f"model.layers.{l}.{m}.weight" for l in range(end) for m in ("self_attn.o_proj", "mlp.down_proj")):
+            g = U @ (U.T @ g)
+        expected[name] = g
+    bad = compare(loco_grads, expected, a.tol, "protocol gradients")
+    loco_loss = float(meta["loss"])
+    lrel = abs(loco_loss - loss.item()) / abs(loss.item())
+    print(f"loss: loco {loco_loss:.8f} torch {loss.item():.8f} relative diff {lrel:.3e}")
+    if not lrel <= a.tol:
+        print("FAIL loss")
+        bad += 1
+    return bad
+
+
 def cmd_adamw(a):
     cfg, weights = load_model(a.checkpoint)
     tokens, _ = read_tokens(a.data)
@@ -192,6 +228,12 @@ def main():
     g.add_argument("--windows", type=int, required=True)
     g.add_argument("--grads", required=True)
     g.add_argument("--tol", type=float, default=1e-4)
+    pg = sub.add_parser("protocol-grad")
+    for opt in ("--checkpoint", "--data", "--grads"):
+        pg.add_argument(opt, required=True)
+    pg.add_argument("--seq-len", type=int, required=True)
+    pg.add_argument("--windows", type=int, required=True)
+    pg.add_argument("--tol", type=float, default=1e-4)
     o = sub.add_parser("adamw")
     o.add_argument("--checkpoint", required=True)
     o.add_argument("--result", required=True)
@@ -208,7 +250,7 @@ def main():
     o.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    bad = cmd_grad(a) if a.cmd == "grad" else cmd_adamw(a)
+    bad = {"grad": cmd_grad, "protocol-grad": cmd_protocol_grad, "adamw": cmd_adamw}[a.cmd](a)
     print("oracle: FAILED" if bad else "oracle: OK")
     sys.exit(1 if bad else 0)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_oracle.sh {grad|adamw} VARIANT LOCO WORKDIR [ADAMW_TOOL]
+# run_oracle.sh {grad|adamw|protocol} VARIANT LOCO WORKDIR [TOOL]
 # Initializes a tiny model with loco, computes gradients (or AdamW steps) with loco, and checks
 # them against the independent PyTorch implementation in llama_oracle.py.
 set -euo pipefail
@@ -20,11 +20,18 @@ case $variant in
   plain) sets=() ;;
   tied-qknorm) sets=(--set model.tie_embeddings=true --set model.qk_norm=true) ;;
   zloss) sets=(--set model.z_loss=0.05 --set model.qk_norm=true) ;;
+  protocol-s2 | protocol-s3) sets=(--set model.num_layers=${variant: -1}) ;;
   *) echo "unknown variant $variant"; exit 2 ;;
 esac
 "$py" "$here/../tools/make_tokens.py" "$work/tokens.bin" 96 4000 7
 "$loco" init --config "$work/tiny.toml" "${sets[@]}" --seed 11 --out "$work/ckpt"
-if [ "$mode" = grad ]; then
+if [ "$mode" = protocol ]; then
+  # A protocol model (rank 5 of 32) through the compressed pipeline vs torch on its materialised E.
+  sed "s/^num_layers = 2/num_layers = ${variant: -1}/" "$work/tiny.toml" > "$work/model.toml"
+  "$tool" "$work/model.toml" "$work/tokens.bin" 24 6 "${variant: -1}" 5 "$work/ckpt-protocol" "$work/grads.safetensors"
+  "$py" "$here/llama_oracle.py" protocol-grad --checkpoint "$work/ckpt-protocol" --data "$work/tokens.bin" \
+    --seq-len 24 --windows 6 --grads "$work/grads.safetensors" --tol 1e-4
+elif [ "$mode" = grad ]; then
   # 6 windows in micro-batches of 4 and 2: also checks gradient accumulation.
   "$loco" grad --checkpoint "$work/ckpt" --data "$work/tokens.bin" --seq-len 24 --windows 6 --batch 4 \
     --out "$work/grads.safetensors"
