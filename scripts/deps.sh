@@ -5,7 +5,8 @@ loco_packages() {
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
                 libopenmpi-dev openmpi-bin ;;
-    test) echo python3 python3-numpy python3-torch gnuplot-nox ;;
+    test) echo python3 python3-numpy python3-torch gnuplot-nox iproute2 iputils-ping ;;
+    netlab) echo iproute2 iputils-ping ;;
     demo) echo gnuplot-nox ;;
     plot) echo gnuplot-nox ;;
     fuzz) echo clang libfuzzer-14-dev libclang-rt-14-dev ;;
