@@ -98,7 +98,8 @@ void check_memory(const RunSetup& s, int local_workers) {
     const double blocks = st.last_block - st.first_block;
     const double params = m.stage_parameter_count(blocks, st.embedding, st.head);
     // Parameters, gradients, AdamW moments, outer parameters and momentum with their buffers.
-    const double state = params * (4 + 4 + 8 + (outer ? 12 : 0));
+    double state = params * (4 + 4 + 8 + (outer ? 12 : 0));
+    if (c.protocol.rank > 0) state += 4 * V * d + (st.head && c.protocol.grassmann_interval > 0 ? 8 * d * d : 0);  // E_fixed, A
     const double per_token = blocks * (12 * d + 3 * f + 4 * h) + d + (st.head ? 2 * d + V + 2 : 0);
     const double activations = 4 * tokens * (in_flight * per_token + 8 * d + 3 * f);
     largest = std::max(largest, state + activations);

@@ -41,7 +41,9 @@ sim::PipelineProfile profile_of(const RunConfig& c) {
   p.microbatches = c.microbatches();
   p.schedule = parse_schedule(c.pipeline.schedule);
   const double windows = c.micro_windows(), T = c.data.seq_len;
-  p.activation_bytes = windows * T * c.model.hidden_size * 4;
+  // Protocol models send k numbers per token (protocol.rank with protocol.compress).
+  const double width = c.protocol.rank > 0 && c.protocol.compress ? c.protocol.rank : c.model.hidden_size;
+  p.activation_bytes = windows * T * width * 4;
   p.token_bytes = windows * (T + 1) * 4;
   p.tied_bytes = c.model.tie_embeddings ? double(c.model.vocab_size) * c.model.hidden_size * 4 : 0.0;
   // Partial sums of the norm: (tensor index, sum) in doubles for each tensor of a stage.

@@ -58,8 +58,16 @@ void Subspace::set_basis(const std::vector<float>& u, const std::string& source)
   u_ = u;
 }
 
+void Subspace::check_tokens(const int32_t* tokens, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab_)
+      fail("protocol: token id " + std::to_string(tokens[i]) + " is outside the vocabulary (" +
+           std::to_string(vocab_) + ")");
+}
+
 void Subspace::compress(const float* h, const int32_t* tokens, int64_t n, float* c) const {
   if (!tokens) return gemm_mt(false, false, int(n), k_, d_, 1.0f, h, d_, u_.data(), k_, 0.0f, c, k_);
+  check_tokens(tokens, n);
   std::vector<float> tmp(size_t(n) * d_);
   for (int64_t i = 0; i < n; ++i) {
     const float* e = fixed_.data() + int64_t(tokens[i]) * d_;
@@ -69,6 +77,7 @@ void Subspace::compress(const float* h, const int32_t* tokens, int64_t n, float*
 }
 
 void Subspace::expand(const float* c, const int32_t* tokens, int64_t n, float* h) const {
+  if (tokens) check_tokens(tokens, n);  // ids may come from a peer
   gemm_mt(false, true, int(n), d_, k_, 1.0f, c, k_, u_.data(), k_, 0.0f, h, d_);
   if (!tokens) return;
   for (int64_t i = 0; i < n; ++i) {
@@ -78,6 +87,7 @@ void Subspace::expand(const float* c, const int32_t* tokens, int64_t n, float* h
 }
 
 void Subspace::embed_forward(float* x, const int32_t* tokens, const float* e_s, int64_t n) const {
+  check_tokens(tokens, n);
   std::vector<float> rows(size_t(n) * k_);
   for (int64_t i = 0; i < n; ++i) std::memcpy(&rows[size_t(i * k_)], e_s + int64_t(tokens[i]) * k_, sizeof(float) * k_);
   expand(rows.data(), tokens, n, x);

@@ -31,6 +31,7 @@ class Subspace {
   void set_basis(const std::vector<float>& u, const std::string& source);
   const std::vector<float>& fixed_embedding() const { return fixed_; }
 
+  // Token ids are checked against the vocabulary (they may come from a peer).
   // c (n x k) = (h - E_fixed[tokens]) U; with tokens == nullptr, c = h U (gradients).
   void compress(const float* h, const int32_t* tokens, int64_t n, float* c) const;
   // h (n x d) = c U^T + E_fixed[tokens]; with tokens == nullptr, h = c U^T.
@@ -60,6 +61,7 @@ class Subspace {
   std::vector<float> materialise(const ParamLayout& layout, const float* params) const;
 
  private:
+  void check_tokens(const int32_t* tokens, int64_t n) const;
   int d_, k_, vocab_;
   std::vector<float> u_;      // (d, k)
   std::vector<float> fixed_;  // (V, d)
