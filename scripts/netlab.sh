@@ -185,7 +185,7 @@ cmd_run() {
   mpi=$!
   wait "$mpi" || rc=$?
   mpi=""
-  cmd_stats > "${NETLAB_STATS:-/dev/stdout}"
+  if [ -n "${NETLAB_STATS:-}" ]; then cmd_stats > "$NETLAB_STATS"; else cmd_stats; fi
   return $rc
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "core/error.h"
 
@@ -26,7 +27,8 @@ class LinkTransport : public Transport {
       // One outgoing link per worker, shared by every channel and thread.
       std::lock_guard<std::mutex> lock(mu_);
       start = std::max(now, link_free_);
-      end = start + (link_.bandwidth_bps > 0 ? 8.0 * double(message.size()) / link_.bandwidth_bps : 0.0);
+      if (conns_.empty()) conns_.resize(size_t(inner_->size()));
+      end = start + link_transfer_time(link_, conns_[size_t(peer)], start, double(message.size()));
       link_free_ = end;
     }
     const double arrival = end + link_.latency_s;
@@ -59,6 +61,7 @@ class LinkTransport : public Transport {
   std::shared_ptr<Clock> clock_;
   std::mutex mu_;
   double link_free_ = 0;
+  std::vector<TcpConnection> conns_;  // by peer
 };
 
 // Splits "12.5 Mbit/s" into 12.5 and "mbit/s" (lower case, spaces removed).
@@ -78,6 +81,36 @@ std::pair<double, std::string> number_and_unit(const std::string& text, const st
 }
 
 }  // namespace
+
+double link_transfer_time(const LinkConfig& link, TcpConnection& conn, double start, double bytes) {
+  if (link.bandwidth_bps <= 0) return 0.0;
+  if (!link.tcp) return 8.0 * bytes / link.bandwidth_bps;
+  constexpr double kMss = 1448, kFrame = 1514, kInitialWindow = 10 * kMss, kMinRto = 0.2;
+  const double rate = link.bandwidth_bps / 8.0 * kMss / kFrame;  // payload bytes per second
+  const double rtt = 2.0 * link.latency_s;
+  double window = conn.window > 0 ? conn.window : kInitialWindow;
+  if (conn.last_end >= 0 && rtt > 0) {  // restart after idle
+    const double rto = rtt + kMinRto;
+    for (double idle = start - conn.last_end - rto; idle > 0 && window > kInitialWindow; idle -= rto) window /= 2;
+    window = std::max(window, kInitialWindow);
+  }
+  const double pipe = rate * rtt;  // bandwidth-delay product
+  double left = bytes, t = 0;
+  while (left > 0 && window < pipe) {  // slow start: a round of `window` bytes per round trip
+    if (left <= window) {
+      t += left / rate;
+      left = 0;
+      break;
+    }
+    t += rtt;
+    left -= window;
+    window *= 2;
+  }
+  t += left / rate;
+  conn.window = window;
+  conn.last_end = start + t;
+  return t;
+}
 
 std::unique_ptr<Transport> wrap_with_link(std::unique_ptr<Transport> inner, LinkConfig link,
                                           std::shared_ptr<Clock> clock) {

@@ -2,8 +2,18 @@
 // Link model: emulates a slow network on top of any transport. Each worker has one outgoing
 // link of `bandwidth_bps` bits/s and `latency_s` one-way latency. A message of b bytes handed
 // over at time t starts when the link is free (transfers on one link share it first come,
-// first served), occupies it for 8b/bandwidth, and can be received latency later:
-//   arrival = max(t, link_free) + 8b/bandwidth + latency  >=  t + latency + 8b/bandwidth.
+// first served), occupies it for its transfer time T(b), and can be received latency later:
+//   arrival = max(t, link_free) + T(b) + latency.
+// With `tcp` off, T(b) = 8b / bandwidth (an ideal pipe). With `tcp` on, T(b)
+// follows what TCP over such a link does (checked against real TCP through scripts/netlab.sh,
+// docs/results/network.md):
+//   - payload moves at bandwidth x 1448/1514 (TCP/IP and Ethernet headers of full segments);
+//   - each (sender, receiver) connection has a congestion window, starting at 10 segments and
+//     doubling every round trip (2 x latency) while it is below the link's bandwidth-delay
+//     product: a round that sends a window smaller than that product takes a whole round trip;
+//   - after an idle time longer than the retransmission timeout (round trip + 200 ms, Linux's
+//     minimum), the window is halved once per timeout elapsed, down to 10 segments (Linux's
+//     tcp_slow_start_after_idle).
 // The receiver waits until the arrival time. The arrival time travels in an 8-byte header
 // that is not counted as payload.
 #include <memory>
@@ -15,8 +25,17 @@ namespace loco {
 struct LinkConfig {
   double bandwidth_bps = 0;  // 0: unlimited
   double latency_s = 0;
+  bool tcp = false;          // TCP's headers, slow start and restart after idle (above)
   bool enabled() const { return bandwidth_bps > 0 || latency_s > 0; }
 };
+
+// TCP's view of one connection for the link model: its congestion window and when it last sent.
+struct TcpConnection {
+  double window = 0;      // bytes; 0: a new connection (initial window)
+  double last_end = -1;   // end of its last transfer (-1: none)
+};
+// The time the link is busy sending `bytes` over `conn` from time `start` (updates conn).
+double link_transfer_time(const LinkConfig& link, TcpConnection& conn, double start, double bytes);
 
 std::unique_ptr<Transport> wrap_with_link(std::unique_ptr<Transport> inner, LinkConfig link,
                                           std::shared_ptr<Clock> clock);

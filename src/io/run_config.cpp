@@ -72,6 +72,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   auto& n = cfg.network;
   s.add("network.bandwidth", &n.bandwidth, "emulated outgoing link per worker, e.g. \"100Mbit\" (\"inf\": none)");
   s.add("network.latency", &n.latency, "emulated one-way latency, e.g. \"30ms\"");
+  s.add("network.tcp", &n.tcp,
+        "emulate TCP on the link: header overhead, slow start per connection, restart after idle (false: an ideal "
+        "pipe of the given bandwidth)");
   s.add("network.timeout", &n.timeout, "longest wait on a peer before the run fails, e.g. \"60s\"");
   s.add("network.peak_window", &n.peak_window, "window over which the peak send rate is measured");
   s.add("network.compute_jitter", &n.compute_jitter,

@@ -48,6 +48,7 @@ struct DistributedConfig {
 struct NetworkConfig {
   std::string bandwidth = "inf";    // per-worker outgoing link, e.g. "100Mbit"
   std::string latency = "0ms";      // one-way latency, e.g. "30ms"
+  bool tcp = false;                 // link model: TCP headers, slow start, restart after idle
   std::string timeout = "60s";      // longest wait on a peer before failing
   std::string peak_window = "1s";   // window of the peak send rate
   double compute_jitter = 0;        // sigma: each inner step slowed by exp(sigma |Z|), Z ~ N(0, 1)

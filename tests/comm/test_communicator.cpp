@@ -251,6 +251,26 @@ TEST(LinkModel, TransferTimeIsLatencyPlusSizeOverBandwidth) {
   EXPECT_DOUBLE_EQ(t3.end, 0.23 + 1000.0 / 100e6);
 }
 
+TEST(LinkModel, TcpSlowStartAndRestartAfterIdle) {
+  LinkConfig link{100e6, 0.030, true};
+  const double rate = 12.5e6 * 1448 / 1514, rtt = 0.06, iw = 14480;
+  TcpConnection conn;
+  // 1 MB on a new connection: rounds of 1, 2, 4, 8, 16, 32 initial windows (each a round trip,
+  // all below the 717 KB bandwidth-delay product), then the rest at the link's payload rate.
+  const double first = link_transfer_time(link, conn, 0.0, 1e6);
+  EXPECT_NEAR(first, 6 * rtt + (1e6 - 63 * iw) / rate, 1e-12);
+  EXPECT_DOUBLE_EQ(conn.window, 64 * iw);
+  // At once after: the window is open, the payload rate alone.
+  EXPECT_NEAR(link_transfer_time(link, conn, first, 1e6), 1e6 / rate, 1e-12);
+  // After 1 s idle: (1 - rto) / rto with rto = 0.26 s -> halved three times.
+  const double end = conn.last_end;
+  link_transfer_time(link, conn, end + 1.0, 1.0);
+  EXPECT_DOUBLE_EQ(conn.window, 8 * iw);
+  // Without TCP the link is an ideal pipe.
+  link.tcp = false;
+  EXPECT_DOUBLE_EQ(link_transfer_time(link, conn, 0.0, 1.25e6), 0.1);
+}
+
 TEST(LinkModel, PeakRateAndParsing) {
   TrafficStats s(1.0);
   s.record_send("x", 1000, 0.0, 2.0);  // 500 B/s over two windows

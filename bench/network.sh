@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# loco's link model against a real network (docs/results/network.md). For DDP, DiLoCo (H 10)
+# and Streaming DiLoCo (fp4, tau 1, H 10) on configs/small.toml (8 sequences of 128 tokens per
+# replica and step, one compute thread per worker), with 2 and 4 workers, over
+# 100 Mbit/s + 30 ms and 1 Gbit/s + 10 ms:
+#   - lab: one MPI rank per network namespace of scripts/netlab.sh (real TCP through tbf and
+#     the delay helper);
+#   - emulated: the same run in-process under loco's link model, as an ideal pipe
+#     (network.tcp = false) and with TCP's behaviour (network.tcp = true);
+#   - predicted: `loco simulate cu --calibrate` on the ideal-pipe run.
+# Prints a Markdown table: wall time, CU and bytes sent per worker for each. Needs root (the
+# lab). Usage: bench/network.sh [STEPS] [OUT_DIR]   (default 30 steps, runs/bench-network)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-30}
+out=${2:-runs/bench-network}
+bash scripts/brown-data.sh > /dev/null
+rm -rf "$out"
+mkdir -p "$out"
+common=(--config configs/small.toml --set train.steps="$steps" --set train.eval_interval=0 --set data.val=
+        --set train.checkpoint_interval=0 --set data.batch_size=8 --set train.threads=1 --quiet)
+declare -A method_args=(
+  [ddp]="--set algorithm=ddp"
+  [diloco]="--set algorithm=diloco --set outer.inner_steps=10"
+  [streaming-fp4]="--set algorithm=streaming --set outer.inner_steps=10 --set outer.codec=fp4-e3m0 --set streaming.tau=1"
+)
+echo "| method | workers | link | lab wall s | pipe wall s | TCP-model wall s | lab CU | pipe CU | TCP-model CU | predicted CU | pipe - lab | TCP model - lab | lab MB sent/worker | emulated MB sent/worker |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+for link in "100mbit 30ms 100Mbit" "1gbit 10ms 1Gbit"; do
+  read -r rate delay bw <<< "$link"
+  for np in 2 4; do
+    for method in ddp diloco streaming-fp4; do
+      name=$method-$np-$rate
+      # shellcheck disable=SC2206
+      margs=(${method_args[$method]})
+      NETLAB_STATS="$out/$name-lab.tc" scripts/netlab.sh run "$np" "$rate" "$delay" -- \
+        "$PWD/build/loco" train "${common[@]}" "${margs[@]}" --set data.train="$PWD/data/brown/tok4k/train.tok" \
+        --set train.out_dir="$PWD/$out/$name-lab" > "$out/$name-lab.log" 2>&1
+      for tcp in false true; do
+        build/loco train "${common[@]}" "${margs[@]}" --set distributed.replicas="$np" --set network.bandwidth="$bw" \
+          --set network.latency="$delay" --set network.tcp=$tcp --set train.out_dir="$out/$name-emu-$tcp" \
+          > "$out/$name-emu-$tcp.log" 2>&1
+      done
+      pred=$(build/loco simulate cu --calibrate "$out/$name-emu-false" | sed -nE 's/.*predicted ([0-9.]+)%.*/\1/p')
+      /usr/bin/python3 - "$out/$name-lab/summary.json" "$out/$name-emu-false/summary.json" \
+        "$out/$name-emu-true/summary.json" "$method" "$np" "$rate/$delay" "$pred" <<'PY'
+import json, sys
+lab, emu, tcp = (json.load(open(p)) for p in sys.argv[1:4])
+method, np_, link, pred = sys.argv[4], sys.argv[5], sys.argv[6], float(sys.argv[7])
+def stats(s):
+    ws = s["workers"]
+    cu = 100 * sum(w["compute_utilization"] for w in ws) / len(ws)
+    sent = sum(w["bytes_sent"] for w in ws) / len(ws) / 1e6
+    return s["seconds"], cu, sent
+lw, lc, ls = stats(lab)
+ew, ec, es = stats(emu)
+tw, tc, ts = stats(tcp)
+print(f"| {method} | {np_} | {link} | {lw:.1f} | {ew:.1f} | {tw:.1f} | {lc:.1f}% | {ec:.1f}% | {tc:.1f}% | {pred:.1f}% | "
+      f"{ec - lc:+.1f} | {tc - lc:+.1f} | {ls:.1f} | {es:.1f} |")
+PY
+    done
+  done
+done
+
+# Item 4 of the lab: how much of the link a ring all-reduce of a large buffer uses, as a ratio to
+# one raw transfer of the same bytes in the same run (min and max over the ranks).
+echo
+echo "| link | workers | floats | raw MB/s per rank | ring MB/s per rank | ring / raw (min-max over ranks) |"
+echo "|---|---|---|---|---|---|"
+for link in "100mbit 30ms 4194304" "1gbit 10ms 16777216"; do
+  read -r rate delay floats <<< "$link"
+  for np in 2 4; do
+    scripts/netlab.sh run "$np" "$rate" "$delay" -- "$PWD/build/bench/loco_allreduce_bench" "$floats" 3 \
+      > "$out/allreduce-$np-$rate.log" 2>&1
+    /usr/bin/python3 - "$out/allreduce-$np-$rate.log" "$rate/$delay" "$np" "$floats" <<'PY'
+import re, sys
+rows = [tuple(map(float, m.groups())) for m in
+        re.finditer(r"raw ([0-9.e+]+) B/s, ring all-reduce ([0-9.e+]+) B/s, ratio ([0-9.]+)", open(sys.argv[1]).read())]
+assert len(rows) == int(sys.argv[3]), f"{sys.argv[1]}: {len(rows)} ranks reported"
+raw = sum(r[0] for r in rows) / len(rows) / 1e6
+ring = sum(r[1] for r in rows) / len(rows) / 1e6
+ratios = [r[2] for r in rows]
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {raw:.2f} | {ring:.2f} | {min(ratios):.3f}-{max(ratios):.3f} |")
+PY
+  done
+done
