@@ -1,7 +1,6 @@
 // Protocol models in the training loop (spec 05): keeping the constrained matrices in the
 // subspace, and Grassmann updates of the subspace itself. The boundary compression is in
 // pipeline/stage_model.cpp, the subspace algebra in model/protocol.cpp.
-#include <cmath>
 #include <cstring>
 
 #include "algo/run.h"
@@ -12,11 +11,6 @@ namespace loco {
 namespace {
 
 bool projecting(const WorkerRun& run) { return run.cfg.protocol.constraint == "project"; }
-
-// A quantized streaming sync adds an outer update that is not in the subspace.
-bool lossy_outer_updates(const WorkerRun& run) {
-  return run.cfg.algorithm == "streaming" && run.cfg.outer.codec != "fp32";
-}
 
 void grassmann_update(WorkerRun& run) {
   const Clock& clock = run.world.clock();
@@ -45,13 +39,7 @@ void grassmann_update(WorkerRun& run) {
 }  // namespace
 
 void protocol_init(WorkerRun& run) {
-  if (!run.subspace) return;
-  const auto& sub = *run.subspace;
-  const auto& layout = run.w.model.layout();
-  // Projection keeps about k/d of a Gaussian matrix's squared norm: scale back by sqrt(d/k).
-  const float scale = float(std::sqrt(double(sub.d()) / sub.k()));
-  for (const auto& t : layout.tensors())
-    if (is_constrained(layout.stage(), t)) sub.project(t, run.w.params.data() + t.offset, scale);
+  if (run.subspace) run.subspace->init_constrained(run.w.model.layout(), run.w.params.data());
 }
 
 void protocol_after_backward(WorkerRun& run) {
@@ -63,9 +51,8 @@ void protocol_after_optimizer(WorkerRun& run) {
 }
 
 void protocol_after_step(WorkerRun& run, int64_t done) {
+  // Outer steps (fp32) combine parameters linearly: they stay in the subspace to rounding.
   if (!run.subspace) return;
-  if ((projecting(run) && run.cfg.algorithm != "ddp") || lossy_outer_updates(run))
-    run.subspace->project_constrained(run.w.model.layout(), run.w.params.data());
   const int64_t interval = run.cfg.protocol.grassmann_interval;
   if (interval > 0 && done % interval == 0) grassmann_update(run);
 }

@@ -108,9 +108,9 @@ double replica_spread(WorkerRun& run);
 
 // Protocol models (spec 05; protocol_run.cpp), no-ops when protocol.rank = 0:
 // constrained matrices projected into the subspace at initialisation (scaled by sqrt(d/k) to
-// keep their norm); their gradients projected after backward; the constraint re-applied after
-// parameter updates (every optimizer step with "project"; after a quantized streaming sync with
-// either); every protocol.grassmann_interval steps the subspace moved (Grassmann update).
+// keep their norm); their gradients projected after backward; the weights projected after every
+// optimizer step with "project"; every protocol.grassmann_interval steps the subspace moved
+// (Grassmann update).
 void protocol_init(WorkerRun& run);
 void protocol_after_backward(WorkerRun& run);
 void protocol_after_optimizer(WorkerRun& run);

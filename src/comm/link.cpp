@@ -16,7 +16,7 @@ namespace {
 class LinkTransport : public Transport {
  public:
   LinkTransport(std::unique_ptr<Transport> inner, LinkConfig link, std::shared_ptr<Clock> clock)
-      : inner_(std::move(inner)), link_(link), clock_(std::move(clock)) {}
+      : inner_(std::move(inner)), link_(link), clock_(std::move(clock)), conns_(size_t(inner_->size())) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
 
@@ -27,7 +27,6 @@ class LinkTransport : public Transport {
       // One outgoing link per worker, shared by every channel and thread.
       std::lock_guard<std::mutex> lock(mu_);
       start = std::max(now, link_free_);
-      if (conns_.empty()) conns_.resize(size_t(inner_->size()));
       end = start + link_transfer_time(link_, conns_[size_t(peer)], start, double(message.size()));
       link_free_ = end;
     }

@@ -207,6 +207,8 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
     need(!c.model.tie_embeddings, "protocol.rank needs an untied head (model.tie_embeddings = false): a head tied to "
                                   "E = E_fixed + E_s U^T would be mostly the frozen random E_fixed");
     need(c.partial.slices == 1, "protocol.rank with partial.slices > 1 is not supported");
+    need(c.algorithm != "streaming" || c.outer.codec == "fp32",
+         "protocol.rank with a quantized outer.codec is not supported (quantized outer updates leave the subspace)");
     need(p.grassmann_interval == 0 || c.algorithm == "ddp",
          "protocol.grassmann_interval > 0 needs algorithm = \"ddp\" (the outer state of " + c.algorithm +
              " is not moved to a new subspace)");

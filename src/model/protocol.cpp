@@ -118,6 +118,12 @@ void Subspace::project(const TensorInfo& t, float* w, float scale) const {
   }
 }
 
+void Subspace::init_constrained(const ParamLayout& layout, float* params) const {
+  const float scale = float(std::sqrt(double(d_) / k_));
+  for (const auto& t : layout.tensors())
+    if (is_constrained(layout.stage(), t)) project(t, params + t.offset, scale);
+}
+
 void Subspace::project_constrained(const ParamLayout& layout, float* buffer) const {
   for (const auto& t : layout.tensors())
     if (is_constrained(layout.stage(), t)) project(t, buffer + t.offset);

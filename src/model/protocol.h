@@ -43,6 +43,9 @@ class Subspace {
 
   // W <- scale * U U^T W along the output dimension of a constrained matrix `t` stored at w.
   void project(const TensorInfo& t, float* w, float scale = 1.0f) const;
+  // Initialisation: every constrained matrix of `layout` in `params` projected and scaled by
+  // sqrt(d/k) (projection keeps about k/d of a Gaussian matrix's squared norm).
+  void init_constrained(const ParamLayout& layout, float* params) const;
   // Every constrained matrix of `layout` in `buffer` (parameters, gradients or first moments,
   // all at the layout's offsets).
   void project_constrained(const ParamLayout& layout, float* buffer) const;

@@ -145,8 +145,8 @@ void TransformerStage::backward(int mb, const std::vector<float>& grad_out, std:
   slot.microbatch = -1;
   if (st.embedding) return;
   if (grassmann_) {  // A += g^T g, in double
-    std::vector<double> g(grad_in.begin(), grad_in.end());
-    gemm(true, false, d, d, int(n), 1.0, g.data(), d, g.data(), d, 1.0, grassmann_->data(), d);
+    grad64_.assign(grad_in.begin(), grad_in.end());
+    gemm(true, false, d, d, int(n), 1.0, grad64_.data(), d, grad64_.data(), d, 1.0, grassmann_->data(), d);
   }
   if (compress_) {
     compressed_.resize(size_t(n) * subspace_->k());

@@ -74,6 +74,7 @@ class TransformerStage : public StageCompute {
   bool compress_ = false;
   std::vector<double>* grassmann_ = nullptr;
   std::vector<float> expanded_, compressed_;
+  std::vector<double> grad64_;  // the gradient of A's accumulation, in double
 };
 
 // The tokens message for windows of T inputs and their targets (T + 1 ids per window), and

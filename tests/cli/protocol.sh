@@ -136,6 +136,8 @@ refuse() {  # expected-text args...
 refuse "pipeline.stages >= 2"
 refuse "untied head" --set pipeline.stages=2 --set model.tie_embeddings=true
 refuse "partial.slices" --set pipeline.stages=2 --set algorithm=diloco --set partial.slices=2 --set distributed.replicas=2
+refuse "quantized outer.codec" --set pipeline.stages=2 --set algorithm=streaming --set outer.codec=fp4-e3m0 \
+  --set distributed.replicas=2
 refuse "grassmann_interval" --set pipeline.stages=2 --set algorithm=diloco --set protocol.grassmann_interval=5
 refuse "below model.hidden_size" --set pipeline.stages=2 --set protocol.rank=32
 refuse "protocol.constraint" --set pipeline.stages=2 --set protocol.constraint=clip

@@ -54,8 +54,7 @@ struct ProtocolPipeline {
       params.emplace_back(size_t(layout.size()));
       grads.emplace_back(size_t(layout.size()));
       stages.back()->init_params(params.back().data(), seed);
-      for (const auto& t : layout.tensors())
-        if (is_constrained(layout.stage(), t)) sub.project(t, params.back().data() + t.offset, 2.0f);
+      sub.init_constrained(layout, params.back().data());
       compute.push_back(std::make_unique<TransformerStage>(*stages.back(), kWindows, kSeq, kMicro, kMicro));
       compute.back()->set_protocol(&sub, compress, s == S - 1 ? &a : nullptr);
     }

@@ -130,6 +130,15 @@ def compare(name_to_a, name_to_b, tol, what):
     return bad
 
 
+def compare_loss(loco_loss, torch_loss, tol):
+    lrel = abs(loco_loss - torch_loss) / abs(torch_loss)
+    print(f"loss: loco {loco_loss:.8f} torch {torch_loss:.8f} relative diff {lrel:.3e}")
+    if not lrel <= tol:
+        print("FAIL loss")
+        return 1
+    return 0
+
+
 def load_model(ckpt):
     cfg = json.load(open(ckpt + "/config.json"))
     weights, _ = read_safetensors(ckpt + "/model.safetensors")
@@ -146,13 +155,7 @@ def cmd_grad(a):
     loco_grads, meta = read_safetensors(a.grads)
     torch_grads = {k: v.grad for k, v in model.w.items()}
     bad = compare(loco_grads, torch_grads, a.tol, "gradients")
-    loco_loss = float(meta["loss"])
-    lrel = abs(loco_loss - loss.item()) / abs(loss.item())
-    print(f"loss: loco {loco_loss:.8f} torch {loss.item():.8f} relative diff {lrel:.3e}")
-    if not lrel <= a.tol:
-        print("FAIL loss")
-        bad += 1
-    return bad
+    return bad + compare_loss(float(meta["loss"]), loss.item(), a.tol)
 
 
 def cmd_protocol_grad(a):
@@ -182,13 +185,7 @@ def cmd_protocol_grad(a):
             g = U @ (U.T @ g)
         expected[name] = g
     bad = compare(loco_grads, expected, a.tol, "protocol gradients")
-    loco_loss = float(meta["loss"])
-    lrel = abs(loco_loss - loss.item()) / abs(loss.item())
-    print(f"loss: loco {loco_loss:.8f} torch {loss.item():.8f} relative diff {lrel:.3e}")
-    if not lrel <= a.tol:
-        print("FAIL loss")
-        bad += 1
-    return bad
+    return bad + compare_loss(float(meta["loss"]), loss.item(), a.tol)
 
 
 def cmd_adamw(a):

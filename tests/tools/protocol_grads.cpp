@@ -49,9 +49,7 @@ int main(int argc, char** argv) {
       params.emplace_back(size_t(layout.size()));
       grads.emplace_back(size_t(layout.size()), 0.0f);
       stages.back()->init_params(params.back().data(), 11);
-      const float scale = float(std::sqrt(double(model.hidden_size) / k));
-      for (const auto& t : layout.tensors())
-        if (is_constrained(layout.stage(), t)) sub.project(t, params.back().data() + t.offset, scale);
+      sub.init_constrained(layout, params.back().data());
       compute.push_back(std::make_unique<TransformerStage>(*stages.back(), windows / 2, seq, 2, 2));
       compute.back()->set_protocol(&sub, true, nullptr);
       compute.back()->begin_step(1, params.back().data(), grads.back().data(), nullptr, &inputs, &targets);
