@@ -3,7 +3,7 @@
 # vocabulary, then trains configs/small.toml with 4 in-process replicas over an emulated
 # 1 Gbit/s, 30 ms link with DDP, DiLoCo and Streaming DiLoCo (fp4 outer gradients) on the same
 # token budget, and prints a comparison (validation loss, bytes sent per worker, largest sync,
-# peak send rate, compute utilization) and a loss plot. DiLoCo and Streaming DiLoCo run at the
+# peak send rate, compute utilization), a loss plot and an HTML report (runs/demo/report.html). DiLoCo and Streaming DiLoCo run at the
 # same outer learning rate, 0.4, the value the Streaming DiLoCo paper used for both (DiLoCo's own
 # default is the original paper's 0.7; docs/streaming.md).
 set -euo pipefail
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 scripts/brown-data.sh
 rm -rf runs/demo
 common=(--config configs/small.toml --set distributed.replicas=4 --set data.batch_size=4 --set train.steps=160
-        --set train.eval_interval=40 --set train.checkpoint_interval=0
+        --set train.eval_interval=40 --set train.checkpoint_interval=0 --set train.tensorboard=true
         --set network.bandwidth=1Gbit --set network.latency=30ms)
 echo "== DDP: gradients all-reduced every step =="
 build/loco train "${common[@]}" --set algorithm=ddp --set train.out_dir=runs/demo/ddp
@@ -25,5 +25,7 @@ build/loco train "${common[@]}" --set algorithm=streaming --set outer.inner_step
 echo
 build/loco compare runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4
 build/loco plot runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4 --out runs/demo/loss.png
+build/loco report runs/demo/ddp runs/demo/diloco runs/demo/streaming-fp4 --out runs/demo/report.html > /dev/null
+echo "report (loss curves, per-worker CU and bytes, traffic, config differences): open $PWD/runs/demo/report.html"
 build/loco generate --checkpoint runs/demo/streaming-fp4/checkpoints/step_00000160 --prompt "The jury said" \
   --max-tokens 40 --seed 1

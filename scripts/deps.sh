@@ -4,8 +4,8 @@ loco_packages() {
   case $1 in
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
-                libopenmpi-dev openmpi-bin ;;
-    test) echo python3 python3-numpy python3-torch gnuplot-nox iproute2 iputils-ping ;;
+                libopenmpi-dev openmpi-bin zlib1g-dev ;;
+    test) echo python3 python3-numpy python3-torch python3-protobuf gnuplot-nox iproute2 iputils-ping chromium ;;
     netlab) echo iproute2 iputils-ping ;;
     demo) echo gnuplot-nox ;;
     plot) echo gnuplot-nox ;;

@@ -83,6 +83,13 @@ struct WorkerRun {
   double jitter_seconds = 0;  // emulated straggling (network.compute_jitter), counted as compute
   int64_t steps_run = 0;
   std::string checkpoint;  // latest committed (reporter)
+  // Counters at the previous metric record, and one point per record since (the summary's
+  // per-worker "series", docs/metrics.md).
+  struct Counters {
+    double time = 0, compute = 0, wait = 0, bubble = 0, eval = 0, checkpoint = 0;
+    int64_t sent = 0, received = 0;
+  } at_last_record;
+  nlohmann::json series = nlohmann::json::array();
 
   double comm_wait_seconds() const { return dp.wait_seconds() + chain.wait_seconds() + world.wait_seconds(); }
 };
@@ -127,5 +134,11 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed);
 // This worker's accounting as JSON, gathered from every worker into the run summary (written by
 // the reporter); `wall` is the training loop's wall time.
 nlohmann::json worker_report(WorkerRun& run, double wall);
+// The worker's counters now (time: the clock's `now`).
+WorkerRun::Counters worker_counters(const WorkerRun& run, double now);
+// Appends to run.series the point for the interval since the previous record (or since
+// `run.at_last_record` was first set) and returns it: step, elapsed time, and over the interval
+// its length, compute, waiting, bubble, bytes sent and received, and compute utilization.
+const nlohmann::json& record_interval(WorkerRun& run, int64_t step, double now, double elapsed);
 
 }  // namespace loco

@@ -79,8 +79,40 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
       me["protocol"]["subspace_loss_after"] = run.grassmann_loss_after;
     }
   }
+  me["series"] = run.series;
   run.algo->report(me);
   return me;
+}
+
+WorkerRun::Counters worker_counters(const WorkerRun& run, double now) {
+  WorkerRun::Counters c;
+  c.time = now;
+  c.compute = run.w.compute_seconds;
+  c.wait = run.dp.wait_seconds() + run.world.wait_seconds();
+  c.bubble = run.pipe.bubble_seconds() + run.chain_wait_seconds;
+  c.eval = run.eval_seconds;
+  c.checkpoint = run.checkpoint_seconds;
+  c.sent = run.traffic->bytes_sent();
+  c.received = run.traffic->bytes_received();
+  return c;
+}
+
+const nlohmann::json& record_interval(WorkerRun& run, int64_t step, double now, double elapsed) {
+  const auto c = worker_counters(run, now);
+  const auto& p = run.at_last_record;
+  const double dt = c.time - p.time;
+  const double busy = std::max(1e-9, dt - (c.eval - p.eval) - (c.checkpoint - p.checkpoint));
+  run.series.push_back({{"step", step},
+                        {"time", elapsed},
+                        {"interval_s", dt},
+                        {"compute_s", c.compute - p.compute},
+                        {"comm_wait_s", c.wait - p.wait},
+                        {"bubble_s", c.bubble - p.bubble},
+                        {"bytes_sent", c.sent - p.sent},
+                        {"bytes_received", c.received - p.received},
+                        {"compute_utilization", (c.compute - p.compute) / busy}});
+  run.at_last_record = c;
+  return run.series.back();
 }
 
 }  // namespace loco

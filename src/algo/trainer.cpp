@@ -19,6 +19,7 @@
 #include "data/token_file.h"
 #include "io/fs.h"
 #include "io/metrics.h"
+#include "io/tensorboard.h"
 #include "io/progress.h"
 #include "io/run_dir.h"
 #include "io/train_state.h"
@@ -161,6 +162,43 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
 
 namespace {
 
+// TensorBoard scalars of one metric record; rates over the interval since the previous one.
+void write_board(TensorBoardWriter& board, const nlohmann::json& rec, const nlohmann::json& point, double tokens_per_s,
+                 int64_t steps) {
+  const int64_t step = rec["step"].get<int64_t>();
+  board.scalar(step, "loss/train", rec["train_loss"].get<double>());
+  if (rec.contains("val_loss")) board.scalar(step, "loss/val", rec["val_loss"].get<double>());
+  board.scalar(step, "optimizer/lr", rec["lr"].get<double>());
+  board.scalar(step, "optimizer/grad_norm", rec["grad_norm"].get<double>());
+  board.scalar(step, "throughput/tokens_per_s", tokens_per_s);
+  board.scalar(step, "network/bytes_sent_per_step", point["bytes_sent"].get<double>() / double(std::max<int64_t>(1, steps)));
+  board.scalar(step, "network/compute_utilization", point["compute_utilization"].get<double>());
+  if (rec.contains("replica_spread")) board.scalar(step, "replicas/spread", rec["replica_spread"].get<double>());
+  board.flush();
+}
+
+// A resumed run's summary keeps every worker's series up to the step it resumed from, taken
+// from the previous segment's summary (when that segment ended with one).
+void keep_earlier_series(const std::string& path, int64_t start_step, nlohmann::json& workers) {
+  if (!file_exists(path)) return;
+  nlohmann::json old;
+  try {
+    old = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception&) {
+    return;  // not ours to repair: the new summary replaces it
+  }
+  if (!old.contains("workers") || !old["workers"].is_array() || old["workers"].size() != workers.size()) return;
+  for (size_t k = 0; k < workers.size(); ++k) {
+    const auto& before = old["workers"][k];
+    if (!before.contains("series") || !before["series"].is_array()) continue;
+    nlohmann::json merged = nlohmann::json::array();
+    for (const auto& p : before["series"])
+      if (p.value("step", int64_t(0)) <= start_step) merged.push_back(p);
+    for (auto& p : workers[k]["series"]) merged.push_back(std::move(p));
+    workers[k]["series"] = std::move(merged);
+  }
+}
+
 TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::shared_ptr<TraceRecorder> trace) {
   std::unique_ptr<WorkerRun> run_ptr;
   try {
@@ -201,8 +239,12 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                    " nats");
     if (s.grid.stages > 1 && !s.resuming) progress.note(describe_layout(s));
 
+    std::unique_ptr<TensorBoardWriter> board;
+    if (run.reporter && cfg.train.tensorboard)
+      board = std::make_unique<TensorBoardWriter>(s.run_dir, s.resuming ? start_step : -1);
     const double t_start = clock.now();
     auto elapsed = [&] { return elapsed_before + clock.now() - t_start; };
+    run.at_last_record = worker_counters(run, t_start);
     double loss_sum = 0, last_loss = 0, last_log_time = t_start;
     int64_t loss_count = 0;
     for (int64_t step = start_step; step < cfg.train.steps; ++step) {
@@ -222,7 +264,9 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
         sum.final_val_loss = val_loss;
         spread = replica_spread(run);
       }
-      if (run.reporter && (done % cfg.train.log_interval == 0 || last || do_eval)) {
+      const bool log = done % cfg.train.log_interval == 0 || last || do_eval;
+      const nlohmann::json* point = log ? &record_interval(run, done, clock.now(), elapsed()) : nullptr;
+      if (run.reporter && log) {
         const double now = clock.now();
         const double dt = now - last_log_time;
         last_log_time = now;
@@ -240,6 +284,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
         if (!val_note.empty()) rec["val_note"] = val_note;
         metrics->write(rec);
         const double tps = double(loss_count * tokens_per_step) / std::max(dt, 1e-9);
+        if (board) write_board(*board, rec, *point, tps, loss_count);
         progress.update(done, last_loss, tps, double(cfg.train.steps - done) * dt / double(loss_count),
                         "sent " + human_bytes(double(run.traffic->bytes_sent())) +
                             (do_eval ? " | val " + fmt(val_loss) : ""));
@@ -247,7 +292,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
           progress.note("step " + std::to_string(done) + ": train loss " + fmt(last_loss) + ", val loss " +
                         fmt(val_loss) + (val_note.empty() ? "" : " (" + val_note + ")"));
       }
-      if (done % cfg.train.log_interval == 0 || last || do_eval) {
+      if (log) {
         loss_sum = 0;
         loss_count = 0;
       }
@@ -280,6 +325,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     }
     sum.workers = nlohmann::json::array();
     for (const auto& a : all) sum.workers.push_back(nlohmann::json::parse(a));
+    if (run.reporter && s.resuming) keep_earlier_series(s.run_dir + "/summary.json", start_step, sum.workers);
     sum.checkpoint = run.checkpoint;
     if (sum.checkpoint.empty() && run.reporter) sum.checkpoint = latest_checkpoint(s.run_dir);
     sum.steps = s.opt.until > 0 ? std::min(s.opt.until, cfg.train.steps) : cfg.train.steps;

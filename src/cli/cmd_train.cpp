@@ -20,8 +20,14 @@ void add_data(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Prepare training data");
   data->require_subcommand(1);
   auto o = std::make_shared<PrepareOptions>();
-  auto* prep = data->add_subcommand("prepare", "Tokenize text files into LOCOTOKS train/val files");
-  prep->add_option("--input", o->inputs, "text files or directories (UTF-8, searched recursively)")->required();
+  auto* prep = data->add_subcommand("prepare", "Tokenize text or JSON Lines files into LOCOTOKS train/val files");
+  prep->add_option("--input", o->inputs,
+                   "UTF-8 text or JSON Lines files (gzip-compressed or not) or directories (searched recursively)")
+      ->required();
+  prep->add_option("--input-format", o->input.format,
+                   "auto (names ending .jsonl or .jsonl.gz are JSON Lines, others text), text or jsonl")
+      ->check(CLI::IsMember({"auto", "text", "jsonl"}));
+  prep->add_option("--jsonl-field", o->input.jsonl_field, "JSON Lines: the string field holding each document's text");
   prep->add_option("--tokenizer", o->tokenizer, "sentencepiece or bytes")
       ->check(CLI::IsMember({"sentencepiece", "bytes"}));
   prep->add_option("--vocab-size", o->vocab_size, "vocabulary size (default 4096 for SentencePiece, 256 for bytes)");

@@ -11,6 +11,7 @@ void add_data(CLI::App& app);
 void add_train(CLI::App& app);
 void add_plot(CLI::App& app);
 void add_compare(CLI::App& app);
+void add_report(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
 void add_simulate(CLI::App& app);

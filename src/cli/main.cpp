@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   loco::cli::add_train(app);
   loco::cli::add_plot(app);
   loco::cli::add_compare(app);
+  loco::cli::add_report(app);
   loco::cli::add_generate(app);
   loco::cli::add_info(app);
   loco::cli::add_simulate(app);

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/text_input.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 #include "io/fs.h"
@@ -55,31 +55,6 @@ double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size) {
 
 namespace {
 
-// Calls fn(line, line_index) for every line of every file, streaming; fails naming the file and
-// byte offset of the first invalid UTF-8 sequence when `validate` is set. Returns bytes read.
-int64_t for_each_line(const std::vector<std::string>& files, bool validate,
-                      const std::function<void(size_t file, std::string& line, int64_t line_index)>& fn) {
-  int64_t line_index = 0, total = 0;
-  std::string line, carry;
-  for (size_t fi = 0; fi < files.size(); ++fi) {
-    std::ifstream in(files[fi], std::ios::binary);
-    if (!in) fail(files[fi] + ": cannot open");
-    int64_t offset = 0;
-    while (std::getline(in, line)) {
-      if (validate) {
-        // A newline never occurs inside a UTF-8 sequence, so lines can be checked one by one.
-        auto bad = find_invalid_utf8(line.data(), line.size(), carry);
-        if (!bad && !carry.empty()) bad = int64_t(line.size() - carry.size());
-        if (bad) fail(files[fi] + ": invalid UTF-8 at byte offset " + std::to_string(offset + *bad));
-      }
-      offset += int64_t(line.size()) + (in.eof() ? 0 : 1);
-      fn(fi, line, line_index++);
-    }
-    total += offset;
-  }
-  return total;
-}
-
 bool in_validation(const PrepareOptions& o, int64_t line_index) {
   // Whole blocks of consecutive lines go to one split, chosen by a seeded hash of the block.
   Rng r(mix_seed(o.seed, uint64_t(line_index / o.block_lines), 0x5a17));
@@ -107,7 +82,7 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
   const std::string spm_input = o.out_dir + "/.tokenizer-train.txt";
   std::unique_ptr<std::ofstream> spm_out;
   if (o.tokenizer == "sentencepiece") spm_out = std::make_unique<std::ofstream>(spm_input, std::ios::binary);
-  sum.bytes = for_each_line(files, true, [&](size_t, std::string& line, int64_t index) {
+  sum.bytes = for_each_input_line(files, o.input, true, [&](int64_t, std::string& line, int64_t index) {
     if (spm_out && !line.empty() && !in_validation(o, index)) *spm_out << line << '\n';
   });
 
@@ -134,8 +109,8 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
   }
   sum.vocab_size = tok->vocab_size();
 
-  // Pass 2: encode into the two token files; each file (document) ends with eos if the
-  // tokenizer has one, in the split its last line went to.
+  // Pass 2: encode into the two token files; each document (a text file, a JSON Lines record)
+  // ends with eos if the tokenizer has one, in the split its last line went to.
   TokenFileWriter train(o.out_dir + "/train.tok", uint64_t(sum.vocab_size));
   TokenFileWriter val(o.out_dir + "/val.tok", uint64_t(sum.vocab_size));
   std::vector<int64_t> counts(size_t(sum.vocab_size), 0);
@@ -145,11 +120,11 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
       for (int32_t id : ids) ++counts[size_t(id)];
   };
   TokenFileWriter* last = &train;
-  size_t current_file = 0;
+  int64_t current_doc = 0;
   int64_t line_index = 0;
-  for_each_line(files, false, [&](size_t fi, std::string& line, int64_t index) {
-    if (fi != current_file && tok->eos_id() >= 0) emit(*last, {tok->eos_id()});
-    current_file = fi;
+  for_each_input_line(files, o.input, false, [&](int64_t doc, std::string& line, int64_t index) {
+    if (doc != current_doc && tok->eos_id() >= 0) emit(*last, {tok->eos_id()});
+    current_doc = doc;
     TokenFileWriter& dst = in_validation(o, index) ? val : train;
     if (o.tokenizer == "bytes") line.push_back('\n');
     emit(dst, tok->encode(line));

@@ -1,13 +1,16 @@
 #pragma once
-// `loco data prepare`: text files in, LOCOTOKS train/val files and a tokenizer out.
+// `loco data prepare`: text or JSON Lines files (gzip-compressed or not) in, LOCOTOKS train/val files and a tokenizer out.
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "data/text_input.h"
 
 namespace loco {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files or directories (searched recursively)
+  TextInputOptions input;           // text or JSON Lines, gzip-compressed or not
   std::string tokenizer = "sentencepiece";  // or "bytes"
   int vocab_size = 0;  // 0: 4096 for SentencePiece, 256 for bytes
   std::string model_type = "bpe";  // SentencePiece: bpe or unigram

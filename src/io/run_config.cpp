@@ -59,6 +59,8 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "steps between checkpoints (0: only at the end; a multiple of log_interval)", 0);
   s.add("train.keep_checkpoints", &t.keep_checkpoints, "newest checkpoints kept in the run directory (0: all)", 0);
   s.add("train.out_dir", &t.out_dir, "run directory: config, metrics, checkpoints");
+  s.add("train.tensorboard", &t.tensorboard,
+        "also write TensorBoard event files (loss, lr, grad norm, tokens/s, bytes sent, CU) into the run directory");
   s.add("train.threads", &t.threads, "compute threads per worker (0: cores / workers on this host)", 0, 1024);
   s.add("train.micro_batch_size", &t.micro_batch_size,
         "gradient accumulation: windows per forward/backward, dividing data.batch_size (0: the whole batch)", 0);

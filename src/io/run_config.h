@@ -36,6 +36,7 @@ struct TrainConfig {
   int64_t checkpoint_interval = 500;  // 0: only at the end
   int keep_checkpoints = 3;  // newest checkpoints kept (0: all)
   std::string out_dir = "runs/run";
+  bool tensorboard = false;  // event files beside metrics.jsonl
   int threads = 0;           // compute threads (0: all cores)
   int micro_batch_size = 0;  // gradient accumulation: windows per forward/backward (0: the whole batch)
 };

@@ -48,6 +48,7 @@ bool is_run_file(const std::string& name) {
   for (const char* f : {"config.toml", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json",
                         "tokenizer.model", "loss.png"})
     if (name == f) return true;
+  if (name.rfind("events.out.tfevents.", 0) == 0) return true;  // train.tensorboard
   return name.rfind("outer-state-", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".scratch";
 }
 }  // namespace

@@ -140,6 +140,13 @@ expect_error "--val-fraction must be in [0, 1)" "$loco" data prepare --input tex
   --val-fraction 1.5 --out prep
 expect_error "--vocab-size must be >= 300" "$loco" data prepare --input text/ok.txt --tokenizer sentencepiece \
   --vocab-size 100 --out prep
+# JSON Lines and gzip inputs (tests/data/test_text_input.cpp checks each kind in detail).
+printf '{"text": "fine"}\n{"body": "x"}\n' > docs.jsonl
+expect_error 'docs.jsonl:2: no field "text"' "$loco" data prepare --input docs.jsonl --tokenizer bytes --out prep
+printf '{"text": "fine"}\n' | gzip > ok.jsonl.gz && head -c 20 ok.jsonl.gz > cut.jsonl.gz
+expect_error "cut.jsonl.gz: corrupt or truncated gzip data" "$loco" data prepare --input cut.jsonl.gz \
+  --tokenizer bytes --out prep
+expect_error "--input-format" "$loco" data prepare --input ok.jsonl.gz --input-format csv --tokenizer bytes --out prep
 expect_error "norun" "$loco" plot norun
 mkdir -p badrun && echo '{"step": 1, "train_loss":' > badrun/metrics.jsonl
 expect_error "badrun/metrics.jsonl" "$loco" plot badrun --out badrun/loss.svg

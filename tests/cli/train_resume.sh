@@ -10,15 +10,7 @@ py=/usr/bin/python3
 rm -rf "$work" && mkdir -p "$work/text" && cd "$work"
 
 # Generated text: two documents of pseudo-sentences (deterministic).
-$py - <<'PY'
-import random
-r = random.Random(3)
-words = "the a cat dog sat ran on under mat log and but quickly slowly red blue".split()
-for d in range(2):
-    with open(f"text/doc{d}.txt", "w") as f:
-        for _ in range(1500):
-            f.write(" ".join(r.choice(words) for _ in range(r.randint(4, 12))).capitalize() + ".\n")
-PY
+$py "$here/../tools/make_text.py" text 2 1500 3
 "$loco" data prepare --input text --tokenizer bytes --val-fraction 0.1 --out data > prep.txt
 grep -q "unigram entropy" prep.txt
 sets=(--set data.train=data/train.tok --set data.val=data/val.tok)

@@ -10,7 +10,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 c=$here/corpus
-rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages}
+rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages,text_input}
 cat > small.toml <<'TOML'
 [model]
 vocab_size = 16
@@ -49,6 +49,11 @@ w("link", b"\x02" + struct.pack("<d", 0.5) + b"payload")
 w("boundary", b"\x03" + struct.pack("<32f", *([0.1] * 32)) + struct.pack("<5i", 1, 2, 3, 4, 5))
 w("norm", b"\x04" + bytes([16]) + struct.pack("<4d", 0, 1.5, 3, 2.0))
 PY
+# Text inputs: format byte (0 text, 1 JSON Lines), then the file, plain or gzip.
+{ printf '\x00'; printf 'One line caf\xc3\xa9.\nTwo lines.\n'; } > "$c/text_input/text"
+{ printf '\x01'; printf '{"text": "a\\nb"}\n\n{"id": 2, "text": "c\\u00e9"}\n'; } > "$c/text_input/jsonl"
+{ printf '\x01'; printf '{"text": "zipped"}\n{"text": "two"}\n' | gzip -n; } > "$c/text_input/jsonl-gz"
+{ printf '\x00'; printf 'zipped text\nline two\n' | gzip -n; } > "$c/text_input/text-gz"
 # Inputs that once crashed a target (regressions/TARGET/NAME) stay in its corpus.
 for f in "$here"/regressions/*/*; do
   cp "$f" "$c/$(basename "$(dirname "$f")")/regression-$(basename "$f")"

@@ -1,0 +1,378 @@
+#include "report/html_report.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "comm/stats.h"
+#include "core/error.h"
+#include "io/fs.h"
+#include "io/metrics.h"
+#include "report/svg_chart.h"
+
+namespace loco::report {
+
+namespace {
+
+using nlohmann::json;
+
+struct Run {
+  std::string dir, name;
+  int color = 0;
+  std::vector<json> metrics;
+  json summary;                              // null when the run has not finished a segment
+  std::map<std::string, std::string> config;  // flattened "table.key" -> value as in TOML
+  std::string config_text;
+};
+
+std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+std::string toml_value(const toml::node& n) {
+  if (auto s = n.as_string()) {
+    std::string o = "\"";
+    for (char c : s->get()) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+    return o + "\"";
+  }
+  if (auto i = n.as_integer()) return std::to_string(i->get());
+  if (auto f = n.as_floating_point()) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.17g", f->get());
+    return b;
+  }
+  if (auto b = n.as_boolean()) return b->get() ? "true" : "false";
+  if (auto a = n.as_array()) {
+    std::string o = "[";
+    for (size_t i = 0; i < a->size(); ++i) o += (i ? ", " : "") + toml_value(*a->get(i));
+    return o + "]";
+  }
+  return "?";
+}
+
+void flatten(const toml::table& t, const std::string& prefix, std::map<std::string, std::string>& out) {
+  for (const auto& [k, v] : t) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (auto sub = v.as_table())
+      flatten(*sub, key, out);
+    else
+      out[key] = toml_value(v);
+  }
+}
+
+Run load_run(const std::string& dir) {
+  Run r;
+  r.dir = dir;
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  r.name = std::filesystem::path(trimmed).filename().string();
+  if (r.name.empty() || r.name == "." || r.name == "..") r.name = trimmed;
+  const std::string mpath = dir + "/metrics.jsonl";
+  if (!file_exists(mpath)) fail(dir + ": not a loco run directory (no metrics.jsonl)");
+  r.metrics = read_metrics(mpath);
+  for (size_t i = 0; i < r.metrics.size(); ++i) {
+    const auto& m = r.metrics[i];
+    if (!m.is_object() || !m.contains("step") || !m["step"].is_number() || !m.contains("tokens") ||
+        !m["tokens"].is_number() || !m.contains("train_loss") || !m["train_loss"].is_number())
+      fail(mpath + ":" + std::to_string(i + 1) + ": not a loco metrics record (step, tokens, train_loss)");
+  }
+  if (file_exists(dir + "/summary.json")) {
+    r.summary = read_json_file(dir + "/summary.json");
+    if (!r.summary.is_object() || !r.summary.contains("workers") || !r.summary["workers"].is_array())
+      fail(dir + "/summary.json: not a loco run summary (no workers list)");
+  }
+  if (file_exists(dir + "/config.toml")) {
+    r.config_text = read_file(dir + "/config.toml");
+    try {
+      flatten(toml::parse(r.config_text, dir + "/config.toml"), "", r.config);
+    } catch (const toml::parse_error& e) {
+      fail(dir + "/config.toml: " + std::string(e.description()));
+    }
+  }
+  return r;
+}
+
+double num_or(const json& j, const char* key, double fallback) {
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+
+std::string str_or(const json& j, const char* key, const std::string& fallback) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
+}
+
+std::string cell(const std::string& s) { return "<td>" + escape_html(s) + "</td>"; }
+std::string num_cell(const std::string& s) { return "<td class=\"n\">" + escape_html(s) + "</td>"; }
+
+std::string swatch(int color) {
+  return "<span class=\"swatch\" style=\"background:" + palette(color) + "\"></span>";
+}
+
+// A worker's place, as the tables name it.
+std::string worker_name(const json& w) {
+  return "worker " + std::to_string(int(num_or(w, "rank", -1))) + " (stage " + std::to_string(int(num_or(w, "stage", 0))) +
+         ", replica " + std::to_string(int(num_or(w, "replica", 0))) + ")";
+}
+
+std::string runs_table(const std::vector<Run>& runs) {
+  std::string o =
+      "<table id=\"runs\"><tr><th>run</th><th>method</th><th>replicas x stages</th><th>backend</th><th>steps</th>"
+      "<th>tokens</th><th>final train loss</th><th>final val loss</th><th>wall s</th><th>mean CU</th>"
+      "<th>training bytes sent / worker</th><th>largest sync</th></tr>\n";
+  for (const auto& r : runs) {
+    const json& s = r.summary;
+    const json& last = r.metrics.empty() ? json::object() : r.metrics.back();
+    double val = -1;
+    for (const auto& m : r.metrics)
+      if (m.contains("val_loss")) val = m["val_loss"].get<double>();
+    double sent = 0, largest = 0, cu = 0;
+    size_t n = 0;
+    if (!s.is_null())
+      for (const auto& w : s["workers"]) {
+        if (w.contains("by_operation") && w["by_operation"].is_object())
+          for (const auto& [op, v] : w["by_operation"].items()) {
+            if (is_training_traffic(op)) sent += num_or(v, "bytes_sent", 0);
+            if (is_sync_traffic(op)) largest = std::max(largest, num_or(v, "largest_instance_bytes_sent", 0));
+          }
+        cu += num_or(w, "compute_utilization", 0);
+        ++n;
+      }
+    const bool done = !s.is_null();
+    auto cfg = [&](const char* k, const std::string& d) {
+      const auto it = r.config.find(k);
+      return it == r.config.end() ? d : it->second;
+    };
+    std::string method = done ? str_or(s, "algorithm", "?") : cfg("algorithm", "?");
+    if (method.size() > 1 && method.front() == '"') method = method.substr(1, method.size() - 2);
+    o += "<tr data-run=\"" + escape_html(r.name) + "\"><td>" + swatch(r.color) + escape_html(r.name) + "</td>" +
+         cell(method) +
+         num_cell(done ? std::to_string(int(num_or(s, "replicas", 1))) + " x " + std::to_string(int(num_or(s, "stages", 1)))
+                       : "-") +
+         cell(done ? str_or(s, "backend", "?") : "-") + num_cell(std::to_string(int64_t(num_or(last, "step", 0)))) +
+         num_cell(short_number(num_or(last, "tokens", 0))) + num_cell(fixed(num_or(last, "train_loss", NAN), 4)) +
+         num_cell(val >= 0 ? fixed(val, 4) : "-") + num_cell(fixed(num_or(last, "time", NAN), 1)) +
+         num_cell(n ? fixed(100 * cu / double(n), 1) + "%" : "-") + num_cell(n ? short_number(sent / double(n)) + "B" : "-") +
+         num_cell(n ? short_number(largest) + "B" : "-") + "</tr>\n";
+  }
+  o += "</table>\n";
+  bool unfinished = false;
+  for (const auto& r : runs) unfinished |= r.summary.is_null();
+  if (unfinished)
+    o += "<p class=\"note\">Runs without summary.json (still running, or stopped before the end of a segment) show "
+         "their metrics only.</p>\n";
+  return o;
+}
+
+std::string loss_charts(const std::vector<Run>& runs) {
+  std::string o;
+  for (const char* axis : {"tokens", "time"}) {
+    Chart c;
+    c.id = std::string("loss-vs-") + axis;
+    c.title = std::string("Loss against ") + (axis == std::string("tokens") ? "training tokens" : "wall time");
+    c.x_label = axis == std::string("tokens") ? "tokens" : "wall time (s)";
+    c.y_label = "loss (nats per token)";
+    for (const auto& r : runs) {
+      ChartSeries train{r.name + " train", r.name, "loss-curve train", r.color, false, false, {}};
+      ChartSeries val{r.name + " val", r.name, "loss-curve val", r.color, true, true, {}};
+      for (const auto& m : r.metrics) {
+        const double x = num_or(m, axis, NAN);
+        train.points.push_back({x, m["train_loss"].get<double>()});
+        if (m.contains("val_loss")) val.points.push_back({x, num_or(m, "val_loss", NAN)});
+      }
+      c.series.push_back(std::move(train));
+      if (!val.points.empty()) c.series.push_back(std::move(val));
+    }
+    o += render_chart(c);
+  }
+  return "<div class=\"charts\">" + o + "</div>\n<p class=\"note\">Solid: training loss (mean since the previous "
+         "record); dashed with points: validation loss.</p>\n";
+}
+
+std::string spread_chart(const std::vector<Run>& runs) {
+  Chart c{"replica-spread", "Replica spread (NoLoCo)", "tokens", "spread", false, {}};
+  bool any = false;
+  for (const auto& r : runs) {
+    ChartSeries s{r.name + " spread", r.name, "spread-curve", r.color, true, false, {}};
+    for (const auto& m : r.metrics)
+      if (m.contains("replica_spread")) s.points.push_back({num_or(m, "tokens", NAN), num_or(m, "replica_spread", NAN)});
+    any |= !s.points.empty();
+    c.series.push_back(std::move(s));
+  }
+  if (!any) return "";
+  return "<h2>Replica spread</h2>\n" + render_chart(c) +
+         "<p class=\"note\">The spread of the replicas' slow weights at each evaluation (docs/noloco.md).</p>\n";
+}
+
+std::string worker_section(const Run& r) {
+  const json& workers = r.summary["workers"];
+  std::string o = "<h3 data-run=\"" + escape_html(r.name) + "\">" + swatch(r.color) + escape_html(r.name) + "</h3>\n";
+  const bool pipeline = num_or(r.summary, "stages", 1) > 1;
+  bool have_series = false;
+  for (const auto& w : workers) have_series |= w.contains("series") && w["series"].is_array() && !w["series"].empty();
+  if (have_series) {
+    Chart cu{"cu-" + r.name, "Compute utilization per worker", "wall time (s)", "CU (per logging interval)", false, {}};
+    Chart bytes{"bytes-" + r.name, "Bytes sent per worker", "wall time (s)", "bytes sent (cumulative)", false, {}};
+    Chart bubble{"bubble-" + r.name, "Pipeline bubble share per worker", "wall time (s)", "bubble / interval", false, {}};
+    int k = 0;
+    for (const auto& w : workers) {
+      const std::string label = worker_name(w);
+      ChartSeries a{label, r.name, "worker-cu", k, false, false, {}}, b{label, r.name, "worker-bytes", k, false, false, {}},
+          p{label, r.name, "worker-bubble", k, false, false, {}};
+      double total = 0;
+      if (w.contains("series") && w["series"].is_array())
+        for (const auto& pt : w["series"]) {
+          const double t = num_or(pt, "time", NAN);
+          total += num_or(pt, "bytes_sent", 0);
+          a.points.push_back({t, num_or(pt, "compute_utilization", NAN)});
+          b.points.push_back({t, total});
+          p.points.push_back({t, num_or(pt, "bubble_s", NAN) / std::max(1e-12, num_or(pt, "interval_s", NAN))});
+        }
+      cu.series.push_back(std::move(a));
+      bytes.series.push_back(std::move(b));
+      bubble.series.push_back(std::move(p));
+      ++k;
+    }
+    o += "<div class=\"charts\">" + render_chart(cu, 560, 300) + render_chart(bytes, 560, 300) +
+         (pipeline ? render_chart(bubble, 560, 300) : "") + "</div>\n<p class=\"note\">";
+    for (size_t i = 0; i < workers.size(); ++i)
+      o += "<span class=\"worker-key\">" + swatch(int(i)) + escape_html(worker_name(workers[i])) + "</span> ";
+    o += "</p>\n";
+  } else {
+    o += "<p class=\"note\">This run's summary has no per-worker series (written by loco before they existed).</p>\n";
+  }
+  o += "<table class=\"workers\"><tr><th>worker</th><th>bytes sent</th><th>bytes received</th><th>compute s</th>"
+       "<th>wait s</th><th>bubble s</th><th>CU</th>" +
+       std::string(pipeline ? "<th>bubble share</th>" : "") + "</tr>\n";
+  for (const auto& w : workers)
+    o += "<tr>" + cell(worker_name(w)) + num_cell(short_number(num_or(w, "bytes_sent", 0)) + "B") +
+         num_cell(short_number(num_or(w, "bytes_received", 0)) + "B") + num_cell(fixed(num_or(w, "compute_s", NAN), 2)) +
+         num_cell(fixed(num_or(w, "comm_wait_s", NAN), 2)) + num_cell(fixed(num_or(w, "bubble_s", NAN), 2)) +
+         num_cell(fixed(100 * num_or(w, "compute_utilization", NAN), 1) + "%") +
+         (pipeline ? num_cell(fixed(100 * num_or(w, "bubble_share", NAN), 1) + "%") : "") + "</tr>\n";
+  o += "</table>\n";
+
+  // Traffic by operation, summed over the workers.
+  struct Op {
+    double sent = 0, received = 0, messages = 0, largest = 0;
+  };
+  std::map<std::string, Op> ops;
+  for (const auto& w : workers)
+    if (w.contains("by_operation") && w["by_operation"].is_object())
+      for (const auto& [name, v] : w["by_operation"].items()) {
+        auto& op = ops[name];
+        op.sent += num_or(v, "bytes_sent", 0);
+        op.received += num_or(v, "bytes_received", 0);
+        op.messages += num_or(v, "messages_sent", 0);
+        op.largest = std::max(op.largest, num_or(v, "largest_instance_bytes_sent", 0));
+      }
+  o += "<table class=\"traffic\"><tr><th>operation</th><th>bytes sent (all workers)</th><th>bytes received</th>"
+       "<th>messages sent</th><th>largest instance (one worker)</th><th>training traffic</th></tr>\n";
+  for (const auto& [name, op] : ops)
+    o += "<tr>" + cell(name) + num_cell(short_number(op.sent) + "B") + num_cell(short_number(op.received) + "B") +
+         num_cell(short_number(op.messages)) + num_cell(short_number(op.largest) + "B") +
+         cell(is_training_traffic(name) ? "yes" : "no") + "</tr>\n";
+  o += "</table>\n";
+  return o;
+}
+
+std::string config_section(const std::vector<Run>& runs) {
+  std::set<std::string> keys;
+  for (const auto& r : runs)
+    for (const auto& [k, v] : r.config) keys.insert(k);
+  std::string o = "<h2>Configuration</h2>\n";
+  if (runs.size() > 1) {
+    std::string rows;
+    for (const auto& k : keys) {
+      std::set<std::string> values;
+      for (const auto& r : runs) {
+        const auto it = r.config.find(k);
+        values.insert(it == r.config.end() ? "(not set)" : it->second);
+      }
+      if (values.size() < 2) continue;
+      rows += "<tr>" + cell(k);
+      for (const auto& r : runs) {
+        const auto it = r.config.find(k);
+        rows += cell(it == r.config.end() ? "(not set)" : it->second);
+      }
+      rows += "</tr>\n";
+    }
+    if (rows.empty()) {
+      o += "<p>The runs' configs are identical.</p>\n";
+    } else {
+      o += "<table id=\"config-diff\"><tr><th>key</th>";
+      for (const auto& r : runs) o += "<th>" + swatch(r.color) + escape_html(r.name) + "</th>";
+      o += "</tr>\n" + rows + "</table>\n";
+    }
+  }
+  for (const auto& r : runs)
+    o += "<details><summary>" + escape_html(r.name) + ": config.toml</summary><pre>" +
+         escape_html(r.config_text.empty() ? "(no config.toml)" : r.config_text) + "</pre></details>\n";
+  return o;
+}
+
+const char* kStyle = R"(body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
+.swatch{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:-1px}
+.charts{display:flex;flex-wrap:wrap;gap:12px}svg.chart{background:#fff;font-size:11px}
+.chart .grid{stroke:#e5e5e5}.chart .frame{fill:none;stroke:#999}.chart-title{font-weight:600;font-size:13px}
+.legend span.run{cursor:pointer;margin-right:16px;user-select:none}.legend span.off{opacity:.35;text-decoration:line-through}
+.note{color:#555;font-size:12px}pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:400px})";
+
+// Clicking a run in the legend hides or shows its series and rows everywhere on the page.
+const char* kScript = R"(
+(function () {
+  function toggle(el) {
+    var run = el.getAttribute('data-toggle');
+    var off = el.classList.toggle('off');
+    document.querySelectorAll('g.series[data-run]').forEach(function (g) {
+      if (g.getAttribute('data-run') === run) g.style.display = off ? 'none' : '';
+    });
+  }
+  document.querySelectorAll('.legend [data-toggle]').forEach(function (el) {
+    el.addEventListener('click', function () { toggle(el); });
+  });
+  document.body.setAttribute('data-ready', '1');
+})();)";
+
+}  // namespace
+
+std::string build_html_report(const std::vector<std::string>& run_dirs) {
+  check(!run_dirs.empty(), "no run directories given");
+  std::vector<Run> runs;
+  std::set<std::string> names;
+  for (const auto& d : run_dirs) {
+    runs.push_back(load_run(d));
+    Run& r = runs.back();
+    if (!names.insert(r.name).second) r.name = d;  // two runs with one directory name: the paths tell them apart
+    names.insert(r.name);
+    r.color = int(runs.size() - 1);
+  }
+  std::string title = "loco report: ";
+  for (size_t i = 0; i < runs.size(); ++i) title += (i ? ", " : "") + runs[i].name;
+  std::string o = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + escape_html(title) +
+                  "</title>\n<style>" + kStyle + "</style></head>\n<body>\n<h1>" + escape_html(title) + "</h1>\n";
+  o += "<p class=\"legend\">";
+  for (const auto& r : runs)
+    o += "<span class=\"run\" data-toggle=\"" + escape_html(r.name) + "\" title=\"" + escape_html(r.dir) +
+         " (click to hide or show)\">" + swatch(r.color) + escape_html(r.name) + "</span>";
+  o += "</p>\n<h2>Runs</h2>\n" + runs_table(runs) + "<h2>Loss</h2>\n" + loss_charts(runs) + spread_chart(runs);
+  o += "<h2>Workers: compute utilization, bytes and traffic by operation</h2>\n<p class=\"note\">CU: compute time / "
+       "(interval - evaluation - checkpoint time) over each logging interval; bytes: payload sent (docs/metrics.md)."
+       "</p>\n";
+  for (const auto& r : runs)
+    if (!r.summary.is_null()) o += worker_section(r);
+  o += config_section(runs);
+  o += "<script>" + std::string(kScript) + "</script>\n</body></html>\n";
+  return o;
+}
+
+}  // namespace loco::report

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# What users look at: TensorBoard event files (decoded independently, CRCs and values, also
+# across a resume), `loco report` (self-contained HTML with one loss curve per run, rendered by
+# headless Chromium without console errors, a non-empty screenshot), its errors, and the Slurm
+# script of docs/distributed.md (bash -n).
+set -euo pipefail
+loco=$1 work=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+py=/usr/bin/python3
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+
+$py "$here/../tools/make_text.py" text 1 3000 5
+"$loco" data prepare --input text --tokenizer bytes --val-fraction 0.1 --out data > /dev/null
+# The same text as one gzip-compressed JSON Lines record gives the same token files.
+$py - text/doc0.txt docs.jsonl.gz <<'PY'
+import gzip, json, sys
+with gzip.open(sys.argv[2], "wt", encoding="utf-8") as f:
+    f.write(json.dumps({"id": 0, "text": open(sys.argv[1], encoding="utf-8").read()}) + "\n")
+PY
+"$loco" data prepare --input docs.jsonl.gz --tokenizer bytes --val-fraction 0.1 --out data_jsonl > /dev/null
+cmp data/train.tok data_jsonl/train.tok && cmp data/val.tok data_jsonl/val.tok
+base=(--config "$root/configs/tiny.toml" --set data.train=data/train.tok --set data.val=data/val.tok --quiet)
+
+# TensorBoard: an uninterrupted run, and one paused at step 20 and resumed (two event files, a
+# SessionLog START at 20); the checker's own CRC and schema, values equal to metrics.jsonl.
+"$loco" train "${base[@]}" --set train.tensorboard=true --set train.out_dir=full > /dev/null
+"$loco" train "${base[@]}" --set train.tensorboard=true --set train.out_dir=split --until 20 > /dev/null
+"$loco" train --resume split --quiet > /dev/null
+$py "$here/../tools/tb_events.py" full
+$py "$here/../tools/tb_events.py" split full
+[ "$(ls split/events.out.tfevents.* | wc -l)" -eq 2 ]
+# The checker fails on a flipped byte (it can fail).
+mkdir -p flipped && cp full/metrics.jsonl full/summary.json flipped/
+cp full/events.out.tfevents.* flipped/
+f=$(ls flipped/events.out.tfevents.*)
+$py - "$f" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[len(b) // 2] ^= 0x01
+open(p, "wb").write(b)
+PY
+if $py "$here/../tools/tb_events.py" flipped 2> flipped.err; then echo "FAIL: corrupted event file accepted"; exit 1; fi
+grep -q "CRC" flipped.err
+# The resumed run's summary kept the per-worker series of the first segment.
+$py - split/summary.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+steps = [p["step"] for p in s["workers"][0]["series"]]
+assert steps == list(range(5, 45, 5)), steps
+PY
+
+# Two more methods for the report: DiLoCo with 2 replicas, a 2-stage pipeline with 2 replicas.
+"$loco" train "${base[@]}" --set algorithm=diloco --set outer.inner_steps=10 --set distributed.replicas=2 \
+  --set train.out_dir=diloco > /dev/null
+"$loco" train "${base[@]}" --set pipeline.stages=2 --set distributed.replicas=2 --set train.out_dir=pipe > /dev/null
+"$loco" report full diloco pipe --out report.html > /dev/null
+$py - report.html full diloco pipe <<'PY'
+import re, sys
+from html.parser import HTMLParser
+html = open(sys.argv[1], encoding="utf-8").read()
+runs = sys.argv[2:]
+# Self-contained: no external resources (the SVG namespace is an identifier, not a fetch).
+body = html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+assert not re.search(r"(src|href)\s*=|url\(|@import|https?://", body), "external reference in the report"
+
+class Walk(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.stack, self.curves, self.tables = [], {}, set()
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg":
+            self.stack.append(a.get("id"))
+        if tag == "table" and a.get("id"):
+            self.tables.add(a["id"])
+        if tag == "path" and self.stack:
+            key = (self.stack[-1], a.get("class"))
+            self.curves.setdefault(key, []).append(a.get("data-run"))
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.stack.pop()
+w = Walk()
+w.feed(html)
+for chart in ("loss-vs-tokens", "loss-vs-time"):
+    assert sorted(w.curves[(chart, "loss-curve train")]) == sorted(runs), w.curves.get((chart, "loss-curve train"))
+    assert sorted(w.curves[(chart, "loss-curve val")]) == sorted(runs)
+for r in runs:
+    assert ("cu-" + r, "worker-cu") in w.curves and ("bytes-" + r, "worker-bytes") in w.curves, r
+assert len(w.curves[("cu-diloco", "worker-cu")]) == 2 and len(w.curves[("cu-pipe", "worker-cu")]) == 4
+assert ("bubble-pipe", "worker-bubble") in w.curves and ("bubble-diloco", "worker-bubble") not in w.curves
+assert {"runs", "config-diff"} <= w.tables, w.tables
+for key in ("algorithm", "pipeline.stages", "distributed.replicas", "train.out_dir"):
+    assert f"<td>{key}</td>" in html, key
+assert "<td>outer_gradients</td>" in html and "<td>activations</td>" in html
+print(f"report: {len(runs)} runs, one train and one val curve per run in both loss charts")
+PY
+
+# Bad inputs: one line, exit 1.
+mkdir -p notrun
+if "$loco" report notrun --out x.html 2> err.txt; then echo "FAIL: report of a non-run accepted"; exit 1; fi
+[ "$(wc -l < err.txt)" -eq 1 ] && grep -q "notrun: not a loco run directory (no metrics.jsonl)" err.txt
+mkdir -p badrec && echo '{"step": 1}' > badrec/metrics.jsonl
+if "$loco" report badrec --out x.html 2> err.txt; then echo "FAIL: malformed metrics accepted"; exit 1; fi
+grep -q "badrec/metrics.jsonl:1: not a loco metrics record" err.txt
+[ ! -e x.html ]
+
+# Slurm: the batch script in docs/distributed.md parses.
+$py - "$root/docs/distributed.md" slurm.sbatch <<'PY'
+import re, sys
+doc = open(sys.argv[1]).read()
+blocks = re.findall(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", doc, re.S)
+assert len(blocks) == 1, f"{len(blocks)} Slurm scripts in docs/distributed.md"
+open(sys.argv[2], "w").write(blocks[0])
+PY
+bash -n slurm.sbatch
+grep -q -- "--resume" slurm.sbatch
+
+# Headless Chromium (installed by scripts/test.sh): renders without console messages, the
+# script ran, one train curve per run in the rendered DOM, a screenshot with content. The
+# console check is shown to catch an error first.
+browser=$(command -v chromium || true)
+if [ -z "$browser" ]; then
+  echo "chromium not installed: skipping the rendering check (scripts/test.sh installs it)"
+  exit 0
+fi
+render() {  # render PAGE OUT_PREFIX: DOM to OUT.dom, console to OUT.log, screenshot OUT.png
+  timeout 120 "$browser" --headless --no-sandbox --disable-gpu --no-first-run --enable-logging=stderr --v=0 \
+    --user-data-dir="$work/chromium-profile" --dump-dom "file://$work/$1" > "$2.dom" 2> "$2.log"
+  timeout 120 "$browser" --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir="$work/chromium-profile" \
+    --window-size=1280,3000 --screenshot="$work/$2.png" "file://$work/$1" > /dev/null 2>&1
+}
+echo '<html><body><script>undefinedFunction();</script></body></html>' > broken.html
+render broken.html broken
+grep -q "CONSOLE.*undefinedFunction" broken.log || { echo "FAIL: the console check misses an error"; exit 1; }
+render report.html report
+if grep -q "CONSOLE" report.log; then echo "FAIL: console messages:"; grep CONSOLE report.log; exit 1; fi
+grep -q 'data-ready="1"' report.dom
+$py - report.dom report.png full diloco pipe <<'PY'
+import re, struct, sys, zlib
+dom = open(sys.argv[1], encoding="utf-8").read()
+runs = sys.argv[3:]
+chart = dom[dom.index('id="loss-vs-tokens"'):]
+chart = chart[:chart.index("</svg>")]
+found = re.findall(r'<path class="loss-curve train" data-run="([^"]+)"', chart)
+assert sorted(found) == sorted(runs), found
+png = open(sys.argv[2], "rb").read()
+assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+pos, idat, width = 8, b"", 0
+while pos < len(png):
+    n, kind = struct.unpack(">I4s", png[pos:pos + 8])
+    if kind == b"IHDR":
+        width = struct.unpack(">I", png[pos + 8:pos + 12])[0]
+    if kind == b"IDAT":
+        idat += png[pos + 8:pos + 8 + n]
+    pos += 12 + n
+pixels = zlib.decompress(idat)
+distinct = len(set(pixels[i:i + 3] for i in range(1, min(len(pixels), 4_000_000), 4)))
+assert width >= 1000 and distinct > 20, (width, distinct)
+print(f"chromium: rendered, {len(found)} train curves, screenshot {len(png)} bytes, {distinct} distinct colour samples")
+PY
