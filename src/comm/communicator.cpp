@@ -147,26 +147,44 @@ namespace {
 // embedding on the first and last pipeline stage) reduce to the same bits.
 constexpr int64_t kRingBlock = 256;
 
+// Each chunk travels in pieces of up to kRingPieceBlocks blocks (256 KiB), so that a worker
+// forwards the first piece of a step while later ones are still arriving: the link stays busy
+// across the ring's 2 (M-1) steps instead of idling for a latency at each. Smaller chunks are
+// one piece (an empty chunk is one empty message).
+constexpr int64_t kRingPieceBlocks = 256;
+
 struct RingChunks {
   int64_t n;
   int M;
-  // Calls fn(offset, length) for every block of chunk c, in order.
+  int64_t blocks(int c) const {
+    const int64_t all = (n + kRingBlock - 1) / kRingBlock;
+    return c >= all ? 0 : (all - c + M - 1) / M;
+  }
+  int64_t pieces(int c) const { return std::max<int64_t>(1, (blocks(c) + kRingPieceBlocks - 1) / kRingPieceBlocks); }
+  // Calls fn(offset, length) for every block of piece j of chunk c, in order (block k of chunk
+  // c is [(c + kM) Q, (c + kM + 1) Q) of the buffer; the buffer's last block may be short).
   template <class Fn>
-  void for_blocks(int c, Fn&& fn) const {
-    for (int64_t b = int64_t(c) * kRingBlock; b < n; b += int64_t(M) * kRingBlock) fn(b, std::min(kRingBlock, n - b));
+  void for_blocks(int c, int64_t j, Fn&& fn) const {
+    const int64_t end = std::min(blocks(c), (j + 1) * kRingPieceBlocks);
+    for (int64_t k = j * kRingPieceBlocks; k < end; ++k) {
+      const int64_t b = (int64_t(c) + k * M) * kRingBlock;
+      fn(b, std::min(kRingBlock, n - b));
+    }
   }
-  int64_t size(int c) const {
-    // Blocks c, c + M, ... of ceil(n / Q); the last block may be short.
-    const int64_t blocks = (n + kRingBlock - 1) / kRingBlock;
-    if (c >= blocks) return 0;
-    const int64_t count = (blocks - c + M - 1) / M;
-    const bool has_last = (blocks - 1) % M == c;
-    return count * kRingBlock - (has_last ? blocks * kRingBlock - n : 0);
+  // Floats in blocks [k0, k1) of chunk c: whole blocks, but the buffer's last may be short.
+  int64_t floats(int c, int64_t k0, int64_t k1) const {
+    const int64_t all = (n + kRingBlock - 1) / kRingBlock;
+    k1 = std::min(k1, blocks(c));
+    if (k1 <= k0) return 0;
+    const bool has_last = (all - 1) % M == c && k1 == blocks(c);
+    return (k1 - k0) * kRingBlock - (has_last ? all * kRingBlock - n : 0);
   }
-  std::string pack(const float* data, int c) const {
-    std::string out(size_t(size(c)) * sizeof(float), '\0');
+  int64_t size(int c, int64_t j) const { return floats(c, j * kRingPieceBlocks, (j + 1) * kRingPieceBlocks); }
+  int64_t size(int c) const { return floats(c, 0, blocks(c)); }
+  std::string pack(const float* data, int c, int64_t j) const {
+    std::string out(size_t(size(c, j)) * sizeof(float), '\0');
     char* dst = out.data();
-    for_blocks(c, [&](int64_t b, int64_t len) {
+    for_blocks(c, j, [&](int64_t b, int64_t len) {
       std::memcpy(dst, data + b, size_t(len) * sizeof(float));
       dst += len * int64_t(sizeof(float));
     });
@@ -182,51 +200,51 @@ int64_t ring_all_reduce_floats_sent(int64_t n, int M, int index) {
   return 2 * n - chunks.size((index + 1) % M) - chunks.size((index + 2) % M);
 }
 
+double ring_all_reduce_latency(int64_t n, int M, double bytes_per_s, double latency_s) {
+  if (M <= 1) return 0;
+  const RingChunks chunks{n, M};
+  const double chunk = double(chunks.size(0)) * sizeof(float) / bytes_per_s;  // chunk 0 is the largest
+  const double piece = double(chunks.size(0, 0)) * sizeof(float) / bytes_per_s;
+  return latency_s + double(2 * M - 3) * std::max(0.0, latency_s + piece - chunk);
+}
+
 void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const std::string& label,
                                    const std::vector<int>& members) {
   const Ring ring = make_ring(rank_, size_, members);
   const int M = ring.size, me = ring.index, right = ring.right, left = ring.left;
   if (M == 1) return;
   const RingChunks chunks{n, M};
-  auto receive = [&](int c) {
-    std::string in = recv_msg(label, left);
-    if (int64_t(in.size()) != chunks.size(c) * int64_t(sizeof(float)))
-      fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
-           std::to_string(chunks.size(c) * 4) + " (mismatched buffers across workers)");
-    return in;
-  };
-  // Reduce-scatter: after M-1 steps this worker holds the full sum of chunk (me+1) mod M.
+  // Steps 0 .. M-2 reduce-scatter (after them this worker holds the full sum of chunk
+  // (me + 1) mod M), steps M-1 .. 2M-3 all-gather the reduced chunks. The chunk sent at step
+  // t + 1 is the one received at step t, piece by piece.
+  const int T = 2 * (M - 1);
+  auto send_c = [&](int t) { return t < M - 1 ? (me - t + 2 * M) % M : (me + 1 - (t - (M - 1)) + 2 * M) % M; };
+  auto recv_c = [&](int t) { return t < M - 1 ? (me - t - 1 + 2 * M) % M : (me - (t - (M - 1)) + 2 * M) % M; };
+  for (int64_t j = 0; j < chunks.pieces(send_c(0)); ++j) send_msg(label, right, chunks.pack(data, send_c(0), j));
   std::vector<float> partial;
-  for (int s = 0; s < M - 1; ++s) {
-    const int send_c = (me - s + 2 * M) % M, recv_c = (me - s - 1 + 2 * M) % M;
-    send_msg(label, right, chunks.pack(data, send_c));
-    const std::string in = receive(recv_c);
-    partial.resize(in.size() / sizeof(float));
-    if (!in.empty()) std::memcpy(partial.data(), in.data(), in.size());  // a chunk may be empty
-    const float* p = partial.data();
-    chunks.for_blocks(recv_c, [&](int64_t b, int64_t len) {
-      float* dst = data + b;
-      for (int64_t i = 0; i < len; ++i) dst[i] = p[i] + dst[i];
-      p += len;
-    });
-  }
-  const int owned = (me + 1) % M;
-  if (op == ReduceOp::Mean) {
-    const float m = float(M);
-    chunks.for_blocks(owned, [&](int64_t b, int64_t len) {
-      for (int64_t i = b; i < b + len; ++i) data[i] /= m;
-    });
-  }
-  // All-gather the reduced chunks.
-  for (int s = 0; s < M - 1; ++s) {
-    const int send_c = (me + 1 - s + 2 * M) % M, recv_c = (me - s + 2 * M) % M;
-    send_msg(label, right, chunks.pack(data, send_c));
-    const std::string in = receive(recv_c);
-    const char* p = in.data();
-    chunks.for_blocks(recv_c, [&](int64_t b, int64_t len) {
-      std::memcpy(data + b, p, size_t(len) * sizeof(float));
-      p += len * int64_t(sizeof(float));
-    });
+  for (int t = 0; t < T; ++t) {
+    const int c = recv_c(t);
+    for (int64_t j = 0; j < chunks.pieces(c); ++j) {
+      const std::string in = recv_msg(label, left);
+      if (int64_t(in.size()) != chunks.size(c, j) * int64_t(sizeof(float)))
+        fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
+             std::to_string(chunks.size(c, j) * 4) + " (mismatched buffers across workers)");
+      partial.resize(in.size() / sizeof(float));
+      if (!in.empty()) std::memcpy(partial.data(), in.data(), in.size());  // a chunk may be empty
+      const float* p = partial.data();
+      chunks.for_blocks(c, j, [&](int64_t b, int64_t len) {
+        float* dst = data + b;
+        if (t < M - 1) {
+          for (int64_t i = 0; i < len; ++i) dst[i] = p[i] + dst[i];
+          if (t == M - 2 && op == ReduceOp::Mean)  // the chunk this worker owns is complete
+            for (int64_t i = 0; i < len; ++i) dst[i] /= float(M);
+        } else {
+          std::memcpy(dst, p, size_t(len) * sizeof(float));
+        }
+        p += len;
+      });
+      if (t + 1 < T) send_msg(label, right, chunks.pack(data, c, j));
+    }
   }
 }
 

@@ -33,6 +33,12 @@ enum class ReduceOp { Sum, Mean };
 // Floats that member `index` of an M-member ring all-reduce of n floats sends: every chunk but
 // two (about 2 (M-1)/M of n).
 int64_t ring_all_reduce_floats_sent(int64_t n, int M, int index);
+// A ring all-reduce's time beyond its transfer time (the bytes a worker sends over its link's
+// rate), on links of `bytes_per_s` with one-way `latency_s`. Chunks travel in pieces that are
+// forwarded as they arrive, so a step waits for the latency only where a chunk takes less time
+// to send than a latency plus one piece: L + (2M - 3) max(0, L + piece - chunk) in seconds
+// (2 (M-1) L for chunks of one piece, L for large ones).
+double ring_all_reduce_latency(int64_t n, int M, double bytes_per_s, double latency_s);
 
 struct CommOptions {
   double timeout_s = 60;

@@ -3,6 +3,7 @@
 #define OMPI_SKIP_MPICXX 1  // C API only: the deprecated C++ bindings need another library
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -28,7 +29,8 @@ int env_int(const char* name) {
 }
 
 // Every MPI call after initialization is made by one progress thread, which posts the queued
-// sends, completes them and receives every arriving message into a queue per (peer, channel).
+// sends and a receive for every arriving message, completes them without blocking, and
+// delivers what arrived into a queue per (peer, channel).
 // So transfers advance while the workers compute (Open MPI's TCP transport moves data only
 // inside MPI calls), send() and recv() may be called from any thread, and the library only needs
 // MPI_THREAD_SERIALIZED.
@@ -90,10 +92,18 @@ class MpiTransport : public Transport {
     MPI_Request request;
   };
 
+  struct Incoming {
+    int peer, tag;
+    std::string data;
+    MPI_Request request;
+    bool done;
+  };
+
   void loop() {
     using Clock = std::chrono::steady_clock;
     Clock::time_point stop_deadline{};
     std::list<Outgoing> in_flight;
+    std::list<Incoming> receiving;
     auto idle = std::chrono::microseconds(10);
     for (;;) {
       bool active = false, stopping;
@@ -114,25 +124,49 @@ class MpiTransport : public Transport {
         MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
         it = done ? in_flight.erase(it) : std::next(it);
       }
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st);
-      if (flag) {
+      // Receives are posted without blocking (a matched probe takes the message out of
+      // matching, then MPI_Imrecv): a blocking MPI_Recv of a large message over a slow link
+      // would spin a core for its whole duration and hold back the next sends.
+      for (;;) {
+        int flag = 0;
+        MPI_Message handle;
+        MPI_Status st;
+        MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &handle, &st);
+        if (!flag) break;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        std::string msg(size_t(count), '\0');
-        MPI_Recv(msg.data(), count, MPI_BYTE, st.MPI_SOURCE, st.MPI_TAG, comm_, MPI_STATUS_IGNORE);
-        const int channel = st.MPI_TAG - kTagBase;
+        receiving.push_back({st.MPI_SOURCE, st.MPI_TAG, std::string(size_t(count), '\0'), MPI_REQUEST_NULL, false});
+        auto& r = receiving.back();
+        MPI_Imrecv(r.data.data(), count, MPI_BYTE, &handle, &r.request);
+        active = true;
+      }
+      // Delivered in arrival order per (sender, channel): a completed message waits for the
+      // earlier ones of its queue.
+      std::vector<uint64_t> waiting;  // queues with an earlier receive still in progress
+      for (auto it = receiving.begin(); it != receiving.end();) {
+        if (!it->done) {
+          int done = 0;
+          MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+          it->done = done != 0;
+        }
+        const uint64_t key = uint64_t(it->peer) << 32 | uint32_t(it->tag);
+        const bool blocked = std::find(waiting.begin(), waiting.end(), key) != waiting.end();
+        if (!it->done || blocked) {
+          if (!blocked) waiting.push_back(key);
+          ++it;
+          continue;
+        }
+        const int channel = it->tag - kTagBase;
         {
           std::lock_guard<std::mutex> lock(mu_);
           if (channel >= 0 && channel < kNumChannels)
-            inbox_[size_t(st.MPI_SOURCE) * kNumChannels + size_t(channel)].push_back(std::move(msg));
+            inbox_[size_t(it->peer) * kNumChannels + size_t(channel)].push_back(std::move(it->data));
           else if (error_.empty())
-            error_ = "worker " + std::to_string(st.MPI_SOURCE) + " sent a message with unknown tag " +
-                     std::to_string(st.MPI_TAG);
+            error_ = "worker " + std::to_string(it->peer) + " sent a message with unknown tag " + std::to_string(it->tag);
         }
         cv_.notify_all();
         active = true;
+        it = receiving.erase(it);
       }
       // Stop once every send has left (receivers hold what they have not read), or give up
       // after a bound if a peer is gone.
@@ -152,7 +186,7 @@ class MpiTransport : public Transport {
         continue;
       }
       std::this_thread::sleep_for(idle);
-      idle = std::min(idle * 2, std::chrono::microseconds(in_flight.empty() ? 1000 : 200));
+      idle = std::min(idle * 2, std::chrono::microseconds(in_flight.empty() && receiving.empty() ? 1000 : 200));
     }
   }
 
@@ -190,6 +224,12 @@ int mpi_env_local_size() {
 
 std::unique_ptr<Transport> make_mpi_transport() {
   if (!g_initialized) {
+    // Open MPI's TCP transport, by default, moves a large message with an emulated RDMA put;
+    // measured in the network lab (docs/results/network.md), two large messages crossing on one
+    // connection then shared the link at half the rate each (ring all-reduce with 2 workers at
+    // 100 Mbit/s: 0.47-0.51 of raw TCP) where plain sends reach 0.96-1.06. A value the user
+    // gave (mpirun --mca btl_tcp_flags ..., which sets this variable) is kept.
+    setenv("OMPI_MCA_btl_tcp_flags", "send,inplace", 0);
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (provided < MPI_THREAD_SERIALIZED) fail("MPI: the library does not support MPI_THREAD_SERIALIZED");

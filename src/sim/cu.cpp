@@ -148,10 +148,12 @@ double reduction_bytes(const Profile& p, Method method, double values, Conventio
   return double(encoded_sync_bytes(*codec, choose_encoded_reduce("auto", p.replicas), n, p.replicas, 0));
 }
 
-double reduction_latency(const Profile& p, Method method, Convention convention) {
+double reduction_latency(const Profile& p, Method method, double values, double bandwidth_bps,
+                         Convention convention) {
   if (convention == Convention::Paper) return 0;
   const int M = p.replicas;
-  if (method != Method::StreamingOverlapFp4) return 2.0 * (M - 1) * p.latency_s;  // ring all-reduce
+  if (method != Method::StreamingOverlapFp4)  // ring all-reduce, forwarded piece by piece
+    return ring_all_reduce_latency(int64_t(values), M, bandwidth_bps / 8, p.latency_s);
   return choose_encoded_reduce("auto", M) == EncodedReduce::AllGather ? (M - 1) * p.latency_s  // ring all-gather
                                                                       : 2.0 * p.latency_s;      // two direct rounds
 }
@@ -179,12 +181,11 @@ CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int 
   std::vector<std::vector<double>> gate(size_t(window), std::vector<double>(size_t(L), 0.0));
   double compute_free = 0, network_free = 0, idle = 0;  // idle: compute waiting on reductions, after warm-up
   const bool paper = convention == Convention::Paper;
-  const double latency = reduction_latency(p, method, convention);
   auto reduce = [&](double ready, double values, int64_t step, int layer) {
     const double start = std::max(network_free, ready);
     const double transfer =
         std::isinf(bandwidth_bps) ? 0.0 : 8.0 * reduction_bytes(p, method, values, convention) / bandwidth_bps;
-    network_free = start + latency + transfer;
+    network_free = start + reduction_latency(p, method, values, bandwidth_bps, convention) + transfer;
     record(1, 'R', step, layer, start, network_free);
     return network_free;
   };

@@ -71,7 +71,9 @@ CuResult simulate_cu(const Profile& p, Method method, double bandwidth_bps, int 
 
 // Bytes one worker sends for one reduction of n values, and the latency it pays on top.
 double reduction_bytes(const Profile& p, Method method, double values, Convention convention = Convention::Loco);
-double reduction_latency(const Profile& p, Method method, Convention convention = Convention::Loco);
+// `values` and the link's rate matter for the ring all-reduce (ring_all_reduce_latency).
+double reduction_latency(const Profile& p, Method method, double values, double bandwidth_bps,
+                         Convention convention = Convention::Loco);
 
 // Smallest bandwidth (bits/s) at which CU >= target, by bisection on a log scale over
 // [1e3, 1e16]; infinity if not reached at 1e16.

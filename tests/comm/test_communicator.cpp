@@ -109,6 +109,38 @@ TEST(Communicator, AllReduceOrderIsFixed) {
   }
 }
 
+TEST(Communicator, AllReduceInPiecesKeepsTheOrderAndCountsMessages) {
+  // Chunks above 256 blocks (256 KiB) travel in pieces, forwarded as they arrive: the same
+  // summation order as one message per chunk, one message per piece.
+  const int M = 3;
+  const int64_t Q = 256, n = 3 * 256 * Q * 2 + 5 * Q + 3;  // chunks of 513 or 514 blocks: 3 pieces each
+  auto x = [](int r, int64_t i) { return (i % 7 == 0 ? 1e7f : 0.1f) * float(r + 1) + float(i % 1000) * 1e-3f; };
+  std::vector<std::vector<float>> sum(M), mean(M);
+  std::vector<int64_t> messages(M);
+  run_workers(M, [&](Communicator& c) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = x(c.rank(), i);
+    std::vector<float> m = v;
+    c.all_reduce(v.data(), n, ReduceOp::Sum, "sum");
+    c.all_reduce(m.data(), n, ReduceOp::Mean, "mean");
+    sum[size_t(c.rank())] = v;
+    mean[size_t(c.rank())] = m;
+    messages[size_t(c.rank())] = c.traffic().to_json()["by_operation"]["sum"]["messages_sent"].get<int64_t>();
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = int((i / Q) % M);
+    float acc = x(c, i);
+    for (int k = 1; k < M; ++k) acc = acc + x((c + k) % M, i);
+    ASSERT_EQ(sum[0][size_t(i)], acc) << "element " << i;
+    ASSERT_EQ(mean[0][size_t(i)], acc / float(M)) << "element " << i;
+  }
+  for (int r = 1; r < M; ++r) {
+    EXPECT_EQ(sum[size_t(r)], sum[0]);
+    EXPECT_EQ(mean[size_t(r)], mean[0]);
+  }
+  for (int r = 0; r < M; ++r) EXPECT_EQ(messages[size_t(r)], 2 * (M - 1) * 3) << "worker " << r;
+}
+
 TEST(Communicator, AllReduceResultDependsOnlyOnTheOffset) {
   // Buffers of different lengths with the same values at the same offsets reduce to the same
   // bits there (a tied embedding on two pipeline stages holding different other tensors).

@@ -56,7 +56,19 @@ TEST(SimCu, ReductionBytesAreWhatTheCodeSends) {
   // 128 is half a byte per value plus one scale byte per block.
   EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::DDP, n), 4 * n);
   EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::StreamingOverlapFp4, n), n / 2 + std::ceil(n / 128));
-  EXPECT_DOUBLE_EQ(reduction_latency(p, Method::DDP), 2 * p.latency_s);
+  // The ring pays its 2 (M-1) latencies where a chunk is one piece; pieces forwarded as they
+  // arrive hide all but one behind large chunks.
+  p.latency_s = 0.03;
+  EXPECT_DOUBLE_EQ(reduction_latency(p, Method::DDP, 1000, 1e8), 2 * p.latency_s);
+  EXPECT_DOUBLE_EQ(reduction_latency(p, Method::DDP, 1e8, 1e8), p.latency_s);
+  p.replicas = 4;
+  EXPECT_DOUBLE_EQ(reduction_latency(p, Method::DDP, 1000, 1e8), 6 * p.latency_s);
+  // 4 chunks of 2^18 floats (1 MiB, 4 pieces of 256 KiB) at 100 Mbit/s: 84 ms per chunk, 21 ms
+  // per piece, so a 30 ms latency is hidden at every step but the first.
+  EXPECT_NEAR(reduction_latency(p, Method::DDP, 4 << 18, 1e8), p.latency_s, 1e-12);
+  // 4 chunks of 2^15 floats (128 KiB, one piece): 10.5 ms per chunk, all six latencies.
+  EXPECT_NEAR(reduction_latency(p, Method::DDP, 4 << 15, 1e8), 6 * p.latency_s, 1e-12);
+  p.replicas = 2;
   // paper: bf16, and 4 bits for fp4.
   EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::DiLoCo, n, Convention::Paper), 2 * n);
   EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::StreamingOverlapFp4, n, Convention::Paper), n / 2);
@@ -76,7 +88,8 @@ TEST(SimCu, WholeReductionIsComputeOverComputePlusTransfer) {
   p.latency_s = 0.03;
   const double bw = 1e10;
   // loco's DDP reduces the whole gradient after the backward: nothing overlaps.
-  const double ring = 8 * reduction_bytes(p, Method::DDP, p.params) / bw + reduction_latency(p, Method::DDP);
+  const double ring =
+      8 * reduction_bytes(p, Method::DDP, p.params) / bw + reduction_latency(p, Method::DDP, p.params, bw);
   EXPECT_NEAR(simulate_cu(p, Method::DDP, bw).cu, p.step_time_s / (p.step_time_s + ring), 1e-12);
   // The paper's per-layer reductions: with one layer there is nothing to overlap either.
   p.layers = 1;
