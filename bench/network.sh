@@ -8,15 +8,20 @@
 #   - emulated: the same run in-process under loco's link model, as an ideal pipe
 #     (network.tcp = false) and with TCP's behaviour (network.tcp = true);
 #   - predicted: `loco simulate cu --calibrate` on the ideal-pipe run.
-# Prints a Markdown table: wall time, CU and bytes sent per worker for each. Needs root (the
-# lab). Usage: bench/network.sh [STEPS] [OUT_DIR]   (default 30 steps, runs/bench-network)
+# Prints a Markdown table: wall time, CU and bytes sent per worker for each; then the ring
+# all-reduce against raw TCP in the lab. Needs root (the lab).
+# Usage: bench/network.sh [STEPS] [OUT_DIR] [PARTS]   (default 30 steps, runs/bench-network,
+# PARTS all; "cu" or "allreduce" runs one of the two tables)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
 out=${2:-runs/bench-network}
+parts=${3:-all}
+case $parts in all | cu | allreduce) ;; *) echo "bench/network.sh: PARTS must be all, cu or allreduce" >&2; exit 2 ;; esac
 bash scripts/brown-data.sh > /dev/null
 rm -rf "$out"
 mkdir -p "$out"
+if [ "$parts" != allreduce ]; then
 common=(--config configs/small.toml --set train.steps="$steps" --set train.eval_interval=0 --set data.val=
         --set train.checkpoint_interval=0 --set data.batch_size=8 --set train.threads=1 --quiet)
 declare -A method_args=(
@@ -62,8 +67,12 @@ PY
   done
 done
 
+fi
+[ "$parts" = cu ] && exit 0
+
 # Item 4 of the lab: how much of the link a ring all-reduce of a large buffer uses, as a ratio to
-# one raw transfer of the same bytes in the same run (min and max over the ranks).
+# plain TCP sockets carrying the same bytes around the same ring in the same run (min and max
+# over the ranks).
 echo
 echo "| link | workers | floats | raw MB/s per rank | ring MB/s per rank | ring / raw (min-max over ranks) |"
 echo "|---|---|---|---|---|---|"
