@@ -64,11 +64,19 @@ void recv_all(int fd, char* p, size_t n) {
   }
 }
 
+// Every wait on a peer is bounded (a dead peer ends the bench with an error, not a hang).
+void set_timeouts(int fd) {
+  timeval t{120, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof t);
+}
+
 // A TCP connection to the next rank and one from the previous rank.
 struct RawRing {
   int to_next = -1, from_prev = -1;
   RawRing(Communicator& comm, int rank, int size) {
     const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    set_timeouts(listener);  // accept() waits at most this long
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -85,10 +93,12 @@ struct RawRing {
     inet_pton(AF_INET, next.substr(0, next.find(' ')).c_str(), &b.sin_addr);
     std::thread accepter([&] { from_prev = ::accept(listener, nullptr, nullptr); });
     to_next = ::socket(AF_INET, SOCK_STREAM, 0);
+    set_timeouts(to_next);
     const bool connected = ::connect(to_next, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
     accepter.join();
     ::close(listener);
     if (!connected || from_prev < 0) fail(std::string("raw connect: ") + std::strerror(errno));
+    set_timeouts(from_prev);
   }
   ~RawRing() {
     ::close(to_next);

@@ -26,15 +26,14 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
   const auto& cfg = run.cfg;
   auto& w = run.w;
   const double busy = std::max(1e-9, wall - run.eval_seconds - run.checkpoint_seconds);
+  const auto totals = worker_counters(run, wall);
   nlohmann::json me = run.traffic->to_json();
   me["rank"] = run.rank;
   me["stage"] = run.stage;
   me["replica"] = run.replica;
-  me["compute_s"] = w.compute_seconds;
-  me["comm_wait_s"] = run.dp.wait_seconds() + run.world.wait_seconds();
-  // Idle waiting for a neighbouring stage: inputs not yet there, and the per-step exchanges
-  // along the pipeline (they wait for the slowest stage).
-  me["bubble_s"] = run.pipe.bubble_seconds() + run.chain_wait_seconds;
+  me["compute_s"] = totals.compute;
+  me["comm_wait_s"] = totals.wait;
+  me["bubble_s"] = totals.bubble;
   me["eval_s"] = run.eval_seconds;
   me["checkpoint_s"] = run.checkpoint_seconds;
   me["wall_s"] = wall;
@@ -89,6 +88,8 @@ WorkerRun::Counters worker_counters(const WorkerRun& run, double now) {
   c.time = now;
   c.compute = run.w.compute_seconds;
   c.wait = run.dp.wait_seconds() + run.world.wait_seconds();
+  // Idle waiting for a neighbouring stage: inputs not yet there, and the per-step exchanges
+  // along the pipeline (they wait for the slowest stage).
   c.bubble = run.pipe.bubble_seconds() + run.chain_wait_seconds;
   c.eval = run.eval_seconds;
   c.checkpoint = run.checkpoint_seconds;

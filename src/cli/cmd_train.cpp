@@ -6,13 +6,13 @@
 
 #include "algo/trainer.h"
 #include "cli/commands.h"
-#include "comm/stats.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "io/fs.h"
 #include "io/gnuplot.h"
 #include "io/metrics.h"
 #include "io/run_config.h"
+#include "report/html_report.h"
 
 namespace loco::cli {
 
@@ -153,17 +153,11 @@ void add_compare(CLI::App& app) {
                 "sent/worker", "sent/w/step", "largest sync", "peak send/s", "CU", "wall s");
     for (const auto& dir : *runs) try {
       const nlohmann::json j = read_json_file(dir + "/summary.json");
-      double sent = 0, peak = 0, cu = 0, largest = 0;
-      const auto& w = j.at("workers");
-      for (const auto& x : w) {
-        for (const auto& [op, v] : x["by_operation"].items()) {
-          if (is_training_traffic(op)) sent += v["bytes_sent"].get<double>();
-          if (is_sync_traffic(op)) largest = std::max(largest, v["largest_instance_bytes_sent"].get<double>());
-        }
-        peak = std::max(peak, x["peak_send_bytes_per_s"].get<double>());
-        cu += x["compute_utilization"].get<double>();
-      }
-      const double n = double(std::max<size_t>(1, w.size()));
+      if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
+        fail(dir + "/summary.json: not a loco run summary (no workers list)");
+      const auto t = report::run_totals(j);
+      const double sent = t.training_bytes_sent, peak = t.peak_send, cu = t.cu_sum, largest = t.largest_sync;
+      const double n = double(std::max<size_t>(1, t.workers));
       const double steps = std::max(1.0, j.at("steps").get<double>());
       const std::string name = std::filesystem::path(dir).filename().string();
       std::printf("%-22s %-9s %3d %10.3g %9.4f %12.4g %13.4g %13.4g %11.4g %6.1f%% %8.1f\n", name.c_str(),

@@ -132,18 +132,9 @@ std::string runs_table(const std::vector<Run>& runs) {
     double val = -1;
     for (const auto& m : r.metrics)
       if (m.contains("val_loss")) val = m["val_loss"].get<double>();
-    double sent = 0, largest = 0, cu = 0;
-    size_t n = 0;
-    if (!s.is_null())
-      for (const auto& w : s["workers"]) {
-        if (w.contains("by_operation") && w["by_operation"].is_object())
-          for (const auto& [op, v] : w["by_operation"].items()) {
-            if (is_training_traffic(op)) sent += num_or(v, "bytes_sent", 0);
-            if (is_sync_traffic(op)) largest = std::max(largest, num_or(v, "largest_instance_bytes_sent", 0));
-          }
-        cu += num_or(w, "compute_utilization", 0);
-        ++n;
-      }
+    const RunTotals tot = s.is_null() ? RunTotals{} : run_totals(s);
+    const double sent = tot.training_bytes_sent, largest = tot.largest_sync, cu = tot.cu_sum;
+    const size_t n = tot.workers;
     const bool done = !s.is_null();
     auto cfg = [&](const char* k, const std::string& d) {
       const auto it = r.config.find(k);
@@ -344,6 +335,21 @@ const char* kScript = R"(
 })();)";
 
 }  // namespace
+
+RunTotals run_totals(const json& summary) {
+  RunTotals t;
+  for (const auto& w : summary.at("workers")) {
+    if (w.contains("by_operation") && w["by_operation"].is_object())
+      for (const auto& [op, v] : w["by_operation"].items()) {
+        if (is_training_traffic(op)) t.training_bytes_sent += num_or(v, "bytes_sent", 0);
+        if (is_sync_traffic(op)) t.largest_sync = std::max(t.largest_sync, num_or(v, "largest_instance_bytes_sent", 0));
+      }
+    t.peak_send = std::max(t.peak_send, num_or(w, "peak_send_bytes_per_s", 0));
+    t.cu_sum += num_or(w, "compute_utilization", 0);
+    ++t.workers;
+  }
+  return t;
+}
 
 std::string build_html_report(const std::vector<std::string>& run_dirs) {
   check(!run_dirs.empty(), "no run directories given");

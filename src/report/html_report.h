@@ -6,7 +6,20 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace loco::report {
+
+// What `loco compare` and the report's runs table show of a run summary's workers.
+struct RunTotals {
+  size_t workers = 0;
+  double training_bytes_sent = 0;  // training traffic, summed over workers
+  double largest_sync = 0;         // most bytes one worker sent in one reduction
+  double peak_send = 0;            // highest send rate of any worker (bytes/s)
+  double cu_sum = 0;               // compute utilization, summed over workers
+};
+// Fields a summary lacks count as zero (json type errors for present fields of the wrong type).
+RunTotals run_totals(const nlohmann::json& summary);
 
 // Reads the run directories (metrics.jsonl required; summary.json and config.toml when present)
 // and returns the page. Fails naming the file of a directory that is not a run or a malformed file.
