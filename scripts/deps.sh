@@ -4,9 +4,10 @@ loco_packages() {
   case $1 in
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
-                libopenmpi-dev openmpi-bin zlib1g-dev ;;
-    test) echo python3 python3-numpy python3-torch python3-protobuf gnuplot-nox iproute2 iputils-ping chromium ;;
+                libopenmpi-dev openmpi-bin zlib1g-dev libgloo-dev libhiredis-dev ;;
+    test) echo python3 python3-numpy python3-torch python3-protobuf gnuplot-nox iproute2 iputils-ping chromium redis-server redis-tools ;;
     netlab) echo iproute2 iputils-ping ;;
+    elastic) echo redis-server redis-tools ;;
     demo) echo gnuplot-nox ;;
     plot) echo gnuplot-nox ;;
     fuzz) echo clang libfuzzer-14-dev libclang-rt-14-dev ;;

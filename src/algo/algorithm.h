@@ -34,6 +34,11 @@ class Algorithm {
   // summed over all workers, spread = sqrt(first / second). Called by every worker at each
   // evaluation (it may communicate); empty: replicas are identical.
   virtual std::vector<double> spread_terms(Worker& w) { return {}; }
+  // The step to continue from after `done` steps: `done`, except for an elastic member that
+  // (re)joined the run and continues from the run's current step.
+  virtual int64_t continue_from(int64_t done) { return done; }
+  // Extra fields for the metrics record being written (elastic: membership and rounds).
+  virtual void annotate(nlohmann::json& rec) {}
   // Algorithm-specific accounting for the run summary.
   virtual void report(nlohmann::json& out) const {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it

@@ -12,6 +12,7 @@
 #include "algo/worker.h"
 #include "comm/communicator.h"
 #include "comm/link.h"
+#include "elastic/membership.h"
 #include "pipeline/executor.h"
 #include "pipeline/grid.h"
 #include "pipeline/schedule.h"
@@ -31,6 +32,7 @@ struct RunSetup {
   CommOptions comm;
   LinkConfig link;
   std::string backend;
+  ElasticOptions elastic;  // backend "elastic"
   double unigram_entropy = 0;
   Grid grid;
   std::vector<StageSpec> stages;

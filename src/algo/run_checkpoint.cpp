@@ -108,7 +108,9 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
     fail(state_path + ": optimizer.steps " + std::to_string(rep.get_int("optimizer.steps")) + " differs from step " +
          std::to_string(step));
   w.adamw.set_steps(step);
-  if (run.first_stage) w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken")});
+  if (run.first_stage)
+    w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken"),
+                           rep.meta.count("data.offset") ? rep.get_int("data.offset") : 0});
   run.algo->load_state(rep);
   protocol_load(run, rep, state_path);
   const std::string traffic = traffic_path(ck, run);
@@ -133,6 +135,7 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
   rep.meta = {{"optimizer.steps", std::to_string(w.adamw.steps())},
               {"data.epoch", std::to_string(pos.epoch)},
               {"data.taken", std::to_string(pos.taken)}};
+  if (pos.offset != 0) rep.meta["data.offset"] = std::to_string(pos.offset);
   run.algo->save_state(rep);
   protocol_save(run, rep);
   const std::vector<float>& eval_params = run.algo->eval_params(w);

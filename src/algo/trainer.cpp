@@ -3,7 +3,9 @@
 // train_step.cpp, checkpoints in run_checkpoint.cpp, accounting in run_report.cpp.
 #include "algo/trainer.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -17,6 +19,7 @@
 #include "core/parallel.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "elastic/elastic_diloco.h"
 #include "io/fs.h"
 #include "io/metrics.h"
 #include "io/tensorboard.h"
@@ -122,6 +125,33 @@ void check_memory(const RunSetup& s, int local_workers) {
                  "lower distributed.replicas, pipeline.stages, data.batch_size or the model size");
 }
 
+std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w, std::shared_ptr<TrafficStats> traffic,
+                                              std::shared_ptr<TraceRecorder> trace) {
+  if (s.backend == "elastic") return make_elastic_diloco(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
+  return make_algorithm(s.cfg, w);
+}
+
+// Elastic workers: the Redis password from elastic.password_file or $LOCO_REDIS_PASSWORD (never
+// from the command line, where other users of the machine could read it).
+std::string redis_password(const ElasticConfig& e) {
+  std::string pw;
+  if (!e.password_file.empty()) {
+    if (!file_exists(e.password_file)) fail("elastic.password_file: " + e.password_file + " does not exist");
+    pw = read_file(e.password_file);
+    while (!pw.empty() && (pw.back() == '\n' || pw.back() == '\r')) pw.pop_back();
+  } else if (const char* env = std::getenv("LOCO_REDIS_PASSWORD")) {
+    pw = env;
+  }
+  return pw;
+}
+
+void check_worker_name(const std::string& name) {
+  if (name.empty()) fail("--join needs --worker NAME (this worker's name; its run directory is train.out_dir/NAME)");
+  for (const char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') || name == "." || name == "..")
+      fail("--worker " + name + ": use letters, digits, '-', '_' and '.' only");
+}
+
 }  // namespace
 
 WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std::shared_ptr<TraceRecorder> trace_in)
@@ -144,7 +174,7 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
                                                                   uint64_t(cfg.protocol.seed), cfg.protocol.fixed_std)
                                      : nullptr),
       w(cfg, dp, setup.train_tokens, setup.stages[size_t(stage)], rank),
-      algo(make_algorithm(cfg, w)),
+      algo(make_run_algorithm(setup, w, traffic, trace)),
       stage_model(w.model, cfg.micro_windows(), cfg.data.seq_len, cfg.microbatches(),
                   max_in_flight(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches()))),
       ops(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches())),
@@ -216,6 +246,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
       protocol_init(run);
     }
     run.algo->start(w, s.resuming);
+    start_step = run.algo->continue_from(start_step);  // an elastic joiner continues from the run's step
 
     const LrSchedule schedule{cfg.optim.lr, cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
     std::unique_ptr<MetricsLog> metrics;
@@ -250,7 +281,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     for (int64_t step = start_step; step < cfg.train.steps; ++step) {
       const double lr = schedule.at(step);
       const StepResult r = train_step(run, step, lr);
-      const int64_t done = step + 1;
+      const int64_t done = run.algo->continue_from(step + 1);
       const bool last = done == cfg.train.steps;
       loss_sum += r.loss;
       ++loss_count;
@@ -282,6 +313,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
         if (do_eval) rec["val_loss"] = val_loss;
         if (spread >= 0) rec["replica_spread"] = spread;
         if (!val_note.empty()) rec["val_note"] = val_note;
+        run.algo->annotate(rec);
         metrics->write(rec);
         const double tps = double(loss_count * tokens_per_step) / std::max(dt, 1e-9);
         if (board) write_board(*board, rec, *point, tps, loss_count);
@@ -304,6 +336,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                       s.run_dir);
         break;
       }
+      step = done - 1;
     }
     progress.finish();
     const double wall = clock.now() - t_start;
@@ -376,7 +409,31 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->run_dir = s->resuming ? opt.resume_dir : cfg.train.out_dir;
 
   std::string backend = cfg.distributed.backend;
-  if (backend == "auto") backend = launched_by_mpi() ? "mpi" : "inprocess";
+  if (backend == "auto") backend = !opt.join_url.empty() ? "elastic" : launched_by_mpi() ? "mpi" : "inprocess";
+  if (!opt.join_url.empty() && backend != "elastic")
+    fail("--join needs distributed.backend = \"elastic\" (or \"auto\"), not \"" + backend + "\"");
+  if (backend == "elastic") {
+    if (opt.join_url.empty()) fail("distributed.backend = \"elastic\" needs --join redis://HOST:PORT/RUN and --worker NAME");
+    check_worker_name(opt.worker_name);
+    s->cfg.distributed.backend = "elastic";  // recorded in config.toml; its checks apply
+    validate_run_config(s->cfg, s->config_path);
+    auto& e = s->elastic;
+    e.where = parse_join_url(opt.join_url);
+    e.password = redis_password(cfg.elastic);
+    e.name = opt.worker_name;
+    e.address = cfg.elastic.address;
+    e.min_workers = cfg.elastic.min_workers;
+    e.timeout_s = parse_duration(cfg.elastic.timeout, "elastic.timeout");
+    e.start_timeout_s = parse_duration(cfg.elastic.start_timeout, "elastic.start_timeout");
+    e.straggler_timeout_s = parse_duration(cfg.elastic.straggler_timeout, "elastic.straggler_timeout");
+    e.coordinator_timeout_s = parse_duration(cfg.elastic.coordinator_timeout, "elastic.coordinator_timeout");
+    if (cfg.distributed.replicas != 1)
+      fail("distributed.backend = \"elastic\": the members are the workers started with --join; leave "
+           "distributed.replicas at 1");
+    if (!s->resuming) s->run_dir = cfg.train.out_dir + "/" + opt.worker_name;
+  } else if (!opt.worker_name.empty()) {
+    fail("--worker is for elastic workers (with --join)");
+  }
   if (backend == "mpi" && !launched_by_mpi()) fail("distributed.backend = \"mpi\" needs a launcher: mpirun -np N loco train ...");
   const int S = cfg.pipeline.stages;
   int R = cfg.distributed.replicas;
@@ -399,7 +456,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->schedule = parse_schedule(cfg.pipeline.schedule);
   s->reporter_rank = s->grid.rank(S - 1, 0);
   s->backend = backend;
-  const int local_workers = backend == "mpi" ? mpi_env_local_size() : s->grid.size();
+  const int local_workers = backend == "mpi" ? mpi_env_local_size() : backend == "elastic" ? 1 : s->grid.size();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / local_workers));
 

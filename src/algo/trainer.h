@@ -20,6 +20,8 @@ struct TrainOptions {
   bool overwrite = false;              // a fresh run may replace a finished one in train.out_dir
   std::string trace_path;              // Chrome trace-event JSON of all workers ("" for none)
   bool quiet = false;
+  std::string join_url;                // elastic: redis://HOST:PORT/RUN
+  std::string worker_name;             // elastic: this worker's name (its run directory under train.out_dir)
 };
 
 struct TrainSummary {

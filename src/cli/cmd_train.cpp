@@ -65,6 +65,11 @@ void add_train(CLI::App& app) {
                 "start over in a train.out_dir that holds an earlier run (removes its config, metrics and checkpoints)");
   cmd->add_option("--trace", o->trace_path, "write a Chrome trace-event timeline of all workers (Perfetto)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
+  cmd->add_option("--join", o->join_url,
+                  "elastic: join the run coordinated at redis://HOST:PORT/RUN (password: elastic.password_file or "
+                  "$LOCO_REDIS_PASSWORD)");
+  cmd->add_option("--worker", o->worker_name,
+                  "elastic: this worker's name; its run directory is train.out_dir/NAME");
   cmd->callback([o, print_config] {
     if (*print_config) {
       const auto cfg = load_run_config(o->config_path, o->overrides);
@@ -73,7 +78,8 @@ void add_train(CLI::App& app) {
     }
     const auto s = run_training(*o);
     if (!s.is_reporter) return;
-    const std::string shape = s.stages > 1 ? std::to_string(s.stages) + " stages x " + std::to_string(s.replicas) +
+    const std::string shape = s.backend == "elastic" ? std::string("one worker of an elastic run (see summary.json: elastic)")
+                              : s.stages > 1 ? std::to_string(s.stages) + " stages x " + std::to_string(s.replicas) +
                                                  " replica(s)"
                                            : std::to_string(s.replicas) + " replica(s)";
     std::printf("\nsummary: %s, %s over %s: %lld steps, %lld tokens, %.1f s\n", s.algorithm.c_str(), shape.c_str(),

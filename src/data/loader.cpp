@@ -32,12 +32,13 @@ void DataLoader::build_permutation(int64_t epoch) {
 }
 
 int64_t DataLoader::next_window() {
-  if (pos_.taken >= per_replica_) {
+  if (pos_.taken >= rows_in_epoch()) {
     ++pos_.epoch;
     pos_.taken = 0;
+    pos_.offset = 0;
   }
   if (perm_epoch_ != pos_.epoch) build_permutation(pos_.epoch);
-  const int64_t w = perm_[size_t(pos_.taken * replicas_ + replica_)];
+  const int64_t w = perm_[size_t(pos_.offset + pos_.taken * replicas_ + replica_)];
   ++pos_.taken;
   return w;
 }
@@ -55,8 +56,26 @@ void DataLoader::next(std::vector<int32_t>& inputs, std::vector<int32_t>& target
   }
 }
 
+void DataLoader::assign(int replica, int replicas, int64_t epoch, int64_t offset) {
+  check(replicas >= 1 && replica >= 0 && replica < replicas, "data: replica index out of range");
+  check(epoch >= 0 && offset >= 0 && offset <= windows_, "data: assignment outside the data set");
+  if (windows_ / replicas < batch_)
+    fail("data: " + std::to_string(windows_) + " windows of " + std::to_string(seq_) + " tokens are fewer than " +
+         std::to_string(replicas) + " members x batch " + std::to_string(batch_));
+  replica_ = replica;
+  replicas_ = replicas;
+  per_replica_ = windows_ / replicas_;
+  pos_ = {epoch, 0, offset};
+}
+
+DataLoader::Position DataLoader::next_start() const {
+  if (pos_.taken >= rows_in_epoch()) return {pos_.epoch + 1, 0, 0};
+  return {pos_.epoch, 0, pos_.offset + pos_.taken * replicas_};
+}
+
 void DataLoader::set_position(Position p) {
-  check(p.epoch >= 0 && p.taken >= 0 && p.taken <= per_replica_,
+  check(p.epoch >= 0 && p.taken >= 0 && p.offset >= 0 && p.offset <= windows_ &&
+            p.taken <= (windows_ - p.offset) / replicas_,
         "data: saved loader position (epoch " + std::to_string(p.epoch) + ", " + std::to_string(p.taken) +
             " windows) does not fit this data set");
   pos_ = p;

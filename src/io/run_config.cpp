@@ -68,8 +68,23 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   auto& dc = cfg.distributed;
   s.add("distributed.replicas", &dc.replicas, "data-parallel replicas M (in-process workers; MPI: the world size)", 1,
         4096);
-  s.add("distributed.backend", &dc.backend, "transport: auto (mpi under mpirun, else inprocess), inprocess, mpi",
-        {"auto", "inprocess", "mpi"});
+  s.add("distributed.backend", &dc.backend,
+        "transport: auto (mpi under mpirun, elastic with --join, else inprocess), inprocess, mpi, elastic",
+        {"auto", "inprocess", "mpi", "elastic"});
+  auto& el = cfg.elastic;
+  s.add("elastic.min_workers", &el.min_workers, "elastic: members the first outer round waits for", 1, 4096);
+  s.add("elastic.timeout", &el.timeout,
+        "elastic: a member silent this long (heartbeat, or a wait on it during a sync) is dropped, e.g. \"5s\"");
+  s.add("elastic.start_timeout", &el.start_timeout,
+        "elastic: longest wait for elastic.min_workers at the start, or for a joiner to be taken in");
+  s.add("elastic.straggler_timeout", &el.straggler_timeout,
+        "elastic: longest wait for a live member to reach an outer round before it is dropped");
+  s.add("elastic.coordinator_timeout", &el.coordinator_timeout,
+        "elastic: how long workers retry while Redis is unreachable before stopping");
+  s.add("elastic.address", &el.address,
+        "elastic: the address other workers reach this one at (\"\": the host name)");
+  s.add("elastic.password_file", &el.password_file,
+        "elastic: file holding the Redis password (\"\": $LOCO_REDIS_PASSWORD, or no password)");
 
   auto& n = cfg.network;
   s.add("network.bandwidth", &n.bandwidth, "emulated outgoing link per worker, e.g. \"100Mbit\" (\"inf\": none)");
@@ -197,6 +212,17 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   need(c.optim.clip_scope == "model" || !c.model.tie_embeddings || c.pipeline.stages == 1,
        "optimizer.clip_scope = \"stage\" with a tied embedding on two stages would scale its two copies "
        "differently: untie it (model.tie_embeddings = false) or clip over the model");
+  for (const auto* k : {&c.elastic.timeout, &c.elastic.start_timeout, &c.elastic.straggler_timeout,
+                        &c.elastic.coordinator_timeout})
+    need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
+  if (c.distributed.backend == "elastic") {
+    need(c.algorithm == "diloco",
+         "distributed.backend = \"elastic\" runs algorithm = \"diloco\" so far (streaming and noloco are not "
+         "elastic yet; ddp needs every worker at every step)");
+    need(c.pipeline.stages == 1, "distributed.backend = \"elastic\" does not run pipelines (pipeline.stages = 1)");
+    need(c.partial.slices == 1, "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)");
+    need(c.protocol.rank == 0, "distributed.backend = \"elastic\" does not run protocol models");
+  }
   if (c.algorithm == "noloco") {
     need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
     need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");

@@ -43,7 +43,18 @@ struct TrainConfig {
 
 struct DistributedConfig {
   int replicas = 1;                 // M data-parallel replicas (workers)
-  std::string backend = "auto";     // auto (mpi when launched by mpirun), inprocess, mpi
+  std::string backend = "auto";     // auto (mpi when launched by mpirun; elastic with --join), inprocess, mpi, elastic
+};
+
+// distributed.backend = "elastic" (docs/elastic.md): workers started on their own with --join.
+struct ElasticConfig {
+  int min_workers = 1;                     // members the first round waits for
+  std::string timeout = "5s";              // heartbeat lifetime; longest wait on a peer in a sync
+  std::string start_timeout = "300s";      // waiting for the first quorum, or for a joiner's state
+  std::string straggler_timeout = "60s";   // waiting for a live member to reach a sync
+  std::string coordinator_timeout = "60s"; // retrying while Redis is unreachable
+  std::string address;                     // address peers reach this worker at ("": the host name)
+  std::string password_file;               // Redis password ("": $LOCO_REDIS_PASSWORD, or none)
 };
 
 struct NetworkConfig {
@@ -117,6 +128,7 @@ struct RunConfig {
   OptimConfig optim;
   TrainConfig train;
   DistributedConfig distributed;
+  ElasticConfig elastic;
   NetworkConfig network;
   OuterConfig outer;
   StreamingConfig streaming;

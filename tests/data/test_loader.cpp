@@ -67,3 +67,46 @@ TEST(Loader, DeterministicSeededAndResumable) {
 TEST(Loader, TooLittleDataIsAnError) {
   EXPECT_THROW(DataLoader(counting_tokens(40), 8, 4, 0, 2, 1), Error);
 }
+
+// Elastic runs: members change between rounds (4, then 3 after one died, then 5 after two
+// joined). Each round's members continue where the previous round's rows ended, so within an
+// epoch no window is taken twice, the windows of a member that died are skipped (lost, not
+// retrained), and with a fixed membership assign() reproduces the plain loader exactly.
+TEST(Loader, ElasticAssignmentsContinueWithoutRepeats) {
+  const int seq = 4, batch = 2;
+  auto toks = counting_tokens(4 * 200 + 1);  // 200 windows
+  std::vector<int32_t> in, tgt, in2, tgt2;
+  {  // fixed membership: assign(r, M, 0, 0) == the plain loader
+    DataLoader plain(toks, seq, batch, 2, 4, 7), assigned(toks, seq, batch, 0, 1, 7);
+    assigned.assign(2, 4, 0, 0);
+    for (int b = 0; b < 40; ++b) {  // crosses into the next epoch
+      plain.next(in, tgt);
+      assigned.next(in2, tgt2);
+      ASSERT_EQ(in, in2) << "batch " << b;
+    }
+  }
+  std::set<int32_t> seen;
+  DataLoader::Position start{0, 0, 0};
+  for (const int M : {4, 3, 5}) {
+    DataLoader::Position next{};
+    for (int r = 0; r < M; ++r) {
+      DataLoader dl(toks, seq, batch, 0, 1, 7);
+      dl.assign(r, M, start.epoch, start.offset);
+      for (int step = 0; step < 5; ++step) {  // one round of 5 inner steps
+        dl.next(in, tgt);
+        for (int w = 0; w < batch; ++w) EXPECT_TRUE(seen.insert(in[size_t(w) * seq]).second) << "M " << M;
+      }
+      if (r == 0) next = dl.next_start();
+      EXPECT_EQ(dl.next_start(), next);  // every member agrees where the next round starts
+    }
+    EXPECT_EQ(next.epoch, 0);
+    EXPECT_EQ(next.offset, start.offset + 5 * batch * M);
+    start = next;
+  }
+  EXPECT_EQ(seen.size(), size_t(5 * batch * (4 + 3 + 5)));
+  // An epoch whose remaining rows run out moves to the next epoch at offset 0.
+  DataLoader dl(toks, seq, batch, 0, 1, 7);
+  dl.assign(1, 3, 0, 195);  // 5 windows left: one row of 3; the batch's second window is epoch 1's
+  dl.next(in, tgt);         // first row, so the next round starts at epoch 1, entry 3
+  EXPECT_EQ(dl.next_start(), (DataLoader::Position{1, 0, 3}));
+}

@@ -1,0 +1,326 @@
+#include "elastic/membership.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "core/error.h"
+
+namespace loco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+void pause_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+std::vector<int64_t> sorted(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+bool contains(const std::vector<int64_t>& v, int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+}  // namespace
+
+int Roster::rank_of(int64_t id) const {
+  for (size_t i = 0; i < contributors.size(); ++i)
+    if (contributors[i] == id) return int(i);
+  for (size_t i = 0; i < joiners.size(); ++i)
+    if (joiners[i] == id) return int(contributors.size() + i);
+  return -1;
+}
+
+nlohmann::json Roster::to_json() const { return {{"contributors", contributors}, {"joiners", joiners}}; }
+
+Roster Roster::from_json(int64_t round, int64_t attempt, const std::string& text) {
+  Roster r;
+  r.round = round;
+  r.attempt = attempt;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    r.contributors = j.at("contributors").get<std::vector<int64_t>>();
+    r.joiners = j.at("joiners").get<std::vector<int64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("elastic: roster " + std::to_string(round) + ":" + std::to_string(attempt) + " in the coordinator is corrupt (" +
+         e.what() + ")");
+  }
+  return r;
+}
+
+Membership::Membership(ElasticOptions options) : opt_(std::move(options)), prefix_("loco:" + opt_.where.run + ":") {
+  retry([&] {
+    redis_ = std::make_unique<Redis>(opt_.where.host, opt_.where.port, opt_.password, std::max(1.0, opt_.timeout_s));
+    beat_redis_ = std::make_unique<Redis>(opt_.where.host, opt_.where.port, opt_.password, std::max(1.0, opt_.timeout_s));
+  });
+}
+
+Membership::~Membership() {
+  {
+    std::lock_guard<std::mutex> lock(beat_mu_);
+    stop_ = true;
+  }
+  beat_cv_.notify_all();
+  if (beat_thread_.joinable()) beat_thread_.join();
+  // Leaving: the others see it at once instead of after the heartbeat's TTL.
+  try {
+    if (id_ >= 0) redis_->command({"DEL", key("hb:" + std::to_string(id_))});
+  } catch (const std::exception&) {
+  }
+}
+
+void Membership::retry(const std::function<void()>& fn) {
+  const auto t0 = Clock::now();
+  for (;;) {
+    try {
+      fn();
+      return;
+    } catch (const RedisError& e) {
+      if (!e.unavailable) fail(std::string("elastic coordinator: ") + e.what());
+      if (seconds_since(t0) > opt_.coordinator_timeout_s)
+        fail("elastic: the coordinator (Redis at " + opt_.where.host + ":" + std::to_string(opt_.where.port) +
+             ") has been unreachable for " + std::to_string(int(opt_.coordinator_timeout_s)) +
+             " s (elastic.coordinator_timeout); stopping. Last error: " + e.what());
+      pause_ms(500);
+    }
+  }
+}
+
+void Membership::beat() {
+  const int64_t id = id_;
+  if (id < 0) return;
+  const std::string me = std::to_string(id);
+  if (beat_redis_->exists(key("dropped:" + me))) return;  // dropped: never revived
+  beat_redis_->set_px(key("hb:" + me), opt_.name, int64_t(opt_.timeout_s * 1000));
+}
+
+void Membership::heartbeat_loop() {
+  const auto interval = std::chrono::duration<double>(opt_.timeout_s / 5);
+  std::unique_lock<std::mutex> lock(beat_mu_);
+  while (!stop_) {
+    lock.unlock();
+    try {
+      beat();
+    } catch (const std::exception&) {
+      // The coordinator is unreachable: the main thread finds out at its next sync.
+    }
+    lock.lock();
+    beat_cv_.wait_for(lock, interval, [&] { return stop_; });
+  }
+}
+
+void Membership::register_member() {
+  retry([&] {
+    const int64_t id = redis_->incr(key("next_id"));
+    redis_->set_px(key("hb:" + std::to_string(id)), opt_.name, int64_t(opt_.timeout_s * 1000));
+    redis_->command({"SET", key("member:" + std::to_string(id)),
+                     nlohmann::json{{"name", opt_.name}, {"address", opt_.address}}.dump()});
+    redis_->sadd(key("members"), std::to_string(id));
+    rosters_seen_ = redis_->command({"LLEN", key("rosters")}).integer;
+    id_ = id;
+  });
+  if (!beat_thread_.joinable()) beat_thread_ = std::thread([this] { heartbeat_loop(); });
+}
+
+bool Membership::dropped() {
+  bool d = false;
+  retry([&] { d = redis_->exists(key("dropped:" + std::to_string(id_))); });
+  return d;
+}
+
+bool Membership::live(int64_t id) {
+  const std::string m = std::to_string(id);
+  return redis_->exists(key("hb:" + m)) && !redis_->exists(key("dropped:" + m));
+}
+
+std::vector<int64_t> Membership::ids(const std::vector<std::string>& members) {
+  std::vector<int64_t> out;
+  for (const auto& m : members) out.push_back(std::stoll(m));
+  return sorted(out);
+}
+
+std::string Membership::await_roster(const std::string& rk, double bound_s, const std::string& bound_message,
+                                     const std::function<void()>& try_close) {
+  const auto t0 = Clock::now();
+  retry([&] { redis_->sadd(rk + "arrived", std::to_string(id_)); });
+  for (;;) {
+    bool have = false;
+    std::string text;
+    retry([&] {
+      text = redis_->get(rk + "roster", &have);
+      if (!have) try_close();
+    });
+    if (have) return text;
+    if (seconds_since(t0) > bound_s) fail(bound_message);
+    pause_ms(10);
+  }
+}
+
+Roster Membership::start_roster() {
+  const std::string rk = key("round:0:0:");
+  const std::string text = await_roster(
+      rk, opt_.start_timeout_s,
+      "elastic: fewer than elastic.min_workers = " + std::to_string(opt_.min_workers) + " workers arrived within " +
+          std::to_string(int(opt_.start_timeout_s)) + " s (elastic.start_timeout)",
+      [&] {
+        std::vector<int64_t> arrived, registered;
+        for (const int64_t m : ids(redis_->smembers(rk + "arrived")))
+          if (live(m)) arrived.push_back(m);
+        for (const int64_t m : ids(redis_->smembers(key("members"))))
+          if (live(m)) registered.push_back(m);
+        const bool everyone =
+            std::all_of(registered.begin(), registered.end(), [&](int64_t m) { return contains(arrived, m); });
+        if (int(arrived.size()) < opt_.min_workers || !everyone) return;
+        Roster r;
+        r.contributors = arrived;
+        if (!redis_->set_nx(rk + "roster", r.to_json().dump())) return;
+        redis_->rpush(key("rosters"), "0:0");
+        for (const int64_t m : arrived)
+          log_event({{"event", "joined"}, {"member", m}, {"round", 0}, {"step", 0}, {"why", "started the run"}});
+      });
+  return Roster::from_json(0, 0, text);
+}
+
+bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<int64_t>& epoch, bool last_round,
+                              int64_t round_tokens, Roster& out) {
+  const std::string rk = key("round:" + std::to_string(round) + ":" + std::to_string(attempt) + ":");
+  const auto t0 = Clock::now();
+  // Bounded without a bound of its own: a member that does not come is dropped once its
+  // heartbeat expires or elastic.straggler_timeout passes, and then the roster closes.
+  const std::string text = await_roster(rk, 1e300, "", [&] {
+    const auto arrived = ids(redis_->smembers(rk + "arrived"));
+    std::vector<int64_t> contributors, missing;
+    for (const int64_t m : epoch) {
+      const bool is_live = live(m), came = contains(arrived, m);
+      if (is_live && came)
+        contributors.push_back(m);
+      else if (!is_live || seconds_since(t0) > opt_.straggler_timeout_s)
+        missing.push_back(m);
+    }
+    if (contributors.size() + missing.size() < epoch.size()) return;  // a live member is still coming
+    Roster r;
+    r.round = round;
+    r.attempt = attempt;
+    r.contributors = contributors;
+    if (!last_round)
+      for (const int64_t j : ids(redis_->smembers(key("joiners"))))
+        if (!contains(epoch, j) && live(j)) r.joiners.push_back(j);
+    if (!redis_->set_nx(rk + "roster", r.to_json().dump())) return;
+    redis_->rpush(key("rosters"), r.key());
+    for (const int64_t m : missing) {
+      redis_->command({"SET", key("dropped:" + std::to_string(m)), "1"});
+      log_event({{"event", "left"},
+                 {"member", m},
+                 {"round", round},
+                 {"tokens_lost", round_tokens},
+                 {"why", live(m) ? "did not arrive within elastic.straggler_timeout" : "heartbeat expired"}});
+    }
+  });
+  out = Roster::from_json(round, attempt, text);
+  return contains(out.contributors, id_);
+}
+
+bool Membership::wait_for_join_roster(Roster& out) {
+  const auto t0 = Clock::now();
+  retry([&] { redis_->sadd(key("joiners"), std::to_string(id_)); });
+  for (;;) {
+    bool found = false, done = false;
+    retry([&] {
+      const auto entries = redis_->lrange(key("rosters"), rosters_seen_, -1);
+      for (const auto& e : entries) {
+        ++rosters_seen_;
+        const size_t colon = e.find(':');
+        const int64_t round = std::stoll(e.substr(0, colon)), attempt = std::stoll(e.substr(colon + 1));
+        bool have = false;
+        const std::string text = redis_->get(key("round:" + e + ":roster"), &have);
+        if (!have) continue;
+        Roster r = Roster::from_json(round, attempt, text);
+        if (contains(r.joiners, id_)) {
+          out = r;
+          found = true;
+          return;
+        }
+      }
+      done = redis_->exists(key("finished"));
+    });
+    if (found) return true;
+    if (done) return false;
+    if (seconds_since(t0) > opt_.start_timeout_s)
+      fail("elastic: no member took this worker in within " + std::to_string(int(opt_.start_timeout_s)) +
+           " s (elastic.start_timeout)");
+    pause_ms(20);
+  }
+}
+
+void Membership::leave_joiners() {
+  retry([&] { redis_->command({"SREM", key("joiners"), std::to_string(id_)}); });
+}
+
+std::string Membership::outcome(const Roster& roster) {
+  std::string o;
+  retry([&] { o = redis_->get(key("round:" + roster.key() + ":outcome")); });
+  return o;
+}
+
+bool Membership::finish(const Roster& roster, bool ok) {
+  const std::string rk = key("round:" + roster.key() + ":");
+  const auto t0 = Clock::now();
+  if (!ok) {
+    retry([&] { redis_->set_nx(rk + "outcome", "abort"); });
+    return outcome(roster) == "commit";
+  }
+  retry([&] { redis_->sadd(rk + "done", std::to_string(id_)); });
+  std::vector<int64_t> all = roster.contributors;
+  all.insert(all.end(), roster.joiners.begin(), roster.joiners.end());
+  for (;;) {
+    std::string o;
+    retry([&] {
+      o = redis_->get(rk + "outcome");
+      if (!o.empty()) return;
+      const auto done = ids(redis_->smembers(rk + "done"));
+      if (done.size() >= all.size()) {
+        redis_->set_nx(rk + "outcome", "commit");
+        return;
+      }
+      for (const int64_t m : all)
+        if (!contains(done, m) && !live(m)) redis_->set_nx(rk + "outcome", "abort");
+      if (seconds_since(t0) > opt_.straggler_timeout_s) redis_->set_nx(rk + "outcome", "abort");
+    });
+    if (!o.empty()) return o == "commit";
+    pause_ms(5);
+  }
+}
+
+void Membership::mark_finished() {
+  retry([&] { redis_->command({"SET", key("finished"), "1"}); });
+}
+
+bool Membership::finished() {
+  bool f = false;
+  retry([&] { f = redis_->exists(key("finished")); });
+  return f;
+}
+
+void Membership::log_event(const nlohmann::json& event) {
+  nlohmann::json e = event;
+  if (e.contains("member")) {
+    const std::string m = std::to_string(e["member"].get<int64_t>());
+    bool have = false;
+    const std::string info = redis_->get(key("member:" + m), &have);
+    if (have) e["name"] = nlohmann::json::parse(info).value("name", "");
+  }
+  e["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  redis_->rpush(key("events"), e.dump());
+}
+
+std::vector<nlohmann::json> Membership::new_events() {
+  std::vector<nlohmann::json> out;
+  retry([&] {
+    out.clear();
+    for (const auto& e : redis_->lrange(key("events"), events_seen_, -1)) out.push_back(nlohmann::json::parse(e));
+  });
+  events_seen_ += int64_t(out.size());
+  return out;
+}
+
+}  // namespace loco

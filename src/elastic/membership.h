@@ -1,0 +1,121 @@
+#pragma once
+// Membership of an elastic run, kept in Redis (keys "loco:RUN:..."). A member registers (a new
+// id from a counter; ids are never reused) and is live while its heartbeat key, refreshed by a
+// thread of its own, has not expired (TTL elastic.timeout). Each outer synchronization is a
+// round r, tried in attempts a = 0, 1, ...: the members of the current epoch arrive, the
+// roster is closed by whoever first sees every live member arrived (or the wait bound pass) and
+// written once (SET NX), so that every member reads the same roster: the contributors (arrived
+// and live) and the joiners waiting to be given the state. Members no longer in a roster are
+// marked dropped: a dropped worker that comes back (stopped, then continued) learns it and
+// rejoins as a new member. After the reduction every member of the roster records that it is
+// done; the attempt commits when all have, and aborts (redone by the survivors as attempt a+1)
+// if anyone fails, a member's heartbeat expires, or the bound passes; the outcome is also
+// written once, so no member applies a round the others discard.
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "elastic/redis.h"
+
+namespace loco {
+
+struct ElasticOptions {
+  JoinAddress where;
+  std::string password;
+  std::string name;           // the worker's name (--worker), for the membership log
+  std::string address;        // where peers reach this worker's Gloo transport
+  int min_workers = 1;        // the first round waits for this many members
+  double timeout_s = 5;       // heartbeat TTL; longest wait on a peer during a sync
+  double start_timeout_s = 300;       // waiting for the first quorum, or for a joiner's state
+  double coordinator_timeout_s = 60;  // retrying while Redis is unreachable
+  double straggler_timeout_s = 60;    // waiting for a live member to arrive at a round
+};
+
+struct Roster {
+  int64_t round = 0, attempt = 0;
+  std::vector<int64_t> contributors, joiners;  // ids, ascending
+  int size() const { return int(contributors.size() + joiners.size()); }
+  // Rank in the attempt's transport: contributors first, then joiners; -1 if not in it.
+  int rank_of(int64_t id) const;
+  std::string key() const { return std::to_string(round) + ":" + std::to_string(attempt); }
+  nlohmann::json to_json() const;
+  static Roster from_json(int64_t round, int64_t attempt, const std::string& text);
+};
+
+class Membership {
+ public:
+  explicit Membership(ElasticOptions options);
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  const ElasticOptions& options() const { return opt_; }
+  int64_t id() const { return id_; }
+  Redis& redis() { return *redis_; }
+  std::string key(const std::string& suffix) const { return prefix_ + suffix; }
+
+  // Registers as a new member (a new id) and starts heartbeating; a worker that was dropped
+  // calls it again to rejoin.
+  void register_member();
+  bool dropped();
+
+  // Round 0 (before training): arrives at the start and returns its roster (contributors:
+  // the members that start the run). Waits for elastic.min_workers.
+  Roster start_roster();
+  // Arrives at round r's attempt a as a member of `epoch` and reads the attempt's roster into
+  // `out`; false if this member is not a contributor in it (it was dropped).
+  // Members missing from it are logged as having lost `round_tokens` tokens of work each.
+  bool close_roster(int64_t round, int64_t attempt, const std::vector<int64_t>& epoch, bool last_round,
+                    int64_t round_tokens, Roster& out);
+  // Waits, as a joiner, for a roster that names this member among its joiners (polls the log
+  // of rosters); false if the run finished first. Bounded by elastic.start_timeout.
+  bool wait_for_join_roster(Roster& out);
+  // After a committed join: no longer waiting.
+  void leave_joiners();
+  // Votes: done (ok) or failed; returns true if the attempt committed.
+  bool finish(const Roster& roster, bool ok);
+  // The outcome once written ("commit" or "abort"), else "".
+  std::string outcome(const Roster& roster);
+  void mark_finished();
+  bool finished();
+
+  // Membership events (who joined or left, at which round and why), shared by all members.
+  void log_event(const nlohmann::json& event);
+  // The events logged since the previous call (for this worker's metrics).
+  std::vector<nlohmann::json> new_events();
+
+ private:
+  // Runs `fn` (Redis commands), retrying while the coordinator is unreachable, at most
+  // elastic.coordinator_timeout; then fails with a clear message.
+  void retry(const std::function<void()>& fn);
+  bool live(int64_t id);
+  // Arrives at the attempt whose keys start with `rk` and polls until its roster is written,
+  // calling `try_close` (which may write it) in between; returns the roster's text. Fails with
+  // `bound_message` after `bound_s` seconds.
+  std::string await_roster(const std::string& rk, double bound_s, const std::string& bound_message,
+                           const std::function<void()>& try_close);
+  void heartbeat_loop();
+  void beat();
+  std::vector<int64_t> ids(const std::vector<std::string>& members);
+
+  ElasticOptions opt_;
+  std::string prefix_;
+  std::unique_ptr<Redis> redis_, beat_redis_;  // the heartbeat thread has its own connection
+  std::atomic<int64_t> id_{-1};
+  std::mutex beat_mu_;
+  std::condition_variable beat_cv_;
+  bool stop_ = false;
+  std::thread beat_thread_;
+  int64_t events_seen_ = 0;
+  int64_t rosters_seen_ = 0;
+};
+
+}  // namespace loco

@@ -1,0 +1,246 @@
+#!/usr/bin/python3
+"""The elastic backend through `loco train --join`, with a Redis server this test starts on a
+free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
+  - a fixed membership of 3 workers == the in-process DiLoCo run with 3 replicas, bitwise;
+  - kill -9 one of 4 workers at a seeded random step (two seeds): the other 3 finish, every round after the kill averages
+    exactly the survivors (all three agree on each round's contributors and parameters), the
+    kill is detected within the timeout, the final loss is close to a 3-replica run's;
+  - a worker that joins mid-run starts from the outer parameters of its round (checksum) and
+    takes part in every later round;
+  - SIGSTOP a worker past the timeout, then SIGCONT: it is dropped and rejoins as a new member,
+    and no round is corrupted;
+  - bad input: a malformed --join address, an unsupported method, a missing --worker, an
+    unreachable or password-refusing Redis: one clear error each, non-zero exit.
+Usage: elastic_test.py LOCO WORK_DIR"""
+import json, math, os, random, shutil, signal, socket, subprocess, sys, time
+
+loco, work = os.path.abspath(sys.argv[1]), sys.argv[2]
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(os.path.dirname(here))
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+os.chdir(work)
+for name, n, seed in (("train.tok", 20000, 5), ("val.tok", 3000, 6)):
+    subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", name, "256", str(n), str(seed)], check=True)
+
+if not shutil.which("redis-server"):
+    sys.exit("FAIL: redis-server is not installed (scripts/deps.sh installs it with the test packages)")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+PASSWORD = "loco-test-" + os.urandom(6).hex()
+port = free_port()
+with open("redis.conf", "w") as f:
+    f.write(f'bind 127.0.0.1\nport {port}\nsave ""\nappendonly no\nrequirepass {PASSWORD}\n')
+redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis.log", "w"), stderr=subprocess.STDOUT)
+procs = []
+
+
+def cleanup():
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    redis.kill()
+
+
+for _ in range(200):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+
+BASE = [loco, "train", "--config", f"{root}/configs/tiny.toml", "--set", "data.train=train.tok", "--set",
+        "data.val=val.tok", "--set", "algorithm=diloco", "--quiet", "--set", "train.checkpoint_interval=0"]
+ENV = dict(os.environ, LOCO_REDIS_PASSWORD=PASSWORD)
+
+
+def fail(msg):
+    cleanup()
+    sys.exit("FAIL: " + msg)
+
+
+def start(run, name, out, extra):
+    args = BASE + extra + ["--set", f"train.out_dir={out}", "--set", "elastic.address=127.0.0.1",
+                           "--join", f"redis://127.0.0.1:{port}/{run}", "--worker", name]
+    p = subprocess.Popen(args, env=ENV, stdout=open(f"{out}-{name}.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p
+
+
+def wait_all(ps, names, out, limit=120):
+    deadline = time.time() + limit
+    for p, n in zip(ps, names):
+        try:
+            rc = p.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            fail(f"{out}/{n} still running after {limit} s:\n" + open(f"{out}-{n}.log").read())
+        if rc != 0:
+            fail(f"{out}/{n} exited {rc}:\n" + open(f"{out}-{n}.log").read())
+
+
+def step_of(path):
+    try:
+        lines = open(path).read().splitlines()
+        return json.loads(lines[-1])["step"] if lines else 0
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0
+
+
+def wait_step(path, step, limit=60):
+    deadline = time.time() + limit
+    while step_of(path) < step:
+        if time.time() > deadline:
+            fail(f"{path} did not reach step {step}")
+        time.sleep(0.01)
+
+
+def elastic(out, name):
+    s = json.load(open(f"{out}/{name}/summary.json"))
+    return s, s["workers"][0]["elastic"]
+
+
+def rounds_by_number(out, names):
+    """round -> (contributors, crc) from every worker, checking that they agree."""
+    seen = {}
+    for n in names:
+        for r in elastic(out, n)[1]["rounds"]:
+            if "contributors" not in r:
+                continue
+            key = r["round"]
+            val = (tuple(r["contributors"]), r["params_crc32c"])
+            if key in seen and seen[key] != val:
+                fail(f"{out}: workers disagree on round {key}: {seen[key]} vs {val}")
+            seen[key] = val
+    return seen
+
+
+def model_bytes(path):
+    return open(path, "rb").read()
+
+
+def val_loss(path):
+    return json.load(open(path))["final_val_loss"]
+
+
+try:
+    # 1. Fixed membership == in-process, bitwise.
+    common = ["--set", "train.steps=12", "--set", "outer.inner_steps=4"]
+    subprocess.run(BASE + common + ["--set", "distributed.replicas=3", "--set", "train.out_dir=inproc3",
+                                    "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+    names = ["w0", "w1", "w2"]
+    ps = [start("fixed", n, "fixed", common + ["--set", "elastic.min_workers=3"]) for n in names]
+    wait_all(ps, names, "fixed")
+    ref = model_bytes("inproc3/checkpoints/step_00000012/model.safetensors")
+    for n in names:
+        if model_bytes(f"fixed/{n}/checkpoints/step_00000012/model.safetensors") != ref:
+            fail(f"fixed/{n}: the elastic model differs from the in-process one")
+        if abs(val_loss(f"fixed/{n}/summary.json") - val_loss("inproc3/summary.json")) > 1e-5:
+            fail(f"fixed/{n}: validation loss differs")
+    rounds = rounds_by_number("fixed", names)
+    if sorted(rounds) != [1, 2, 3] or any(len(c) != 3 for c, _ in rounds.values()):
+        fail(f"fixed: expected rounds 1-3 with 3 contributors each, got {rounds}")
+    print("fixed membership of 3 == in-process 3 replicas (bitwise model, 3 rounds of 3)")
+
+    # 2. Kill -9 one of 4 workers at a seeded random step, for two seeds.
+    long = ["--set", "train.steps=300", "--set", "outer.inner_steps=5", "--set", "train.log_interval=5",
+            "--set", "train.eval_interval=0", "--set", "elastic.timeout=2s"]
+    subprocess.run(BASE + long + ["--set", "distributed.replicas=3", "--set", "train.out_dir=inproc3long",
+                                  "--set", "distributed.backend=inprocess", "--set", "train.eval_interval=300"],
+                   check=True, stdout=subprocess.DEVNULL)
+    ref_loss = val_loss("inproc3long/summary.json")
+    for seed in (1, 2):
+        out = f"kill{seed}"
+        names = ["w0", "w1", "w2", "w3"]
+        victim = random.Random(seed).randrange(4)
+        kill_step = random.Random(seed).randrange(20, 200)
+        ps = [start(out, n, out, long + ["--set", "elastic.min_workers=4"]) for n in names]
+        wait_step(f"{out}/{names[victim]}/metrics.jsonl", kill_step)
+        ps[victim].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        ps[victim].wait()
+        survivors = [n for k, n in enumerate(names) if k != victim]
+        wait_all([p for k, p in enumerate(ps) if k != victim], survivors, out)
+        events = elastic(out, survivors[0])[1]["events"]
+        left = [e for e in events if e["event"] == "left"]
+        if len(left) != 1 or left[0]["name"] != names[victim]:
+            fail(f"{out}: expected one member to leave ({names[victim]}), events: {left}")
+        detected = left[0]["time"] - killed_at
+        if detected > 2 * 2 + 1:
+            fail(f"{out}: the survivors noticed the kill after {detected:.1f} s (timeout 2 s)")
+        rounds = rounds_by_number(out, survivors)
+        ids = {n: elastic(out, n)[1]["member_ids"] for n in survivors}
+        alive = tuple(sorted(i for n in survivors for i in ids[n]))
+        after = [r for r in rounds if r >= left[0]["round"]]
+        if not after or any(rounds[r][0] != alive for r in after):
+            fail(f"{out}: rounds after the kill must average exactly the survivors {alive}: {rounds}")
+        before = [r for r in rounds if r < left[0]["round"]]
+        if any(len(rounds[r][0]) != 4 for r in before):
+            fail(f"{out}: rounds before the kill must have 4 contributors: {rounds}")
+        lost = elastic(out, survivors[0])[1]["tokens_lost_run"]
+        loss = val_loss(f"{out}/{survivors[0]}/summary.json")
+        if not math.isfinite(loss) or abs(loss - ref_loss) > 0.1 * ref_loss:
+            fail(f"{out}: final val loss {loss} not close to the 3-replica run's {ref_loss}")
+        print(f"kill -9 of {names[victim]} (1 of 4) past step {kill_step}, round {left[0]['round']}: detected after "
+              f"{detected:.2f} s, {len(after)} later rounds of exactly the 3 survivors, {lost} tokens lost, val loss "
+              f"{loss:.4f} (3 replicas throughout: {ref_loss:.4f})")
+
+    # 3. A worker joins mid-run.
+    names = ["w0", "w1"]
+    ps = [start("join", n, "join", long + ["--set", "elastic.min_workers=2"]) for n in names]
+    wait_step("join/w0/metrics.jsonl", 40)
+    ps.append(start("join", "late", "join", long))
+    wait_all(ps, names + ["late"], "join")
+    late = elastic("join", "late")[1]
+    first = late["rounds"][0]
+    rounds = rounds_by_number("join", names + ["late"])
+    if "joined" not in first or first["round"] not in rounds or rounds[first["round"]][1] != first["params_crc32c"]:
+        fail(f"join: the joiner's parameters at round {first.get('round')} differ from the outer parameters")
+    later = [r for r in rounds if r > first["round"]]
+    if not later or any(late["member_ids"][0] not in rounds[r][0] for r in later):
+        fail(f"join: the joiner must take part in every round after {first['round']}: {rounds}")
+    print(f"join at round {first['round']} (step {first['step']}): parameters equal the outer parameters "
+          f"(crc {first['params_crc32c']}), in all {len(later)} later rounds")
+
+    # 4. SIGSTOP past the timeout, then SIGCONT: dropped, rejoins as a new member.
+    names = ["w0", "w1", "w2"]
+    stop_args = long + ["--set", "elastic.min_workers=3", "--set", "train.steps=1000"]
+    ps = [start("stop", n, "stop", stop_args) for n in names]
+    wait_step("stop/w1/metrics.jsonl", 40)
+    ps[1].send_signal(signal.SIGSTOP)
+    time.sleep(3.5)
+    ps[1].send_signal(signal.SIGCONT)
+    wait_all(ps, names, "stop")
+    w1 = elastic("stop", "w1")[1]
+    rejoined = [r for r in w1["rounds"] if "joined" in r and r["joined"].startswith("dropped")]
+    if len(w1["member_ids"]) < 2 or not rejoined:
+        fail(f"stop: w1 should have been dropped and rejoined as a new member: {w1['member_ids']}, {w1['rounds'][:3]}")
+    rounds = rounds_by_number("stop", names)  # fails if any two workers disagree on a round
+    print(f"SIGSTOP 3.5 s (timeout 2 s): dropped, rejoined as member {w1['member_ids'][-1]} at round "
+          f"{rejoined[0]['round']}; {len(rounds)} rounds, all workers agree on each")
+
+    # 5. Bad input: one clear error each.
+    def refuse(args, env, expect):
+        r = subprocess.run(BASE + args, env=env, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or expect not in r.stderr:
+            fail(f"expected an error containing {expect!r} from {args}: exit {r.returncode}, {r.stderr}")
+    refuse(["--join", "http://x/y", "--worker", "a"], ENV, "not a redis:// address")
+    refuse(["--join", f"redis://127.0.0.1:{port}/", "--worker", "a"], ENV, "no run name")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r"], ENV, "--join needs --worker")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=ddp"], ENV,
+           'runs algorithm = "diloco" so far')
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad1"],
+           dict(ENV, LOCO_REDIS_PASSWORD="wrong"), "refused the password")
+    refuse(["--join", f"redis://127.0.0.1:{free_port()}/r", "--worker", "a", "--set", "train.out_dir=bad2",
+            "--set", "elastic.coordinator_timeout=1s"], ENV, "unreachable")
+    print("bad input refused with clear errors")
+finally:
+    cleanup()
+print("elastic: OK")
