@@ -37,6 +37,9 @@ class Algorithm {
   // The step to continue from after `done` steps: `done`, except for an elastic member that
   // (re)joined the run and continues from the run's current step.
   virtual int64_t continue_from(int64_t done) { return done; }
+  // Seconds this worker spent blocked on peers or a coordinator outside the run's communicators
+  // (elastic rounds), counted as communication wait, not compute.
+  virtual double wait_seconds() const { return 0; }
   // Extra fields for the metrics record being written (elastic: membership and rounds).
   virtual void annotate(nlohmann::json& rec) {}
   // Algorithm-specific accounting for the run summary.

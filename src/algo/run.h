@@ -93,7 +93,9 @@ struct WorkerRun {
   } at_last_record;
   nlohmann::json series = nlohmann::json::array();
 
-  double comm_wait_seconds() const { return dp.wait_seconds() + chain.wait_seconds() + world.wait_seconds(); }
+  double comm_wait_seconds() const {
+    return dp.wait_seconds() + chain.wait_seconds() + world.wait_seconds() + (algo ? algo->wait_seconds() : 0.0);
+  }
 };
 
 struct StepResult {

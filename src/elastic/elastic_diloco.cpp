@@ -80,6 +80,8 @@ class ElasticDiloco : public Algorithm {
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f) {}
 
+  // Before the run's clock starts: waiting here for the first quorum or to be taken in is not
+  // part of the training loop's wall time.
   void start(Worker& w, bool resumed) override {
     theta_ = w.params;
     membership_.register_member();
@@ -103,8 +105,13 @@ class ElasticDiloco : public Algorithm {
   void after_step(Worker& w, int64_t done, bool last) override {
     ++steps_trained_;
     if (done % outer_.inner_steps != 0 && !last) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const double compute_before = outer_compute_s_;
     sync(w, done, last);
+    wait_s_ += seconds_since(t0) - (outer_compute_s_ - compute_before);
   }
+
+  double wait_seconds() const override { return wait_s_; }
 
   int64_t continue_from(int64_t done) override {
     if (jump_to_ < 0) return done;
@@ -187,7 +194,9 @@ class ElasticDiloco : public Algorithm {
               comm->wait(h);
             }
           }
+          const auto t_outer = std::chrono::steady_clock::now();
           outer_sgd_step(theta.data(), momentum.data(), avg.data(), n, outer_);
+          outer_compute_s_ += seconds_since(t_outer);
           if (me == 0 && !roster.joiners.empty()) {
             JoinState s{done, next_data.epoch, next_data.offset, w.adamw.steps(), next_epoch, theta, momentum,
                         w.adamw.m(), w.adamw.v()};
@@ -201,6 +210,7 @@ class ElasticDiloco : public Algorithm {
           if (transport) transport->abort(error);
         }
         if (comm) comm->shutdown();
+        if (!error.empty()) note_abort(roster, error);
         const bool committed = membership_.finish(roster, error.empty());
         if (!committed && transport) transport->abort("round aborted");
         if (!committed) {
@@ -213,7 +223,8 @@ class ElasticDiloco : public Algorithm {
       w.params = theta_;
       rounds_.push_back({{"round", round}, {"step", done}, {"attempt", attempt}, {"contributors", roster.contributors},
                          {"joiners", roster.joiners},
-                         {"params_crc32c", crc32c(theta_.data(), theta_.size() * sizeof(float))}});
+                         {"params_crc32c", crc32c(theta_.data(), theta_.size() * sizeof(float))},
+                         {"time", unix_time()}});
       pending_rounds_.push_back(rounds_.back());
       if (me == 0)
         for (const int64_t j : roster.joiners)
@@ -227,6 +238,23 @@ class ElasticDiloco : public Algorithm {
       const int slot = int(std::find(epoch_.begin(), epoch_.end(), membership_.id()) - epoch_.begin());
       w.loader.assign(slot, int(epoch_.size()), next_data.epoch, next_data.offset);
       return;
+    }
+  }
+
+  static double unix_time() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  // A member whose part of an attempt failed says why in the membership log.
+  void note_abort(const Roster& roster, const std::string& error) {
+    try {
+      membership_.log_event({{"event", "attempt_failed"}, {"member", membership_.id()}, {"round", roster.round},
+                             {"attempt", roster.attempt}, {"why", error}});
+    } catch (const std::exception&) {
+      // the log is informative; the outcome vote that follows is what counts
     }
   }
 
@@ -265,6 +293,7 @@ class ElasticDiloco : public Algorithm {
           if (transport) transport->abort(error);
         }
         if (comm) comm->shutdown();
+        if (!error.empty()) note_abort(roster, error);
         if (!membership_.finish(roster, error.empty())) {
           ++aborted_;
           continue;
@@ -283,7 +312,8 @@ class ElasticDiloco : public Algorithm {
       last_round_step_ = s.step;
       jump_to_ = s.step;
       rounds_.push_back({{"round", roster.round}, {"step", s.step}, {"attempt", roster.attempt},
-                         {"joined", why}, {"params_crc32c", crc32c(theta_.data(), theta_.size() * sizeof(float))}});
+                         {"joined", why}, {"params_crc32c", crc32c(theta_.data(), theta_.size() * sizeof(float))},
+                         {"time", unix_time()}});
       pending_rounds_.push_back(rounds_.back());
       return;
     }
@@ -299,6 +329,7 @@ class ElasticDiloco : public Algorithm {
   std::vector<int64_t> ids_;    // every id this worker has held
   int64_t last_round_step_ = 0, jump_to_ = -1, steps_trained_ = 0, aborted_ = 0;
   bool missed_end_ = false;
+  double wait_s_ = 0, outer_compute_s_ = 0;  // blocked in rounds and joins; outer steps (compute)
   nlohmann::json rounds_ = nlohmann::json::array(), pending_rounds_ = nlohmann::json::array();
   std::vector<nlohmann::json> events_;
 };

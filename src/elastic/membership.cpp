@@ -52,6 +52,8 @@ Membership::Membership(ElasticOptions options) : opt_(std::move(options)), prefi
   retry([&] {
     redis_ = std::make_unique<Redis>(opt_.where.host, opt_.where.port, opt_.password, std::max(1.0, opt_.timeout_s));
     beat_redis_ = std::make_unique<Redis>(opt_.where.host, opt_.where.port, opt_.password, std::max(1.0, opt_.timeout_s));
+    redis_->set_stall_threshold(opt_.timeout_s / 4);
+    beat_redis_->set_stall_threshold(opt_.timeout_s / 4);
   });
 }
 
@@ -69,14 +71,44 @@ Membership::~Membership() {
   }
 }
 
+double Membership::now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+bool Membership::in_outage_grace() const {
+  const double end = std::max({outage_end_s_.load(), redis_ ? redis_->trouble_end_s() : -1e300,
+                               beat_redis_ ? beat_redis_->trouble_end_s() : -1e300});
+  return now_s() - end < opt_.timeout_s;
+}
+
+bool Membership::outage_over(Redis& redis) {
+  // A Redis that restarted without its data has forgotten the run: ids would be handed out
+  // again and rounds replayed. Stop instead of corrupting the run.
+  if (id_ >= 0 && !redis.exists(key("member:" + std::to_string(id_)))) state_lost_ = true;
+  outage_end_s_ = now_s();  // once Redis answers again
+  return !state_lost_;
+}
+
+void Membership::check_state() {
+  if (state_lost_)
+    fail("elastic: the coordinator (Redis at " + opt_.where.host + ":" + std::to_string(opt_.where.port) +
+         ") lost this run's state (restarted without its data?); stopping. Run Redis with persistence "
+         "(appendonly yes) to ride out restarts");
+}
+
 void Membership::retry(const std::function<void()>& fn) {
   const auto t0 = Clock::now();
+  bool outage = false;
   for (;;) {
     try {
+      if (outage && redis_) outage_over(*redis_);
+      check_state();
+      const double t = now_s();
       fn();
+      // Redis stalled (stopped, overloaded) without failing: heartbeats may have lapsed meanwhile.
+      if (now_s() - t > opt_.timeout_s / 4) outage_end_s_ = now_s();
       return;
     } catch (const RedisError& e) {
       if (!e.unavailable) fail(std::string("elastic coordinator: ") + e.what());
+      outage = true;
       if (seconds_since(t0) > opt_.coordinator_timeout_s)
         fail("elastic: the coordinator (Redis at " + opt_.where.host + ":" + std::to_string(opt_.where.port) +
              ") has been unreachable for " + std::to_string(int(opt_.coordinator_timeout_s)) +
@@ -97,12 +129,19 @@ void Membership::beat() {
 void Membership::heartbeat_loop() {
   const auto interval = std::chrono::duration<double>(opt_.timeout_s / 5);
   std::unique_lock<std::mutex> lock(beat_mu_);
+  bool beat_failed = false;
   while (!stop_) {
     lock.unlock();
     try {
+      const double t = now_s();
       beat();
+      if (now_s() - t > opt_.timeout_s / 4) outage_end_s_ = now_s();
+      if (beat_failed) {
+        beat_failed = false;
+        outage_over(*beat_redis_);  // heartbeats lapsed meanwhile: nobody is judged by them for a while
+      }
     } catch (const std::exception&) {
-      // The coordinator is unreachable: the main thread finds out at its next sync.
+      beat_failed = true;  // the coordinator is unreachable: the main thread finds out at its next sync
     }
     lock.lock();
     beat_cv_.wait_for(lock, interval, [&] { return stop_; });
@@ -188,6 +227,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
   // Bounded without a bound of its own: a member that does not come is dropped once its
   // heartbeat expires or elastic.straggler_timeout passes, and then the roster closes.
   const std::string text = await_roster(rk, 1e300, "", [&] {
+    if (in_outage_grace()) return;  // heartbeats lapsed during an outage prove nothing yet
     const auto arrived = ids(redis_->smembers(rk + "arrived"));
     std::vector<int64_t> contributors, missing;
     for (const int64_t m : epoch) {
@@ -282,6 +322,7 @@ bool Membership::finish(const Roster& roster, bool ok) {
         redis_->set_nx(rk + "outcome", "commit");
         return;
       }
+      if (in_outage_grace()) return;
       for (const int64_t m : all)
         if (!contains(done, m) && !live(m)) redis_->set_nx(rk + "outcome", "abort");
       if (seconds_since(t0) > opt_.straggler_timeout_s) redis_->set_nx(rk + "outcome", "abort");

@@ -97,6 +97,15 @@ class Membership {
   // elastic.coordinator_timeout; then fails with a clear message.
   void retry(const std::function<void()>& fn);
   bool live(int64_t id);
+  static double now_s();
+  // Within elastic.timeout of the end of an outage of the coordinator (seen by the main thread
+  // or the heartbeat): expired heartbeats may be the outage's, so nobody is dropped for them.
+  bool in_outage_grace() const;
+  // After an outage: starts the grace period; false (and every later Redis call of this member
+  // fails) if the coordinator has forgotten the run.
+  bool outage_over(Redis& redis);
+  void check_state();
+  std::atomic<bool> state_lost_{false};
   // Arrives at the attempt whose keys start with `rk` and polls until its roster is written,
   // calling `try_close` (which may write it) in between; returns the roster's text. Fails with
   // `bound_message` after `bound_s` seconds.
@@ -114,6 +123,7 @@ class Membership {
   std::condition_variable beat_cv_;
   bool stop_ = false;
   std::thread beat_thread_;
+  std::atomic<double> outage_end_s_{-1e300};
   int64_t events_seen_ = 0;
   int64_t rosters_seen_ = 0;
 };

@@ -3,6 +3,7 @@
 #include <hiredis/hiredis.h>
 
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <sys/time.h>
 
@@ -113,8 +114,22 @@ void Redis::connect() {
   }
 }
 
+namespace {
+double steady_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
 RedisReply Redis::command(const std::vector<std::string>& args) {
   std::lock_guard<std::mutex> lock(mu_);
+  const double t0 = steady_s();
+  struct Watch {  // marks trouble when the command failed or stalled
+    Redis& r;
+    double t0;
+    bool ok = false;
+    ~Watch() {
+      const double t = steady_s();
+      if (!ok || t - t0 > r.stall_s_) r.trouble_end_s_ = t;
+    }
+  } watch{*this, t0};
   std::vector<const char*> argv;
   std::vector<size_t> len;
   for (const auto& a : args) {
@@ -131,6 +146,7 @@ RedisReply Redis::command(const std::vector<std::string>& args) {
       if (attempt == 0) continue;
       throw RedisError("Redis at " + host_ + ":" + std::to_string(port_) + ": " + e, true);
     }
+    watch.ok = true;  // the server answered
     if (r->type == REDIS_REPLY_ERROR) {
       const std::string e(r->str, r->len);
       freeReplyObject(r);

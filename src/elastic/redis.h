@@ -4,6 +4,7 @@
 // a broken connection is reopened once per command. Failures throw RedisError, whose
 // `unavailable` says the server could not be reached (the caller may retry later) rather than
 // that it refused the command.
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -61,6 +62,11 @@ class Redis {
   void rpush(const std::string& key, const std::string& value);
   std::vector<std::string> lrange(const std::string& key, long long first, long long last);
 
+  // Commands slower than `seconds` count as trouble (the server stalled); the steady-clock time
+  // (seconds) at which the latest slow or failed command ended, or -inf.
+  void set_stall_threshold(double seconds) { stall_s_ = seconds; }
+  double trouble_end_s() const { return trouble_end_s_.load(); }
+
  private:
   void connect();
   std::string host_, password_;
@@ -68,6 +74,8 @@ class Redis {
   double timeout_s_;
   std::mutex mu_;
   redisContext* ctx_ = nullptr;
+  double stall_s_ = 1e300;
+  std::atomic<double> trouble_end_s_{-1e300};
 };
 
 }  // namespace loco

@@ -9,6 +9,8 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     takes part in every later round;
   - SIGSTOP a worker past the timeout, then SIGCONT: it is dropped and rejoins as a new member,
     and no round is corrupted;
+  - Redis stopped past the timeout, then continued: the workers ride it out; Redis restarted
+    without its data: they stop with a clear message;
   - bad input: a malformed --join address, an unsupported method, a missing --worker, an
     unreachable or password-refusing Redis: one clear error each, non-zero exit.
 Usage: elastic_test.py LOCO WORK_DIR"""
@@ -144,6 +146,11 @@ try:
             fail(f"fixed/{n}: the elastic model differs from the in-process one")
         if abs(val_loss(f"fixed/{n}/summary.json") - val_loss("inproc3/summary.json")) > 1e-5:
             fail(f"fixed/{n}: validation loss differs")
+    for n in names:  # time in rounds is waiting, not compute
+        summary = json.load(open(f"fixed/{n}/summary.json"))
+        w = summary["workers"][0]
+        if not (w["comm_wait_s"] > 0 and w["compute_s"] + w["comm_wait_s"] <= summary["seconds"] + 0.01):
+            fail(f"fixed/{n}: compute {w['compute_s']} + wait {w['comm_wait_s']} vs wall {summary['seconds']}")
     rounds = rounds_by_number("fixed", names)
     if sorted(rounds) != [1, 2, 3] or any(len(c) != 3 for c, _ in rounds.values()):
         fail(f"fixed: expected rounds 1-3 with 3 contributors each, got {rounds}")
@@ -194,9 +201,10 @@ try:
 
     # 3. A worker joins mid-run.
     names = ["w0", "w1"]
-    ps = [start("join", n, "join", long + ["--set", "elastic.min_workers=2"]) for n in names]
+    join_args = long + ["--set", "train.steps=1000"]
+    ps = [start("join", n, "join", join_args + ["--set", "elastic.min_workers=2"]) for n in names]
     wait_step("join/w0/metrics.jsonl", 40)
-    ps.append(start("join", "late", "join", long))
+    ps.append(start("join", "late", "join", join_args))
     wait_all(ps, names + ["late"], "join")
     late = elastic("join", "late")[1]
     first = late["rounds"][0]
@@ -215,7 +223,13 @@ try:
     ps = [start("stop", n, "stop", stop_args) for n in names]
     wait_step("stop/w1/metrics.jsonl", 40)
     ps[1].send_signal(signal.SIGSTOP)
-    time.sleep(3.5)
+    stopped_at = time.time()
+    # Continued as soon as the others have dropped it (so that the run is still going).
+    while "left" not in open("stop/w0/metrics.jsonl").read():
+        if time.time() - stopped_at > 30:
+            fail("stop: the others did not drop the stopped worker within 30 s")
+        time.sleep(0.02)
+    stopped_for = time.time() - stopped_at
     ps[1].send_signal(signal.SIGCONT)
     wait_all(ps, names, "stop")
     w1 = elastic("stop", "w1")[1]
@@ -223,10 +237,47 @@ try:
     if len(w1["member_ids"]) < 2 or not rejoined:
         fail(f"stop: w1 should have been dropped and rejoined as a new member: {w1['member_ids']}, {w1['rounds'][:3]}")
     rounds = rounds_by_number("stop", names)  # fails if any two workers disagree on a round
-    print(f"SIGSTOP 3.5 s (timeout 2 s): dropped, rejoined as member {w1['member_ids'][-1]} at round "
+    print(f"SIGSTOP for {stopped_for:.1f} s (timeout 2 s): dropped, rejoined as member {w1['member_ids'][-1]} at round "
           f"{rejoined[0]['round']}; {len(rounds)} rounds, all workers agree on each")
 
-    # 5. Bad input: one clear error each.
+    # 5. The coordinator stops answering for longer than the timeout (Redis stopped, then
+    # continued): the workers ride it out, nobody is dropped, every round agrees.
+    names = ["w0", "w1", "w2"]
+    ps = [start("outage", n, "outage", long + ["--set", "elastic.min_workers=3", "--set", "train.steps=600",
+                                             "--set", "elastic.coordinator_timeout=30s"]) for n in names]
+    wait_step("outage/w0/metrics.jsonl", 40)
+    redis.send_signal(signal.SIGSTOP)
+    time.sleep(4)
+    redis.send_signal(signal.SIGCONT)
+    wait_all(ps, names, "outage")
+    for n in names:
+        e = elastic("outage", n)[1]
+        if len(e["member_ids"]) != 1 or any(ev["event"] == "left" for ev in e["events"]):
+            fail(f"outage/{n}: a member was dropped over a coordinator outage: {e['member_ids']}, {e['events']}")
+    rounds = rounds_by_number("outage", names)
+    if len(rounds) != 120 or any(len(c) != 3 for c, _ in rounds.values()):
+        fail(f"outage: expected 120 rounds of 3 contributors")
+    print("Redis stopped for 4 s (timeout 2 s): all 3 workers rode it out, 120 rounds of 3")
+
+    # 6. Redis restarted without its data: the workers stop with a clear message.
+    ps = [start("lost", n, "lost", long + ["--set", "elastic.min_workers=2", "--set", "train.steps=3000",
+                                         "--set", "elastic.coordinator_timeout=20s"]) for n in ["w0", "w1"]]
+    wait_step("lost/w0/metrics.jsonl", 40)
+    redis.kill()
+    redis.wait()
+    time.sleep(1)
+    redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis2.log", "w"), stderr=subprocess.STDOUT)
+    for p, n in zip(ps, ["w0", "w1"]):
+        try:
+            rc = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            fail(f"lost/{n} did not stop after Redis lost the run")
+        log = open(f"lost-{n}.log").read()
+        if rc == 0 or "lost this run's state" not in log:
+            fail(f"lost/{n}: expected a clear stop, exit {rc}:\n{log[-2000:]}")
+    print("Redis restarted without its data: both workers stopped with a clear message")
+
+    # 7. Bad input: one clear error each.
     def refuse(args, env, expect):
         r = subprocess.run(BASE + args, env=env, capture_output=True, text=True, timeout=60)
         if r.returncode == 0 or expect not in r.stderr:
