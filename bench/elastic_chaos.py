@@ -109,6 +109,7 @@ def summary(run, name):
     return json.load(open(f"{run}/{name}/summary.json"))
 
 
+json.dump({"kills": kills, "joins": joins, "live": live}, open("raw.json", "w"), indent=2)
 ref = summary("chaos", live[0])
 el = ref["workers"][0]["elastic"]
 events = el["events"]
@@ -129,10 +130,10 @@ for k in kills:
         detect.append(k["detected_s"])
     if k["recovered_s"] is not None:
         recover.append(k["recovered_s"])
-for j in joins:
-    first = summary("chaos", j["name"])["workers"][0]["elastic"]["rounds"][0]
-    j["joined_s"] = first["time"] - procs[("chaos", j["name"])][1]
-    j["joined_round"] = first["round"]
+for j in joins:  # from the membership log: a joiner may itself be killed later
+    took_in = [e for e in events if e["event"] == "joined" and e["name"] == j["name"]]
+    j["joined_s"] = took_in[0]["time"] - j["time"] if took_in else None
+    j["joined_round"] = took_in[0]["round"] if took_in else None
 # Members and loss against step, from a survivor present from the start (or the longest-lived).
 timeline = []
 for line in open(f"chaos/{live[0]}/metrics.jsonl"):
@@ -165,6 +166,7 @@ plot 'timeline.dat' using 1:3 with lines title 'chaos train', 'undisturbed.dat' 
 unset multiplot
 """, text=True, check=True)
 result = {"seed": seed, "steps": steps, "H": H, "kills": kills, "joins": joins,
+          "join_s": [j["joined_s"] for j in joins if j["joined_s"] is not None],
           "tokens_lost": el["tokens_lost_run"], "aborted_attempts": el["aborted_attempts"],
           "final_val_loss": {"chaos": ref["final_val_loss"], "undisturbed": summary("undisturbed", "w0")["final_val_loss"]},
           "wall_s": {"chaos": chaos_wall, "undisturbed": undisturbed_wall}}
@@ -175,8 +177,10 @@ for e in sorted(kills + joins, key=lambda e: e["step"]):
     if "detected_s" in e:
         print(f"| kill | {e['step']} | {e['name']} | {e['detected_s']:.2f} | {e['recovered_s']:.2f} | |")
     else:
-        print(f"| join | {e['step']} | {e['name']} | | | {e['joined_s']:.2f} (round {e['joined_round']}) |")
+        took = "not taken in" if e["joined_s"] is None else f"{e['joined_s']:.2f} (round {e['joined_round']})"
+        print(f"| join | {e['step']} | {e['name']} | | | {took} |")
 print(f"\ndetection: median {statistics.median(detect):.2f} s, max {max(detect):.2f} s; "
       f"recovery: median {statistics.median(recover):.2f} s, max {max(recover):.2f} s; "
+      f"join: median {statistics.median(result['join_s']):.2f} s, max {max(result['join_s']):.2f} s; "
       f"tokens lost {result['tokens_lost']}; final val loss chaos {result['final_val_loss']['chaos']:.4f}, "
       f"undisturbed {result['final_val_loss']['undisturbed']:.4f}; wall {chaos_wall:.0f} s vs {undisturbed_wall:.0f} s")
