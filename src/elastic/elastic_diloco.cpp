@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "core/error.h"
 #include "elastic/gloo_transport.h"
@@ -185,11 +186,9 @@ class ElasticDiloco : public Algorithm {
           if (roster.size() > 1) {
             transport = connect(roster);
             comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
-            if (roster.joiners.empty()) {
-              comm->all_reduce(avg.data(), n, ReduceOp::Mean, "outer_gradients");
-            } else if (C > 1) {
+            if (C > 1) {  // among the contributors (ranks 0..C-1); joiners only receive
               std::vector<int> members(static_cast<size_t>(C), 0);
-              for (int i = 0; i < C; ++i) members[size_t(i)] = i;
+              std::iota(members.begin(), members.end(), 0);
               auto h = comm->all_reduce_group_start(avg.data(), n, ReduceOp::Mean, members, "outer_gradients");
               comm->wait(h);
             }
@@ -211,9 +210,7 @@ class ElasticDiloco : public Algorithm {
         }
         if (comm) comm->shutdown();
         if (!error.empty()) note_abort(roster, error);
-        const bool committed = membership_.finish(roster, error.empty());
-        if (!committed && transport) transport->abort("round aborted");
-        if (!committed) {
+        if (!membership_.finish(roster, error.empty())) {
           ++aborted_;
           continue;
         }
@@ -275,14 +272,13 @@ class ElasticDiloco : public Algorithm {
         return;
       }
       JoinState s;
-      std::string error;
+      std::string error, bytes;  // bytes outlives the communicator that writes into it
       {
         std::shared_ptr<Transport> transport;
         std::unique_ptr<Communicator> comm;
         try {
           transport = connect(roster);
           comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
-          std::string bytes;
           auto h = comm->recv_start(0, &bytes, "join_state");
           comm->wait(h);
           s = decode(bytes, theta_.size(), w.adamw.m().size());

@@ -161,12 +161,6 @@ void Membership::register_member() {
   if (!beat_thread_.joinable()) beat_thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
-bool Membership::dropped() {
-  bool d = false;
-  retry([&] { d = redis_->exists(key("dropped:" + std::to_string(id_))); });
-  return d;
-}
-
 bool Membership::live(int64_t id) {
   const std::string m = std::to_string(id);
   return redis_->exists(key("hb:" + m)) && !redis_->exists(key("dropped:" + m));
@@ -296,18 +290,12 @@ void Membership::leave_joiners() {
   retry([&] { redis_->command({"SREM", key("joiners"), std::to_string(id_)}); });
 }
 
-std::string Membership::outcome(const Roster& roster) {
-  std::string o;
-  retry([&] { o = redis_->get(key("round:" + roster.key() + ":outcome")); });
-  return o;
-}
-
 bool Membership::finish(const Roster& roster, bool ok) {
   const std::string rk = key("round:" + roster.key() + ":");
   const auto t0 = Clock::now();
-  if (!ok) {
+  if (!ok) {  // no commit is possible without this member's vote
     retry([&] { redis_->set_nx(rk + "outcome", "abort"); });
-    return outcome(roster) == "commit";
+    return false;
   }
   retry([&] { redis_->sadd(rk + "done", std::to_string(id_)); });
   std::vector<int64_t> all = roster.contributors;
@@ -334,12 +322,6 @@ bool Membership::finish(const Roster& roster, bool ok) {
 
 void Membership::mark_finished() {
   retry([&] { redis_->command({"SET", key("finished"), "1"}); });
-}
-
-bool Membership::finished() {
-  bool f = false;
-  retry([&] { f = redis_->exists(key("finished")); });
-  return f;
 }
 
 void Membership::log_event(const nlohmann::json& event) {

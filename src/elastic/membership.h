@@ -65,7 +65,6 @@ class Membership {
   // Registers as a new member (a new id) and starts heartbeating; a worker that was dropped
   // calls it again to rejoin.
   void register_member();
-  bool dropped();
 
   // Round 0 (before training): arrives at the start and returns its roster (contributors:
   // the members that start the run). Waits for elastic.min_workers.
@@ -82,10 +81,8 @@ class Membership {
   void leave_joiners();
   // Votes: done (ok) or failed; returns true if the attempt committed.
   bool finish(const Roster& roster, bool ok);
-  // The outcome once written ("commit" or "abort"), else "".
-  std::string outcome(const Roster& roster);
+  // The run's last round committed: joiners still waiting give up.
   void mark_finished();
-  bool finished();
 
   // Membership events (who joined or left, at which round and why), shared by all members.
   void log_event(const nlohmann::json& event);
