@@ -375,6 +375,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                                                     {"replicas", s.grid.replicas},
                                                                     {"stages", s.grid.stages},
                                                                     {"backend", s.backend},
+                                                                    {"unigram_entropy", s.unigram_entropy},
                                                                     {"seconds", sum.seconds}}
                                                          .dump(2) + "\n");
     return sum;

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The reproduction study (docs/results/reproduction.md): DDP, DiLoCo, Streaming DiLoCo, partial
+# updates, NoLoCo and protocol models on configs/small.toml with the Brown corpus, 4 replicas,
+# 1000 steps each, two seeds for the noisiest comparisons, a lone worker and a DiLoCo grid, then the
+# papers' claims next to the measurements. Resumable: run it again after an interruption and it
+# continues run by run from the last checkpoints. About 3.5 hours on 2 cores.
+#   scripts/reproduce.sh                 run (or continue) the study, then write the page
+#   scripts/reproduce.sh --until 500     advance every pending run to step 500 only
+#   scripts/reproduce.sh --report-only   regenerate the page from docs/results/reproduction/
+#   scripts/reproduce.sh --list          the runs and which are recorded
+# Options: scripts/reproduce.sh --help
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Training needs the build and, with the default config, the Brown corpus (brown-data.sh does both).
+mode=brown
+for a in "$@"; do
+  case $a in
+    --report-only|--list|--help|-h) mode=none ;;
+    --config|--config=*) [[ $mode == brown ]] && mode=build ;;
+  esac
+done
+case $mode in
+  brown) scripts/brown-data.sh > /dev/null ;;
+  build) scripts/build.sh > /dev/null ;;
+esac
+exec /usr/bin/python3 scripts/reproduce.py "$@"
