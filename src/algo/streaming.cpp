@@ -77,295 +77,282 @@ int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas)
   return values[size_t(rank)];
 }
 
-namespace {
-
-class Streaming : public Algorithm {
- public:
-  Streaming(const RunConfig& cfg, const Worker& w)
-      : cfg_(cfg.streaming),
-        outer_(cfg.outer),
-        plan_(plan_fragments(cfg.model.num_layers, cfg.streaming.fragment_blocks, cfg.streaming.pattern,
-                             cfg.outer.inner_steps)),
-        codec_(make_codec({cfg.outer.codec, cfg.outer.rounding, cfg.outer.block, cfg.outer.keep_fraction})),
-        reduce_(choose_encoded_reduce(cfg.outer.reduce, w.replicas)),
-        tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
-        seed_(uint64_t(cfg.train.seed)),
-        run_steps_(cfg.train.steps),
-        average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
-        comm_(w.comm),
-        num_params_(w.params.size()) {
-    const auto& layout = w.model.layout();
-    // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
-    const auto& stage = layout.stage();
-    for (const auto& f : plan_) {
-      std::vector<Range> r;
-      for (int l : f.blocks)
-        if (l >= stage.first_block && l < stage.last_block) r.push_back(layout.block_range(l));
-      if (f.nonblock)
-        for (const auto& x : layout.nonblock_ranges()) r.push_back(x);
-      ranges_.push_back(merge_ranges(r));
-      // Entries this node trains merge with alpha; the others (frozen slices) are replaced.
-      const auto trained = intersect_ranges(ranges_.back(), w.trainable.ranges());
-      std::vector<Segment> segs;
-      int64_t packed = 0;
-      for (const auto& x : ranges_.back()) {
-        int64_t at = x.begin;
-        for (const auto& t : intersect_ranges({x}, trained)) {
-          if (t.begin > at) segs.push_back({at, t.begin, packed + (at - x.begin), false});
-          segs.push_back({t.begin, t.end, packed + (t.begin - x.begin), true});
-          at = t.end;
-        }
-        if (at < x.end) segs.push_back({at, x.end, packed + (at - x.begin), false});
-        packed += x.size();
+Streaming::Streaming(const RunConfig& cfg, const Worker& w)
+    : cfg_(cfg.streaming),
+      outer_(cfg.outer),
+      plan_(plan_fragments(cfg.model.num_layers, cfg.streaming.fragment_blocks, cfg.streaming.pattern,
+                           cfg.outer.inner_steps)),
+      codec_(make_codec({cfg.outer.codec, cfg.outer.rounding, cfg.outer.block, cfg.outer.keep_fraction})),
+      reduce_setting_(cfg.outer.reduce),
+      last_reduce_(choose_encoded_reduce(cfg.outer.reduce, w.replicas)),
+      tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
+      seed_(uint64_t(cfg.train.seed)),
+      run_steps_(cfg.train.steps),
+      average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
+      comm_(w.comm),
+      num_params_(w.params.size()) {
+  const auto& layout = w.model.layout();
+  // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
+  const auto& stage = layout.stage();
+  for (const auto& f : plan_) {
+    std::vector<Range> r;
+    for (int l : f.blocks)
+      if (l >= stage.first_block && l < stage.last_block) r.push_back(layout.block_range(l));
+    if (f.nonblock)
+      for (const auto& x : layout.nonblock_ranges()) r.push_back(x);
+    ranges_.push_back(merge_ranges(r));
+    // Entries this node trains merge with alpha; the others (frozen slices) are replaced.
+    const auto trained = intersect_ranges(ranges_.back(), w.trainable.ranges());
+    std::vector<Segment> segs;
+    int64_t packed = 0;
+    for (const auto& x : ranges_.back()) {
+      int64_t at = x.begin;
+      for (const auto& t : intersect_ranges({x}, trained)) {
+        if (t.begin > at) segs.push_back({at, t.begin, packed + (at - x.begin), false});
+        segs.push_back({t.begin, t.end, packed + (t.begin - x.begin), true});
+        at = t.end;
       }
-      segments_.push_back(std::move(segs));
+      if (at < x.end) segs.push_back({at, x.end, packed + (at - x.begin), false});
+      packed += x.size();
     }
-    std::string scratch;
-    if (cfg.streaming.offload_outer) {
-      make_dirs(cfg.train.out_dir);
-      scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.world_rank) + ".scratch";
-    }
-    store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch);
-    max_tau_ = tau_;
-    if (!cfg.streaming.worker_tau.empty())
-      for (int r = 0; r < w.replicas; ++r)
-        max_tau_ = std::max(max_tau_, worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, r, w.replicas));
-    // A fragment's sync must be applied before its next one starts, H steps later.
-    if (max_tau_ >= outer_.inner_steps)
-      fail("streaming.tau (" + std::to_string(max_tau_) + ") must be smaller than outer.inner_steps (" +
-           std::to_string(outer_.inner_steps) + ")");
+    segments_.push_back(std::move(segs));
   }
-
-  void start(Worker& w, bool resumed) override {
-    if (!resumed) store_->write_all(w.params, std::vector<float>(num_params_, 0.0f));
+  std::string scratch;
+  if (cfg.streaming.offload_outer) {
+    make_dirs(cfg.train.out_dir);
+    scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.world_rank) + ".scratch";
   }
+  store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch);
+  max_tau_ = tau_;
+  if (!cfg.streaming.worker_tau.empty())
+    for (int r = 0; r < w.replicas; ++r)
+      max_tau_ = std::max(max_tau_, worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, r, w.replicas));
+  // A fragment's sync must be applied before its next one starts, H steps later.
+  if (max_tau_ >= outer_.inner_steps)
+    fail("streaming.tau (" + std::to_string(max_tau_) + ") must be smaller than outer.inner_steps (" +
+         std::to_string(outer_.inner_steps) + ")");
+}
 
-  void after_step(Worker& w, int64_t done, bool last) override {
-    while (!pending_.empty() && (pending_.front().apply_at <= done || last)) {
-      apply(w, pending_.front(), last);
-      pending_.pop_front();
-    }
-    for (size_t j = 0; j < plan_.size(); ++j) {
-      if (ranges_[j].empty()) continue;  // not on this pipeline stage
-      const bool due = syncs_at(plan_[j], done, outer_.inner_steps);
-      // The last step ends every fragment's round that did not just end with a recent sync.
-      const int64_t started = last_sync_start(plan_[j], done, outer_.inner_steps);
-      const bool final = last && !due && !(started >= 0 && started >= done - max_tau_);
-      if (!due && !final) continue;
-      begin_sync(w, j, done);
-      if (tau_ == 0 || last) {
-        apply(w, pending_.back(), last);
-        pending_.pop_back();
-      }
+void Streaming::start(Worker& w, bool resumed) {
+  if (!resumed) store_->write_all(w.params, std::vector<float>(num_params_, 0.0f));
+}
+
+void Streaming::after_step(Worker& w, int64_t done, bool last) {
+  while (!pending_.empty() && (pending_.front().apply_at <= done || last)) {
+    apply(w, pending_.front(), last);
+    pending_.pop_front();
+  }
+  for (size_t j = 0; j < plan_.size(); ++j) {
+    if (ranges_[j].empty()) continue;  // not on this pipeline stage
+    const bool due = syncs_at(plan_[j], done, outer_.inner_steps);
+    // The last step ends every fragment's round that did not just end with a recent sync.
+    const int64_t started = last_sync_start(plan_[j], done, outer_.inner_steps);
+    const bool final = last && !due && !(started >= 0 && started >= done - max_tau_);
+    if (!due && !final) continue;
+    if (!sync_fragment(w, j, done, last)) return;
+    if (tau_ == 0 || last) {
+      apply(w, pending_.back(), last);
+      pending_.pop_back();
     }
   }
+}
 
-  const std::vector<float>& eval_params(Worker& w) override {
-    if (cfg_.eval == "outer") {
-      store_->read_params(eval_buffer_);
-      return eval_buffer_;
-    }
-    eval_buffer_ = w.params;
-    share_for_eval(w.comm, eval_buffer_, cfg_.eval);
+const std::vector<float>& Streaming::eval_params(Worker& w) {
+  if (cfg_.eval == "outer") {
+    store_->read_params(eval_buffer_);
     return eval_buffer_;
   }
+  eval_buffer_ = w.params;
+  share_for_eval(w.comm, eval_buffer_, cfg_.eval);
+  return eval_buffer_;
+}
 
-  std::string eval_note(int64_t step) const override {
-    if (cfg_.eval != "outer") return "";
-    // A sync started at s is in the outer parameters from s + tau on (all of them after the
-    // last step, which ends every round).
-    const bool final = step == run_steps_;
-    std::vector<int64_t> synced;
-    for (size_t j = 0; j < plan_.size(); ++j)
-      if (!ranges_[j].empty())
-        synced.push_back(final ? step : last_sync_start(plan_[j], step - tau_, outer_.inner_steps));
-    if (std::adjacent_find(synced.begin(), synced.end(), std::not_equal_to<>()) == synced.end()) return "";
-    std::string steps;
-    bool initial = false;
-    for (size_t k = 0; k < synced.size(); ++k) {
-      steps += (k ? (k + 1 == synced.size() ? " and " : ", ") : "") + std::to_string(std::max<int64_t>(0, synced[k]));
-      initial = initial || synced[k] < 0;
-    }
-    return "outer parameters of fragments last synchronized at steps " + steps +
-           (initial ? " (0: not yet, the initial values)" : "") +
-           ", a mix rather than one model state; see streaming.eval";
+std::string Streaming::eval_note(int64_t step) const {
+  if (cfg_.eval != "outer") return "";
+  // A sync started at s is in the outer parameters from s + tau on (all of them after the
+  // last step, which ends every round).
+  const bool final = step == run_steps_;
+  std::vector<int64_t> synced;
+  for (size_t j = 0; j < plan_.size(); ++j)
+    if (!ranges_[j].empty())
+      synced.push_back(final ? step : last_sync_start(plan_[j], step - tau_, outer_.inner_steps));
+  if (std::adjacent_find(synced.begin(), synced.end(), std::not_equal_to<>()) == synced.end()) return "";
+  std::string steps;
+  bool initial = false;
+  for (size_t k = 0; k < synced.size(); ++k) {
+    steps += (k ? (k + 1 == synced.size() ? " and " : ", ") : "") + std::to_string(std::max<int64_t>(0, synced[k]));
+    initial = initial || synced[k] < 0;
   }
+  return "outer parameters of fragments last synchronized at steps " + steps +
+         (initial ? " (0: not yet, the initial values)" : "") +
+         ", a mix rather than one model state; see streaming.eval";
+}
 
-  void save_state(TrainingState& st) override {
-    store_->read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
-    // Syncs in flight: completed (their averages stored) but not yet applied.
-    std::string list;
-    for (auto& p : pending_) {
-      complete(p);
-      const std::string key = "pending." + std::to_string(p.fragment);
-      st.tensors[key + ".avg"] = p.avg;
-      st.meta[key + ".apply_at"] = std::to_string(p.apply_at);
-      list += (list.empty() ? "" : ",") + std::to_string(p.fragment);
-    }
-    st.meta["pending"] = list;
+void Streaming::save_state(TrainingState& st) {
+  store_->read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
+  // Syncs in flight: completed (their averages stored) but not yet applied.
+  std::string list;
+  for (auto& p : pending_) {
+    complete(comm_, p);
+    const std::string key = "pending." + std::to_string(p.fragment);
+    st.tensors[key + ".avg"] = p.avg;
+    st.meta[key + ".apply_at"] = std::to_string(p.apply_at);
+    list += (list.empty() ? "" : ",") + std::to_string(p.fragment);
   }
+  st.meta["pending"] = list;
+}
 
-  void load_state(const TrainingState& st) override {
-    std::vector<float> theta(num_params_), momentum(num_params_);
-    st.take("outer.params", theta);
-    st.take("outer.momentum", momentum);
-    store_->write_all(theta, momentum);
-    pending_.clear();
-    const auto it = st.meta.find("pending");
-    if (it == st.meta.end() || it->second.empty()) return;
-    for (int64_t fragment : parse_int_list(it->second, "training state: pending", 0, "a fragment index")) {
-      Pending p;
-      p.fragment = size_t(fragment);
-      if (p.fragment >= plan_.size()) fail("training state: pending fragment out of range");
-      const std::string key = "pending." + std::to_string(fragment);
-      p.apply_at = st.get_int(key + ".apply_at");
-      p.avg.assign(size_t(total_size(ranges_[p.fragment])), 0.0f);
-      st.take(key + ".avg", p.avg);
-      p.completed = true;
-      store_->read(p.fragment, p.theta, p.momentum);
-      pending_.push_back(std::move(p));
-    }
-  }
-
-  void report(nlohmann::json& out) const override {
-    int64_t largest = 0;
-    for (const auto& r : ranges_) largest = std::max(largest, total_size(r));
-    out["fragments"] = int64_t(plan_.size());
-    out["largest_fragment_params"] = largest;
-    // Held for the whole run (all of it, or nothing when offloaded), plus what a sync in flight
-    // holds: the fragment's outer parameters and momentum and the received average.
-    out["outer_state_bytes"] = store_->resident_bytes() + 3 * largest * 4;
-    out["outer_state_bytes_needed_at_once"] = 3 * largest * 4;
-    out["outer_state_offloaded"] = store_->offloaded();
-    out["tau"] = tau_;
-    if (!codec_->lossless())
-      out["outer_reduce"] = reduce_ == EncodedReduce::AllGather ? "all-gather" : "reduce-scatter";
-  }
-
- private:
-  struct Segment {
-    int64_t begin, end, packed;  // params[begin, end) is packed[packed, ...)
-    bool trained;                // merged with alpha; else replaced
-  };
-  struct Pending {
-    size_t fragment = 0;
-    int64_t apply_at = 0;
-    Communicator::Handle handle;
-    CountVectorAverage::Op op;           // fp32: the replicas' parameters, averaged per entry
-    std::vector<float> buffer;           // codecs: this replica's delta
-    std::vector<std::string> gathered;   // codecs: every replica's encoded delta (or reduced shard)
-    std::vector<float> avg;              // the replicas' average parameters, once completed
-    std::vector<float> theta, momentum;  // the fragment's outer state, packed
-    bool completed = false;
-  };
-
-  void begin_sync(Worker& w, size_t j, int64_t step) {
-    // The communication thread writes into the element, so it is placed first: references to
-    // deque elements stay valid across push_back/pop_front.
-    Pending& p = pending_.emplace_back();
-    p.fragment = j;
-    p.apply_at = step + tau_;
-    store_->read(j, p.theta, p.momentum);
-    const auto& ranges = ranges_[j];
-    if (codec_->lossless()) {
-      average_.start(w.comm, w.params.data(), ranges, p.op);
-      return;
-    }
-    pack_ranges(w.params.data(), ranges, p.buffer);
-    for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
-    const uint64_t stream = uint64_t(step) * 1024 + j;
-    Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(w.rank), stream));
-    const int64_t n = int64_t(p.buffer.size());
-    if (reduce_ == EncodedReduce::AllGather) {
-      p.handle = w.comm.all_gather_start(codec_->encode(p.buffer.data(), n, rng), &p.gathered, "outer_gradients");
-      return;
-    }
-    const int M = w.replicas;
-    std::vector<std::string> shards;
-    for (int k = 0; k < M; ++k) {
-      const int64_t b = shard_begin(n, M, k);
-      shards.push_back(codec_->encode(p.buffer.data() + b, shard_begin(n, M, k + 1) - b, rng));
-    }
-    // Shard `me` of every replica: decoded, summed in float32 in replica order, averaged and
-    // encoded again (on the communication thread).
-    const int me = w.rank;
-    const int64_t len = shard_begin(n, M, me + 1) - shard_begin(n, M, me);
-    const Codec* codec = codec_.get();
-    const uint64_t reseed = mix_seed(seed_ ^ 0x5ca7, uint64_t(me), stream);
-    auto reduce = [codec, len, M, reseed](std::vector<std::string>& received) {
-      std::vector<float> sum(size_t(len), 0.0f);
-      for (const auto& payload : received) codec->decode_add(payload, sum.data(), len);
-      for (auto& x : sum) x /= float(M);
-      Rng r(reseed);
-      return codec->encode(sum.data(), len, r);
-    };
-    p.handle = w.comm.reduce_scatter_gather_start(std::move(shards), reduce, &p.gathered, "outer_gradients");
-  }
-
-  // Waits for the reduction and computes the replicas' average parameters of the fragment.
-  void complete(Pending& p) {
-    if (p.completed) return;
-    if (codec_->lossless()) {
-      average_.finish(comm_, p.op, ranges_[p.fragment], p.avg);
-    } else {
-      comm_.wait(p.handle);
-      const int64_t n = int64_t(p.buffer.size());
-      std::vector<float> delta(size_t(n), 0.0f);
-      if (reduce_ == EncodedReduce::AllGather) {
-        for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
-        const float M = float(p.gathered.size());
-        for (auto& x : delta) x /= M;
-      } else {
-        const int M = int(p.gathered.size());
-        for (int k = 0; k < M; ++k) {
-          const int64_t b = shard_begin(n, M, k);
-          codec_->decode_add(p.gathered[size_t(k)], delta.data() + b, shard_begin(n, M, k + 1) - b);
-        }
-      }
-      p.avg.resize(size_t(n));
-      for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
-    }
-    p.buffer.clear();
-    p.gathered.clear();
+void Streaming::load_state(const TrainingState& st) {
+  std::vector<float> theta(num_params_), momentum(num_params_);
+  st.take("outer.params", theta);
+  st.take("outer.momentum", momentum);
+  store_->write_all(theta, momentum);
+  pending_.clear();
+  const auto it = st.meta.find("pending");
+  if (it == st.meta.end() || it->second.empty()) return;
+  for (int64_t fragment : parse_int_list(it->second, "training state: pending", 0, "a fragment index")) {
+    Pending p;
+    p.fragment = size_t(fragment);
+    if (p.fragment >= plan_.size()) fail("training state: pending fragment out of range");
+    const std::string key = "pending." + std::to_string(fragment);
+    p.apply_at = st.get_int(key + ".apply_at");
+    p.avg.assign(size_t(total_size(ranges_[p.fragment])), 0.0f);
+    st.take(key + ".avg", p.avg);
     p.completed = true;
+    store_->read(p.fragment, p.theta, p.momentum);
+    pending_.push_back(std::move(p));
   }
+}
 
-  // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
-  // replica's parameters; entries this node does not train are always replaced.
-  void apply(Worker& w, Pending& p, bool replace) {
-    complete(p);
-    outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
-    store_->write(p.fragment, p.theta, p.momentum);
-    const float a = float(cfg_.alpha);
-    for (const auto& s : segments_[p.fragment]) {
-      float* local = w.params.data() + s.begin;
-      const float* synced = p.theta.data() + s.packed;
-      if (replace || !s.trained)
-        std::copy(synced, synced + (s.end - s.begin), local);
-      else
-        for (int64_t i = 0; i < s.end - s.begin; ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
+void Streaming::report(nlohmann::json& out) const {
+  int64_t largest = 0;
+  for (const auto& r : ranges_) largest = std::max(largest, total_size(r));
+  out["fragments"] = int64_t(plan_.size());
+  out["largest_fragment_params"] = largest;
+  // Held for the whole run (all of it, or nothing when offloaded), plus what a sync in flight
+  // holds: the fragment's outer parameters and momentum and the received average.
+  out["outer_state_bytes"] = store_->resident_bytes() + 3 * largest * 4;
+  out["outer_state_bytes_needed_at_once"] = 3 * largest * 4;
+  out["outer_state_offloaded"] = store_->offloaded();
+  out["tau"] = tau_;
+  if (!codec_->lossless())
+    out["outer_reduce"] = last_reduce_ == EncodedReduce::AllGather ? "all-gather" : "reduce-scatter";
+}
+
+bool Streaming::sync_fragment(Worker& w, size_t j, int64_t step, bool) {
+  // The communication thread writes into the element, so it is placed first: references to
+  // deque elements stay valid across push_back/pop_front.
+  begin_sync(w.comm, w.rank, w.replicas, w.params, j, step, pending_.emplace_back());
+  return true;
+}
+
+void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, size_t j,
+                           int64_t step, Pending& p) {
+  p.fragment = j;
+  p.apply_at = step + tau_;
+  store_->read(j, p.theta, p.momentum);
+  const auto& ranges = ranges_[j];
+  if (codec_->lossless()) {
+    average_.start(comm, params.data(), ranges, p.op);
+    return;
+  }
+  pack_ranges(params.data(), ranges, p.buffer);
+  for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
+  const uint64_t stream = uint64_t(step) * 1024 + j;
+  Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
+  const int64_t n = int64_t(p.buffer.size());
+  p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
+  if (p.reduce == EncodedReduce::AllGather) {
+    p.handle = comm.all_gather_start(codec_->encode(p.buffer.data(), n, rng), &p.gathered, "outer_gradients");
+    return;
+  }
+  const int M = replicas;
+  std::vector<std::string> shards;
+  for (int k = 0; k < M; ++k) {
+    const int64_t b = shard_begin(n, M, k);
+    shards.push_back(codec_->encode(p.buffer.data() + b, shard_begin(n, M, k + 1) - b, rng));
+  }
+  // Shard `me` of every replica: decoded, summed in float32 in replica order, averaged and
+  // encoded again (on the communication thread).
+  const int me = rank;
+  const int64_t len = shard_begin(n, M, me + 1) - shard_begin(n, M, me);
+  const Codec* codec = codec_.get();
+  const uint64_t reseed = mix_seed(seed_ ^ 0x5ca7, uint64_t(me), stream);
+  auto reduce = [codec, len, M, reseed](std::vector<std::string>& received) {
+    std::vector<float> sum(size_t(len), 0.0f);
+    for (const auto& payload : received) codec->decode_add(payload, sum.data(), len);
+    for (auto& x : sum) x /= float(M);
+    Rng r(reseed);
+    return codec->encode(sum.data(), len, r);
+  };
+  p.handle = comm.reduce_scatter_gather_start(std::move(shards), reduce, &p.gathered, "outer_gradients");
+}
+
+void Streaming::complete(Communicator& comm, Pending& p) {
+  if (p.completed) return;
+  if (codec_->lossless()) {
+    average_.finish(comm, p.op, ranges_[p.fragment], p.avg);
+  } else {
+    comm.wait(p.handle);
+    const int64_t n = int64_t(p.buffer.size());
+    std::vector<float> delta(size_t(n), 0.0f);
+    if (p.reduce == EncodedReduce::AllGather) {
+      for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
+      const float M = float(p.gathered.size());
+      for (auto& x : delta) x /= M;
+    } else {
+      const int M = int(p.gathered.size());
+      for (int k = 0; k < M; ++k) {
+        const int64_t b = shard_begin(n, M, k);
+        codec_->decode_add(p.gathered[size_t(k)], delta.data() + b, shard_begin(n, M, k + 1) - b);
+      }
+    }
+    p.avg.resize(size_t(n));
+    for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
+  }
+  p.buffer.clear();
+  p.gathered.clear();
+  p.completed = true;
+}
+
+void Streaming::apply(Worker& w, Pending& p, bool replace) {
+  complete(comm_, p);
+  outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
+  store_->write(p.fragment, p.theta, p.momentum);
+  const float a = float(cfg_.alpha);
+  for (const auto& s : segments_[p.fragment]) {
+    float* local = w.params.data() + s.begin;
+    const float* synced = p.theta.data() + s.packed;
+    if (replace || !s.trained)
+      std::copy(synced, synced + (s.end - s.begin), local);
+    else
+      for (int64_t i = 0; i < s.end - s.begin; ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
+  }
+}
+
+void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra) {
+  store_->read_all(theta, momentum);
+  std::vector<Pending*> all;
+  for (auto& p : pending_) all.push_back(&p);
+  if (extra) all.push_back(extra);
+  for (Pending* q : all) {
+    Pending& p = *q;
+    complete(comm_, p);
+    std::vector<float> t = p.theta, m = p.momentum;
+    outer_sgd_step(t.data(), m.data(), p.avg.data(), int64_t(t.size()), outer_);
+    int64_t at = 0;
+    for (const auto& r : ranges_[p.fragment]) {
+      std::copy(t.begin() + at, t.begin() + at + r.size(), theta.begin() + r.begin);
+      std::copy(m.begin() + at, m.begin() + at + r.size(), momentum.begin() + r.begin);
+      at += r.size();
     }
   }
+}
 
-  StreamingConfig cfg_;
-  OuterConfig outer_;
-  std::vector<FragmentPlan> plan_;
-  std::vector<std::vector<Range>> ranges_;
-  std::vector<std::vector<Segment>> segments_;
-  std::unique_ptr<Codec> codec_;
-  EncodedReduce reduce_;
-  int64_t tau_, max_tau_ = 0;
-  uint64_t seed_;
-  int64_t run_steps_;
-  std::unique_ptr<OuterStore> store_;
-  std::vector<float> eval_buffer_;
-  std::deque<Pending> pending_;
-  CountVectorAverage average_;
-  Communicator& comm_;
-  size_t num_params_;
-};
-
-}  // namespace
+void Streaming::install_outer_state(const std::vector<float>& theta, const std::vector<float>& momentum) {
+  pending_.clear();
+  store_->write_all(theta, momentum);
+}
 
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w) {
   return std::make_unique<Streaming>(cfg, w);

@@ -1,8 +1,15 @@
 #pragma once
 // Fragment schedule of Streaming DiLoCo (spec 02-streaming.md).
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "algo/algorithm.h"
+#include "algo/outer_store.h"
+#include "algo/partial.h"
+#include "comm/codec.h"
 
 namespace loco {
 
@@ -25,5 +32,80 @@ int64_t last_sync_start(const FragmentPlan& f, int64_t step, int64_t inner_steps
 
 // Per-replica tau from streaming.tau and streaming.worker_tau ("1,1,3,3").
 int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas);
+
+// Streaming DiLoCo as an algorithm (streaming.cpp explains the method). The elastic backend
+// derives from it (elastic/elastic_streaming.cpp): it runs each fragment's reduction as a round
+// among the live members of that moment instead of over the worker's fixed communicator.
+class Streaming : public Algorithm {
+ public:
+  Streaming(const RunConfig& cfg, const Worker& w);
+
+  void start(Worker& w, bool resumed) override;
+  void after_step(Worker& w, int64_t done, bool last) override;
+  const std::vector<float>& eval_params(Worker& w) override;
+  std::string eval_note(int64_t step) const override;
+  void save_state(TrainingState& st) override;
+  void load_state(const TrainingState& st) override;
+  void report(nlohmann::json& out) const override;
+
+ protected:
+  struct Segment {
+    int64_t begin, end, packed;  // params[begin, end) is packed[packed, ...)
+    bool trained;                // merged with alpha; else replaced
+  };
+  struct Pending {
+    size_t fragment = 0;
+    int64_t apply_at = 0;
+    EncodedReduce reduce = EncodedReduce::AllGather;  // codecs: how the payloads were combined
+    Communicator::Handle handle;
+    CountVectorAverage::Op op;           // fp32: the replicas' parameters, averaged per entry
+    std::vector<float> buffer;           // codecs: this replica's delta
+    std::vector<std::string> gathered;   // codecs: every replica's encoded delta (or reduced shard)
+    std::vector<float> avg;              // the replicas' average parameters, once completed
+    std::vector<float> theta, momentum;  // the fragment's outer state, packed
+    bool completed = false;
+  };
+
+  // Starts fragment j's sync after `step` (pushed onto pending_). The default reduces over the
+  // worker's communicator and returns at once; the elastic backend completes it in a round, and
+  // returns false when the worker was dropped and taken in again instead (nothing pushed).
+  virtual bool sync_fragment(Worker& w, size_t j, int64_t step, bool last);
+  // Starts the reduction of fragment j among `replicas` workers on `comm` (this one is `rank`),
+  // into `p` (placed in pending_ first: the communication thread writes into it).
+  void begin_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, size_t j,
+                  int64_t step, Pending& p);
+  // Waits for the reduction and computes the replicas' average parameters of the fragment.
+  void complete(Communicator& comm, Pending& p);
+  // The outer parameters and momentum with the outer step of every sync pending (and of `extra`,
+  // if given) taken: the state a worker joining now starts from. Installing such a state leaves
+  // no sync pending.
+  void latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra);
+  void install_outer_state(const std::vector<float>& theta, const std::vector<float>& momentum);
+  size_t fragments() const { return plan_.size(); }
+
+  std::deque<Pending> pending_;
+
+ private:
+  // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
+  // replica's parameters; entries this node does not train are always replaced.
+  void apply(Worker& w, Pending& p, bool replace);
+
+  StreamingConfig cfg_;
+  OuterConfig outer_;
+  std::vector<FragmentPlan> plan_;
+  std::vector<std::vector<Range>> ranges_;
+  std::vector<std::vector<Segment>> segments_;
+  std::unique_ptr<Codec> codec_;
+  std::string reduce_setting_;
+  EncodedReduce last_reduce_;  // of the latest sync (with the elastic backend the group varies)
+  int64_t tau_, max_tau_ = 0;
+  uint64_t seed_;
+  int64_t run_steps_;
+  std::unique_ptr<OuterStore> store_;
+  std::vector<float> eval_buffer_;
+  CountVectorAverage average_;
+  Communicator& comm_;
+  size_t num_params_;
+};
 
 }  // namespace loco

@@ -18,6 +18,12 @@
 
 namespace loco {
 
+// Streaming DiLoCo over the elastic backend (elastic_streaming.cpp).
+std::unique_ptr<Algorithm> make_elastic_streaming(const RunConfig& cfg, const Worker& w,
+                                                  const ElasticOptions& options,
+                                                  std::shared_ptr<TrafficStats> traffic,
+                                                  std::shared_ptr<TraceRecorder> trace);
+
 std::unique_ptr<Algorithm> make_elastic_diloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                                                std::shared_ptr<TrafficStats> traffic,
                                                std::shared_ptr<TraceRecorder> trace);

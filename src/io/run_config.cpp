@@ -216,9 +216,13 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                         &c.elastic.coordinator_timeout})
     need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
   if (c.distributed.backend == "elastic") {
-    need(c.algorithm == "diloco",
-         "distributed.backend = \"elastic\" runs algorithm = \"diloco\" so far (streaming and noloco are not "
-         "elastic yet; ddp needs every worker at every step)");
+    need(c.algorithm == "diloco" || c.algorithm == "streaming",
+         "distributed.backend = \"elastic\" runs algorithm = \"diloco\" or \"streaming\" (noloco is not elastic "
+         "yet; ddp needs every worker at every step)");
+    need(c.streaming.worker_tau.empty(), "distributed.backend = \"elastic\" takes one streaming.tau for all members "
+                                         "(streaming.worker_tau = \"\")");
+    need(c.algorithm != "streaming" || c.streaming.eval == "outer",
+         "distributed.backend = \"elastic\" evaluates the outer parameters (streaming.eval = \"outer\")");
     need(c.pipeline.stages == 1, "distributed.backend = \"elastic\" does not run pipelines (pipeline.stages = 1)");
     need(c.partial.slices == 1, "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)");
     need(c.protocol.rank == 0, "distributed.backend = \"elastic\" does not run protocol models");

@@ -360,6 +360,8 @@ TEST(Streaming, EncodedSyncBytesEqualTheFormula) {
             << reduce << " M " << M << " worker " << m;
       const double per_value = double(r.bytes_sent[0]) / double(total_size(r.fragment));
       std::printf("fp4 %-14s M %d: %.3f bytes per value per worker\n", reduce.c_str(), M, per_value);
-      if (reduce == "reduce-scatter") EXPECT_LT(per_value, 2 * 0.5 * 1.1);
+      if (reduce == "reduce-scatter") {
+        EXPECT_LT(per_value, 2 * 0.5 * 1.1);
+      }
     }
 }

@@ -1,12 +1,16 @@
 #!/usr/bin/python3
 """The elastic backend through `loco train --join`, with a Redis server this test starts on a
 free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
-  - a fixed membership of 3 workers == the in-process DiLoCo run with 3 replicas, bitwise;
+  - a fixed membership of 3 workers == the in-process DiLoCo run with 3 replicas, bitwise, and the
+    same for Streaming DiLoCo (fp4 outer gradients reduce-scattered with tau 1; fp32 with tau 0);
   - kill -9 one of 4 workers at a seeded random step (two seeds): the other 3 finish, every round after the kill averages
     exactly the survivors (all three agree on each round's contributors and parameters), the
     kill is detected within the timeout, the final loss is close to a 3-replica run's;
   - a worker that joins mid-run starts from the outer parameters of its round (checksum) and
     takes part in every later round;
+  - Streaming DiLoCo: kill -9 one of 4 workers, then a new worker joins: every fragment's round
+    from the kill on has exactly the survivors until the joiner, which starts from the outer
+    parameters (checksum) and is in every later round; the final loss is close to a 3-replica run's;
   - SIGSTOP a worker past the timeout, then SIGCONT: it is dropped and rejoins as a new member,
     and no round is corrupted;
   - Redis stopped past the timeout, then continued: the workers ride it out; Redis restarted
@@ -156,6 +160,28 @@ try:
         fail(f"fixed: expected rounds 1-3 with 3 contributors each, got {rounds}")
     print("fixed membership of 3 == in-process 3 replicas (bitwise model, 3 rounds of 3)")
 
+    # 1b. The same for Streaming DiLoCo: 3 fragments (2 blocks, 1 per fragment, and the rest),
+    # fp4 outer gradients reduce-scattered among 3 with tau 1, and fp32 with tau 0.
+    stream = ["--set", "algorithm=streaming", "--set", "streaming.fragment_blocks=1", "--set", "outer.inner_steps=6"]
+    for label, extra in (("fp4-tau1", ["--set", "outer.codec=fp4-e3m0", "--set", "streaming.tau=1"]),
+                         ("fp32-tau0", ["--set", "streaming.tau=0"])):
+        args = common + stream + extra
+        subprocess.run(BASE + args + ["--set", "distributed.replicas=3", "--set", f"train.out_dir=inproc-{label}",
+                                      "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+        ps = [start(label, n, label, args + ["--set", "elastic.min_workers=3"]) for n in names]
+        wait_all(ps, names, label)
+        ref = model_bytes(f"inproc-{label}/checkpoints/step_00000012/model.safetensors")
+        for n in names:
+            if model_bytes(f"{label}/{n}/checkpoints/step_00000012/model.safetensors") != ref:
+                fail(f"{label}/{n}: the elastic streaming model differs from the in-process one")
+        rounds = rounds_by_number(label, names)
+        # Fragment j (offset 2j) syncs at steps 2j + 6k; the last step (12) ends every round.
+        expect = sorted({s * 3 + j for j in range(3) for s in range(2 * j + 6, 13, 6)} | {12 * 3 + j for j in range(3)})
+        if sorted(rounds) != expect or any(len(c) != 3 for c, _ in rounds.values()):
+            fail(f"{label}: expected the rounds {expect} with 3 contributors each, got {sorted(rounds)}")
+        print(f"streaming {label}: fixed membership of 3 == in-process 3 replicas (bitwise model, {len(rounds)} "
+              "fragment rounds of 3)")
+
     # 2. Kill -9 one of 4 workers at a seeded random step, for two seeds.
     long = ["--set", "train.steps=300", "--set", "outer.inner_steps=5", "--set", "train.log_interval=5",
             "--set", "train.eval_interval=0", "--set", "elastic.timeout=2s"]
@@ -198,6 +224,45 @@ try:
         print(f"kill -9 of {names[victim]} (1 of 4) past step {kill_step}, round {left[0]['round']}: detected after "
               f"{detected:.2f} s, {len(after)} later rounds of exactly the 3 survivors, {lost} tokens lost, val loss "
               f"{loss:.4f} (3 replicas throughout: {ref_loss:.4f})")
+
+    # 2b. Streaming: kill -9 one of 4 workers, then a fifth worker joins.
+    out = "skill"
+    names = ["w0", "w1", "w2", "w3"]
+    sargs = long + stream + ["--set", "outer.codec=fp4-e3m0", "--set", "streaming.tau=1"]
+    subprocess.run(BASE + sargs + ["--set", "distributed.replicas=3", "--set", "train.out_dir=inproc3stream",
+                                   "--set", "distributed.backend=inprocess", "--set", "train.eval_interval=300"],
+                   check=True, stdout=subprocess.DEVNULL)
+    ref_stream = val_loss("inproc3stream/summary.json")
+    ps = [start(out, n, out, sargs + ["--set", "elastic.min_workers=4"]) for n in names]
+    kill_step = random.Random(3).randrange(20, 100)
+    wait_step(f"{out}/w2/metrics.jsonl", kill_step)
+    ps[2].send_signal(signal.SIGKILL)
+    ps[2].wait()
+    survivors = ["w0", "w1", "w3"]
+    while "left" not in open(f"{out}/w0/metrics.jsonl").read():
+        time.sleep(0.02)
+    ps.append(start(out, "late", out, sargs))
+    ps.pop(2)
+    wait_all(ps, survivors + ["late"], out)
+    rounds = rounds_by_number(out, survivors + ["late"])
+    left = [e for e in elastic(out, "w0")[1]["events"] if e["event"] == "left"]
+    late = elastic(out, "late")[1]
+    first = late["rounds"][0]
+    if len(left) != 1 or "joined" not in first or rounds.get(first["round"], (0, -1))[1] != first["params_crc32c"]:
+        fail(f"{out}: one member should leave ({left}) and the joiner start from the outer parameters ({first})")
+    alive = tuple(sorted(elastic(out, n)[1]["member_ids"][0] for n in survivors))
+    between = [r for r in rounds if left[0]["round"] <= r <= first["round"]]
+    later = [r for r in rounds if r > first["round"]]
+    if not between or any(rounds[r][0] != alive for r in between):
+        fail(f"{out}: the rounds from the kill to the join must have exactly the survivors {alive}: {rounds}")
+    if not later or any(rounds[r][0] != tuple(sorted(alive + (late["member_ids"][0],))) for r in later):
+        fail(f"{out}: the joiner must be in every later round: {rounds}")
+    loss = val_loss(f"{out}/w0/summary.json")
+    if not math.isfinite(loss) or abs(loss - ref_stream) > 0.1 * ref_stream:
+        fail(f"{out}: final val loss {loss} not close to the 3-replica run's {ref_stream}")
+    print(f"streaming fp4: kill -9 of w2 past step {kill_step}: {len(between)} fragment rounds of exactly the 3 "
+          f"survivors, then a joiner from the outer parameters (crc {first['params_crc32c']}) in all {len(later)} "
+          f"later rounds; val loss {loss:.4f} (3 replicas throughout: {ref_stream:.4f})")
 
     # 3. A worker joins mid-run.
     names = ["w0", "w1"]
@@ -286,7 +351,9 @@ try:
     refuse(["--join", f"redis://127.0.0.1:{port}/", "--worker", "a"], ENV, "no run name")
     refuse(["--join", f"redis://127.0.0.1:{port}/r"], ENV, "--join needs --worker")
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=ddp"], ENV,
-           'runs algorithm = "diloco" so far')
+           'runs algorithm = "diloco" or "streaming"')
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=streaming",
+            "--set", "streaming.worker_tau=1,2"], ENV, "one streaming.tau for all members")
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad1"],
            dict(ENV, LOCO_REDIS_PASSWORD="wrong"), "refused the password")
     refuse(["--join", f"redis://127.0.0.1:{free_port()}/r", "--worker", "a", "--set", "train.out_dir=bad2",

@@ -1,0 +1,93 @@
+// Streaming DiLoCo over the elastic backend: each fragment's synchronization is one round among
+// the live members of its moment (elastic/session.h). The round's reduction is the same as in
+// Streaming (fp32 average, or encoded outer gradients all-gathered or reduce-scattered among
+// the round's contributors), but it completes within the round: the result is then held, as
+// any sync in flight, and merged tau steps later, so with a fixed membership every number
+// equals the in-process run's. Communication does not overlap the inner steps here. A joiner
+// starts from the outer parameters with every completed sync's outer step taken, and its own
+// parameters equal to them.
+#include <chrono>
+#include <memory>
+
+#include "algo/streaming.h"
+#include "elastic/elastic_diloco.h"
+#include "elastic/session.h"
+#include "io/tensorboard.h"
+
+namespace loco {
+
+namespace {
+
+class ElasticStreaming : public Streaming {
+ public:
+  ElasticStreaming(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+                   std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
+      : Streaming(cfg, w),
+        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()) {}
+
+  void start(Worker& w, bool resumed) override {
+    Streaming::start(w, false);
+    session_.start(w, resumed, install());
+  }
+
+  void after_step(Worker& w, int64_t done, bool last) override {
+    session_.count_step();
+    Streaming::after_step(w, done, last);
+    if (last) session_.finish_run();
+  }
+
+  double wait_seconds() const override { return session_.wait_seconds(); }
+  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
+  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
+
+  void report(nlohmann::json& out) const override {
+    Streaming::report(out);
+    session_.report(out);
+  }
+
+ protected:
+  bool sync_fragment(Worker& w, size_t j, int64_t step, bool last) override {
+    std::unique_ptr<Pending> p;
+    ElasticSession::Round r;
+    r.id = step * int64_t(fragments()) + int64_t(j);
+    r.step = step;
+    r.take_joiners = !last;
+    r.reduce = [&](Communicator& comm, int rank, int size) {
+      p = std::make_unique<Pending>();
+      begin_sync(comm, rank, size, w.params, j, step, *p);
+      complete(comm, *p);
+    };
+    r.outer_state = [&](std::vector<float>& theta, std::vector<float>& momentum) {
+      latest_outer_state(theta, momentum, p.get());
+    };
+    r.commit = [&] {
+      pending_.push_back(std::move(*p));
+      std::vector<float> theta, momentum;
+      latest_outer_state(theta, momentum, nullptr);
+      return crc32c(theta.data(), theta.size() * sizeof(float));
+    };
+    // Dropped and taken in again: the rest of this step's syncs are not this worker's either.
+    return session_.run_round(w, r, install());
+  }
+
+ private:
+  ElasticSession::Install install() {
+    return [this](Worker& w, JoinState& s) {
+      install_outer_state(s.theta, s.momentum);
+      w.params = s.theta;
+    };
+  }
+
+  ElasticSession session_;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_elastic_streaming(const RunConfig& cfg, const Worker& w,
+                                                  const ElasticOptions& options,
+                                                  std::shared_ptr<TrafficStats> traffic,
+                                                  std::shared_ptr<TraceRecorder> trace) {
+  return std::make_unique<ElasticStreaming>(cfg, w, options, std::move(traffic), std::move(trace));
+}
+
+}  // namespace loco

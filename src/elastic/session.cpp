@@ -1,0 +1,293 @@
+#include "elastic/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "comm/inprocess.h"
+#include "core/error.h"
+#include "elastic/gloo_transport.h"
+#include "io/tensorboard.h"
+
+namespace loco {
+
+namespace {
+
+// A JSON header, the tensors' floats, and a CRC-32C of everything before it.
+std::string encode(const JoinState& s) {
+  const nlohmann::json head = {{"step", s.step},
+                               {"data_epoch", s.data_epoch},
+                               {"data_offset", s.data_offset},
+                               {"optimizer_steps", s.optimizer_steps},
+                               {"epoch", s.epoch},
+                               {"floats", s.theta.size()}};
+  const std::string h = head.dump();
+  std::string out;
+  const uint64_t hn = h.size();
+  out.append(reinterpret_cast<const char*>(&hn), sizeof hn);
+  out += h;
+  for (const auto* t : {&s.theta, &s.momentum, &s.m, &s.v})
+    out.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
+  const uint32_t crc = crc32c(out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(&crc), sizeof crc);
+  return out;
+}
+
+JoinState decode(const std::string& bytes, size_t n_params, size_t n_trainable) {
+  auto bad = [](const std::string& why) { fail("elastic: the state received from a peer is corrupt (" + why + ")"); };
+  if (bytes.size() < 12) bad("too short");
+  uint32_t crc;
+  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
+  if (crc32c(bytes.data(), bytes.size() - 4) != crc) bad("checksum mismatch");
+  uint64_t hn;
+  std::memcpy(&hn, bytes.data(), 8);
+  if (hn > bytes.size() - 12) bad("header size");
+  JoinState s;
+  const auto head = nlohmann::json::parse(bytes.substr(8, hn));
+  s.step = head.at("step");
+  s.data_epoch = head.at("data_epoch");
+  s.data_offset = head.at("data_offset");
+  s.optimizer_steps = head.at("optimizer_steps");
+  s.epoch = head.at("epoch").get<std::vector<int64_t>>();
+  if (head.at("floats").get<size_t>() != n_params) bad("another model size");
+  const size_t expect = 8 + hn + (2 * n_params + 2 * n_trainable) * sizeof(float) + 4;
+  if (bytes.size() != expect) bad("size");
+  const char* p = bytes.data() + 8 + hn;
+  for (auto [t, n] : {std::pair{&s.theta, n_params}, {&s.momentum, n_params}, {&s.m, n_trainable}, {&s.v, n_trainable}}) {
+    t->resize(n);
+    std::memcpy(t->data(), p, n * sizeof(float));
+    p += n * sizeof(float);
+  }
+  return s;
+}
+
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+ElasticSession::ElasticSession(const RunConfig& cfg, const ElasticOptions& options,
+                               std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace,
+                               size_t num_params)
+    : cfg_(cfg),
+      membership_(options),
+      traffic_(std::move(traffic)),
+      trace_(std::move(trace)),
+      num_params_(num_params) {}
+
+// Before the run's clock starts: waiting here for the first quorum or to be taken in is not
+// part of the training loop's wall time.
+void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
+  membership_.register_member();
+  ids_.push_back(membership_.id());
+  if (resumed) {
+    // A resumed worker is a new member: the run went on without it.
+    join(w, "resumed", install);
+    return;
+  }
+  const Roster r = membership_.start_roster();
+  const int slot = r.rank_of(membership_.id());
+  if (slot < 0) {
+    join(w, "started after the run began", install);
+    return;
+  }
+  epoch_ = r.contributors;
+  w.loader.assign(slot, int(epoch_.size()), 0, 0);
+  last_round_step_ = 0;
+}
+
+std::unique_ptr<Transport> ElasticSession::connect(const std::string& name, int rank, int size) {
+  if (size == 1) return std::move(make_inprocess_transports(1)[0]);
+  GlooTransportOptions o;
+  o.address = membership_.options().address;
+  o.timeout_s = membership_.options().timeout_s;
+  return make_gloo_transport(membership_.redis(), membership_.key("gloo:" + name + ":"), rank, size, o);
+}
+
+CommOptions ElasticSession::comm_options() const { return {membership_.options().timeout_s, 1.0}; }
+
+void ElasticSession::assign_data(Worker& w, const DataLoader::Position& at) {
+  const int slot = int(std::find(epoch_.begin(), epoch_.end(), membership_.id()) - epoch_.begin());
+  w.loader.assign(slot, int(epoch_.size()), at.epoch, at.offset);
+}
+
+bool ElasticSession::run_round(Worker& w, const Round& round, const Install& install) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double compute_before = round_compute_s_;
+  const int64_t round_tokens =
+      (round.step - last_round_step_) * int64_t(cfg_.data.batch_size) * cfg_.data.seq_len;
+  bool committed = false;
+  for (int64_t attempt = 0;; ++attempt) {
+    Roster roster;
+    if (!membership_.close_roster(round.id, attempt, epoch_, !round.take_joiners, round_tokens, roster)) {
+      rejoin(w, "dropped at round " + std::to_string(round.id), install);
+      break;
+    }
+    const int C = int(roster.contributors.size());
+    const int me = roster.rank_of(membership_.id());
+    std::vector<int64_t> next_epoch = roster.contributors;
+    next_epoch.insert(next_epoch.end(), roster.joiners.begin(), roster.joiners.end());
+    std::sort(next_epoch.begin(), next_epoch.end());
+    const DataLoader::Position next_data = w.loader.next_start();
+    std::string error;
+    {
+      // Declared before the communicators, which write into it and are shut down first.
+      std::string state;
+      std::shared_ptr<Transport> transport, join_transport;
+      std::unique_ptr<Communicator> comm, join_comm;
+      try {
+        transport = connect(roster.key(), me, C);
+        comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
+        round.reduce(*comm, me, C);
+        // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
+        if (me == 0 && !roster.joiners.empty()) {
+          JoinState s{round.step, next_data.epoch, next_data.offset, w.adamw.steps(), next_epoch, {}, {},
+                      w.adamw.m(), w.adamw.v()};
+          const auto t_outer = std::chrono::steady_clock::now();
+          round.outer_state(s.theta, s.momentum);
+          round_compute_s_ += seconds_since(t_outer);
+          state = encode(s);
+          const int J = int(roster.joiners.size());
+          join_transport = connect(roster.key() + ":join", 0, 1 + J);
+          join_comm = std::make_unique<Communicator>(join_transport, comm_options(), trace_, kDataChannel, traffic_);
+          std::vector<Communicator::Handle> sends;
+          for (int j = 1; j <= J; ++j) sends.push_back(join_comm->send_start(j, state, "join_state"));
+          for (auto& h : sends) join_comm->wait(h);
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+        if (transport) transport->abort(error);
+        if (join_transport) join_transport->abort(error);
+      }
+      if (join_comm) join_comm->shutdown();
+      if (comm) comm->shutdown();
+      if (!error.empty()) note_abort(roster, error);
+      if (!membership_.finish(roster, error.empty())) {
+        ++aborted_;
+        continue;
+      }
+    }
+    const uint32_t crc = round.commit();
+    rounds_.push_back({{"round", round.id}, {"step", round.step}, {"attempt", attempt},
+                       {"contributors", roster.contributors}, {"joiners", roster.joiners},
+                       {"params_crc32c", crc}, {"time", unix_time()}});
+    pending_rounds_.push_back(rounds_.back());
+    if (me == 0)
+      for (const int64_t j : roster.joiners)
+        membership_.log_event(
+            {{"event", "joined"}, {"member", j}, {"round", round.id}, {"step", round.step}, {"why", "joined"}});
+    last_round_step_ = round.step;
+    epoch_ = next_epoch;
+    assign_data(w, next_data);
+    committed = true;
+    break;
+  }
+  wait_s_ += seconds_since(t0) - (round_compute_s_ - compute_before);
+  return committed;
+}
+
+void ElasticSession::finish_run() { membership_.mark_finished(); }
+
+int64_t ElasticSession::continue_from(int64_t done) {
+  if (jump_to_ < 0) return done;
+  const int64_t j = jump_to_;
+  jump_to_ = -1;
+  return j;
+}
+
+void ElasticSession::annotate(nlohmann::json& rec) {
+  rec["members"] = epoch_.size();
+  if (!pending_rounds_.empty()) rec["rounds"] = std::exchange(pending_rounds_, nlohmann::json::array());
+  auto events = membership_.new_events();
+  if (!events.empty()) {
+    for (const auto& e : events) events_.push_back(e);
+    rec["membership"] = events;
+  }
+}
+
+void ElasticSession::report(nlohmann::json& out) const {
+  int64_t lost = 0;
+  for (const auto& e : events_) lost += e.value("tokens_lost", int64_t(0));
+  out["elastic"] = {{"member_ids", ids_},
+                    {"rounds", rounds_},
+                    {"aborted_attempts", aborted_},
+                    {"tokens_trained_here", steps_trained_ * int64_t(cfg_.data.batch_size) * cfg_.data.seq_len},
+                    {"tokens_lost_run", lost},
+                    {"run_finished_before_taken_in", missed_end_},
+                    {"events", events_}};
+}
+
+// A member whose part of an attempt failed says why in the membership log.
+void ElasticSession::note_abort(const Roster& roster, const std::string& error) {
+  try {
+    membership_.log_event({{"event", "attempt_failed"}, {"member", membership_.id()}, {"round", roster.round},
+                           {"attempt", roster.attempt}, {"why", error}});
+  } catch (const std::exception&) {
+    // the log is informative; the outcome vote that follows is what counts
+  }
+}
+
+void ElasticSession::rejoin(Worker& w, const std::string& why, const Install& install) {
+  membership_.register_member();
+  ids_.push_back(membership_.id());
+  join(w, why, install);
+}
+
+// Waits for a roster that takes this member in, receives the state from its first
+// contributor, and continues from that round's step.
+void ElasticSession::join(Worker& w, const std::string& why, const Install& install) {
+  for (;;) {
+    Roster roster;
+    if (!membership_.wait_for_join_roster(roster)) {
+      jump_to_ = cfg_.train.steps;  // the run finished before this worker got in
+      missed_end_ = true;
+      return;
+    }
+    const auto& js = roster.joiners;
+    const int rank = 1 + int(std::find(js.begin(), js.end(), membership_.id()) - js.begin());
+    JoinState s;
+    std::string error, bytes;  // bytes outlives the communicator that writes into it
+    {
+      std::shared_ptr<Transport> transport;
+      std::unique_ptr<Communicator> comm;
+      try {
+        transport = connect(roster.key() + ":join", rank, 1 + int(js.size()));
+        comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
+        auto h = comm->recv_start(0, &bytes, "join_state");
+        comm->wait(h);
+        s = decode(bytes, num_params_, w.adamw.m().size());
+        if (std::find(s.epoch.begin(), s.epoch.end(), membership_.id()) == s.epoch.end())
+          fail("elastic: the state received does not list this member");
+      } catch (const std::exception& e) {
+        error = e.what();
+        if (transport) transport->abort(error);
+      }
+      if (comm) comm->shutdown();
+      if (!error.empty()) note_abort(roster, error);
+      if (!membership_.finish(roster, error.empty())) {
+        ++aborted_;
+        continue;
+      }
+    }
+    w.adamw.m() = std::move(s.m);
+    w.adamw.v() = std::move(s.v);
+    w.adamw.set_steps(s.optimizer_steps);
+    install(w, s);
+    const uint32_t crc = crc32c(w.params.data(), w.params.size() * sizeof(float));
+    epoch_ = s.epoch;
+    assign_data(w, {s.data_epoch, 0, s.data_offset});
+    membership_.leave_joiners();
+    last_round_step_ = s.step;
+    jump_to_ = s.step;
+    rounds_.push_back({{"round", roster.round}, {"step", s.step}, {"attempt", roster.attempt}, {"joined", why},
+                       {"params_crc32c", crc}, {"time", unix_time()}});
+    pending_rounds_.push_back(rounds_.back());
+    return;
+  }
+}
+
+}  // namespace loco

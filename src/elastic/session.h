@@ -1,0 +1,98 @@
+#pragma once
+// What every elastic method shares (distributed.backend = "elastic"): joining the run, rounds
+// among the live members of the moment, the state a joiner receives, data under churn and the
+// accounting. A method supplies the round's reduction and what it applies when the round
+// commits; the session runs the attempts: a roster from the membership (elastic/membership.h),
+// a Gloo transport among the round's contributors (elastic/gloo_transport.h), the method's
+// reduction on a communicator over it, the commit/abort vote, and the redo among the survivors
+// when an attempt fails. The first contributor then sends each joiner the outer state, its own
+// inner AdamW state, the step and where the joiner's data starts (JoinState, CRC-32C), over a
+// transport of its own. After each committed round the next round's members (contributors and
+// joiners) take disjoint rows of the data permutation, continuing where this round's stopped
+// (DataLoader::assign), so with a fixed membership the data equal the in-process run's.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "algo/worker.h"
+#include "comm/stats.h"
+#include "elastic/membership.h"
+
+namespace loco {
+
+// What a joiner receives from a live member.
+struct JoinState {
+  int64_t step = 0, data_epoch = 0, data_offset = 0, optimizer_steps = 0;
+  std::vector<int64_t> epoch;  // the members from the next round on
+  std::vector<float> theta, momentum, m, v;  // outer parameters and momentum; AdamW moments
+};
+
+class ElasticSession {
+ public:
+  ElasticSession(const RunConfig& cfg, const ElasticOptions& options, std::shared_ptr<TrafficStats> traffic,
+                 std::shared_ptr<TraceRecorder> trace, size_t num_params);
+
+  // A joiner's state into the method (outer state) and the worker (parameters = outer
+  // parameters, AdamW state); the session then sets the data and the step to continue from.
+  using Install = std::function<void(Worker&, JoinState&)>;
+
+  // Registers; a worker that starts with the run gets its data slot, one that comes later (or
+  // is resumed) joins and installs the state it receives.
+  void start(Worker& w, bool resumed, const Install& install);
+
+  struct Round {
+    int64_t id = 0;             // unique and increasing over the run
+    int64_t step = 0;           // inner steps done
+    bool take_joiners = true;   // false for the rounds of the last step
+    // The reduction among the contributors: `comm` over them, this worker is `rank` of `size`.
+    // It computes into the method's temporaries (a failed attempt is redone from scratch).
+    std::function<void(Communicator& comm, int rank, int size)> reduce;
+    // The outer state a joiner starts from once this round's result is in (first contributor).
+    std::function<void(std::vector<float>& theta, std::vector<float>& momentum)> outer_state;
+    // Applies the round's result, once, after the attempt committed; returns the CRC-32C of the
+    // outer parameters a joiner would now start from (logged with the round).
+    std::function<uint32_t()> commit;
+  };
+  // Runs the round until an attempt commits (true). If this worker was dropped it rejoins
+  // instead (as a new member, installing the state it receives; false), and the round's result
+  // is not applied.
+  bool run_round(Worker& w, const Round& round, const Install& install);
+  // After the last step's rounds: joiners still waiting give up.
+  void finish_run();
+
+  // For the method's Algorithm hooks.
+  void count_step() { ++steps_trained_; }
+  double wait_seconds() const { return wait_s_; }
+  int64_t continue_from(int64_t done);
+  void annotate(nlohmann::json& rec);
+  void report(nlohmann::json& out) const;
+  // Time the method spends computing inside a round (outer steps), not counted as waiting.
+  void add_compute(double seconds) { round_compute_s_ += seconds; }
+
+ private:
+  std::unique_ptr<Transport> connect(const std::string& name, int rank, int size);
+  CommOptions comm_options() const;
+  void note_abort(const Roster& roster, const std::string& error);
+  void rejoin(Worker& w, const std::string& why, const Install& install);
+  void join(Worker& w, const std::string& why, const Install& install);
+  void assign_data(Worker& w, const DataLoader::Position& at);
+
+  const RunConfig& cfg_;
+  Membership membership_;
+  std::shared_ptr<TrafficStats> traffic_;
+  std::shared_ptr<TraceRecorder> trace_;
+  size_t num_params_;
+  std::vector<int64_t> epoch_;  // this round's members (ids ascending); data slot = index
+  std::vector<int64_t> ids_;    // every id this worker has held
+  int64_t last_round_step_ = 0, jump_to_ = -1, steps_trained_ = 0, aborted_ = 0;
+  bool missed_end_ = false;
+  double wait_s_ = 0, round_compute_s_ = 0;
+  nlohmann::json rounds_ = nlohmann::json::array(), pending_rounds_ = nlohmann::json::array();
+  std::vector<nlohmann::json> events_;
+};
+
+}  // namespace loco
