@@ -127,6 +127,8 @@ void check_memory(const RunSetup& s, int local_workers) {
 
 std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w, std::shared_ptr<TrafficStats> traffic,
                                               std::shared_ptr<TraceRecorder> trace) {
+  if (s.backend == "elastic" && s.cfg.algorithm == "noloco")
+    return make_elastic_noloco(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
   if (s.backend == "elastic" && s.cfg.algorithm == "streaming")
     return make_elastic_streaming(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
   if (s.backend == "elastic") return make_elastic_diloco(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));

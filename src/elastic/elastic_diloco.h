@@ -18,6 +18,10 @@
 
 namespace loco {
 
+// NoLoCo over the elastic backend (elastic_noloco.cpp).
+std::unique_ptr<Algorithm> make_elastic_noloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+                                               std::shared_ptr<TrafficStats> traffic,
+                                               std::shared_ptr<TraceRecorder> trace);
 // Streaming DiLoCo over the elastic backend (elastic_streaming.cpp).
 std::unique_ptr<Algorithm> make_elastic_streaming(const RunConfig& cfg, const Worker& w,
                                                   const ElasticOptions& options,

@@ -216,9 +216,9 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                         &c.elastic.coordinator_timeout})
     need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
   if (c.distributed.backend == "elastic") {
-    need(c.algorithm == "diloco" || c.algorithm == "streaming",
-         "distributed.backend = \"elastic\" runs algorithm = \"diloco\" or \"streaming\" (noloco is not elastic "
-         "yet; ddp needs every worker at every step)");
+    need(c.algorithm == "diloco" || c.algorithm == "streaming" || c.algorithm == "noloco",
+         "distributed.backend = \"elastic\" runs algorithm = \"diloco\", \"streaming\" or \"noloco\" (ddp needs "
+         "every worker at every step)");
     need(c.streaming.worker_tau.empty(), "distributed.backend = \"elastic\" takes one streaming.tau for all members "
                                          "(streaming.worker_tau = \"\")");
     need(c.algorithm != "streaming" || c.streaming.eval == "outer",

@@ -6,6 +6,9 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
   - kill -9 one of 4 workers at a seeded random step (two seeds): the other 3 finish, every round after the kill averages
     exactly the survivors (all three agree on each round's contributors and parameters), the
     kill is detected within the timeout, the final loss is close to a 3-replica run's;
+  - NoLoCo: 4 workers == the in-process run (replica 0's model bitwise); kill -9 one of 4 then a
+    new worker joins: the rounds in between have exactly the survivors, the joiner starts from its
+    round's first contributor's slow weights (checksum) and is in every later round;
   - a worker that joins mid-run starts from the outer parameters of its round (checksum) and
     takes part in every later round;
   - Streaming DiLoCo: kill -9 one of 4 workers, then a new worker joins: every fragment's round
@@ -264,6 +267,66 @@ try:
           f"survivors, then a joiner from the outer parameters (crc {first['params_crc32c']}) in all {len(later)} "
           f"later rounds; val loss {loss:.4f} (3 replicas throughout: {ref_stream:.4f})")
 
+    # 2c. NoLoCo: a fixed membership of 4 (two groups of 2) == in-process; kill -9 then a joiner.
+    nl = ["--set", "algorithm=noloco", "--set", "noloco.inner_steps=4"]
+    subprocess.run(BASE + common + nl + ["--set", "distributed.replicas=4", "--set", "train.out_dir=inproc-noloco",
+                                         "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+    names = ["w0", "w1", "w2", "w3"]
+    ps = [start("noloco", n, "noloco", common + nl + ["--set", "elastic.min_workers=4"]) for n in names]
+    wait_all(ps, names, "noloco")
+    if model_bytes("noloco/w0/checkpoints/step_00000012/model.safetensors") != \
+            model_bytes("inproc-noloco/checkpoints/step_00000012/model.safetensors"):
+        fail("noloco/w0: the elastic model differs from the in-process replica 0's")
+
+    def noloco_rounds(out, names):
+        """round -> contributors (all workers agree) and round -> {member: crc of its slow weights}."""
+        contributors, crcs = {}, {}
+        for n in names:
+            e = elastic(out, n)[1]
+            for r in e["rounds"]:
+                if "contributors" not in r:
+                    continue
+                c = tuple(r["contributors"])
+                if contributors.setdefault(r["round"], c) != c:
+                    fail(f"{out}: workers disagree on round {r['round']}")
+                crcs.setdefault(r["round"], {})[e["member_ids"][-1]] = r["params_crc32c"]
+        return contributors, crcs
+    rounds, _ = noloco_rounds("noloco", names)
+    if sorted(rounds) != [1, 2, 3] or any(len(c) != 4 for c in rounds.values()):
+        fail(f"noloco: expected rounds 1-3 with 4 contributors, got {rounds}")
+    out = "nkill"
+    nargs = long + nl + ["--set", "noloco.inner_steps=5"]
+    ps = [start(out, n, out, nargs + ["--set", "elastic.min_workers=4"]) for n in names]
+    wait_step(f"{out}/w1/metrics.jsonl", random.Random(4).randrange(20, 100))
+    ps[1].send_signal(signal.SIGKILL)
+    ps[1].wait()
+    while "left" not in open(f"{out}/w0/metrics.jsonl").read():
+        time.sleep(0.02)
+    ps.append(start(out, "late", out, nargs))
+    ps.pop(1)
+    survivors = ["w0", "w2", "w3"]
+    wait_all(ps, survivors + ["late"], out)
+    rounds, crcs = noloco_rounds(out, survivors + ["late"])
+    left = [e for e in elastic(out, "w0")[1]["events"] if e["event"] == "left"]
+    late = elastic(out, "late")[1]
+    first = late["rounds"][0]
+    alive = tuple(sorted(elastic(out, n)[1]["member_ids"][0] for n in survivors))
+    giver = min(rounds.get(first["round"], (0,)))
+    if len(left) != 1 or "joined" not in first or crcs.get(first["round"], {}).get(giver) != first["params_crc32c"]:
+        fail(f"{out}: one member should leave ({left}) and the joiner start from the first contributor's weights")
+    between = [r for r in rounds if left[0]["round"] <= r <= first["round"]]
+    later = [r for r in rounds if r > first["round"]]
+    if not between or any(rounds[r] != alive for r in between):
+        fail(f"{out}: the rounds from the kill to the join must have exactly the survivors {alive}: {rounds}")
+    if not later or any(rounds[r] != tuple(sorted(alive + (late["member_ids"][0],))) for r in later):
+        fail(f"{out}: the joiner must be in every later round: {rounds}")
+    losses = [val_loss(f"{out}/{n}/summary.json") for n in survivors + ["late"]]
+    if not all(math.isfinite(x) for x in losses):
+        fail(f"{out}: final val losses {losses}")
+    print(f"noloco: 4 workers == in-process (replica 0's model bitwise); kill -9 of w1: {len(between)} rounds of "
+          f"exactly the 3 survivors, then a joiner from its round's first contributor's weights, in all "
+          f"{len(later)} later rounds; final val losses {', '.join(f'{x:.4f}' for x in losses)}")
+
     # 3. A worker joins mid-run.
     names = ["w0", "w1"]
     join_args = long + ["--set", "train.steps=1000"]
@@ -351,7 +414,7 @@ try:
     refuse(["--join", f"redis://127.0.0.1:{port}/", "--worker", "a"], ENV, "no run name")
     refuse(["--join", f"redis://127.0.0.1:{port}/r"], ENV, "--join needs --worker")
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=ddp"], ENV,
-           'runs algorithm = "diloco" or "streaming"')
+           'runs algorithm = "diloco", "streaming" or "noloco"')
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=streaming",
             "--set", "streaming.worker_tau=1,2"], ENV, "one streaming.tau for all members")
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad1"],

@@ -1,0 +1,157 @@
+// NoLoCo over the elastic backend: every outer step k is a round among the live members of
+// that moment (elastic/session.h). The groups are drawn among the round's contributors as
+// NoLoCo draws them among replicas (noloco_groups with the round's count and the shared seed),
+// and each member exchanges with its group only: its slow weights phi ("outer_weights") and its
+// local progress ("outer_progress"), then takes the heavy-ball outer step of algo/noloco.h. With
+// a fixed membership every member's numbers equal the in-process run's replica of the same
+// rank. Unlike NoLoCo over MPI, the weights are sent in the round rather than overlapped with
+// the inner steps, and the round's roster is a barrier among the live members (through the
+// coordinator). A joiner receives the first contributor's slow weights and momentum and starts
+// with its parameters equal to them.
+#include <algorithm>
+#include <cstring>
+
+#include "algo/noloco.h"
+#include "core/error.h"
+#include "elastic/elastic_diloco.h"
+#include "elastic/session.h"
+#include "io/tensorboard.h"
+
+namespace loco {
+
+namespace {
+
+std::string to_bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+class ElasticNoloco : public Algorithm {
+ public:
+  ElasticNoloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+                std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
+      : cfg_(cfg.noloco),
+        n_(int64_t(w.params.size())),
+        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()),
+        phi_(w.params.size()),
+        delta_(w.params.size(), 0.0f) {}
+
+  void start(Worker& w, bool resumed) override {
+    phi_ = w.params;
+    session_.start(w, resumed, install());
+  }
+
+  void after_step(Worker& w, int64_t done, bool last) override {
+    session_.count_step();
+    const int64_t H = cfg_.inner_steps;
+    if (done % H != 0 && !last) return;
+    const int64_t k = (done + H - 1) / H;
+    std::vector<float> phi, delta;
+    std::vector<float> theta(static_cast<size_t>(n_));
+    ElasticSession::Round r;
+    r.id = k;
+    r.step = done;
+    r.take_joiners = !last;
+    r.reduce = [&](Communicator& comm, int rank, int size) {
+      const auto group = noloco_group_of(size, cfg_.group_size, uint64_t(cfg_.seed), k, rank);
+      std::vector<float> progress(static_cast<size_t>(n_));
+      for (int64_t i = 0; i < n_; ++i) progress[size_t(i)] = w.params[size_t(i)] - phi_[size_t(i)];
+      // Sends first, so that no member waits on another's receive.
+      std::vector<std::string> weights(group.size()), progresses(group.size());
+      std::vector<Communicator::Handle> handles;
+      for (int m : group)
+        if (m != rank) {
+          handles.push_back(comm.send_start(m, to_bytes(phi_), "outer_weights"));
+          handles.push_back(comm.send_start(m, to_bytes(progress), "outer_progress"));
+        }
+      for (size_t j = 0; j < group.size(); ++j)
+        if (group[j] != rank) {
+          handles.push_back(comm.recv_start(group[j], &weights[j], "outer_weights"));
+          handles.push_back(comm.recv_start(group[j], &progresses[j], "outer_progress"));
+        }
+      for (auto& h : handles) comm.wait(h);
+      std::vector<std::vector<float>> theirs_phi(group.size()), theirs_d(group.size());
+      std::vector<const float*> phis(group.size()), ds(group.size());
+      int self = 0;
+      for (size_t j = 0; j < group.size(); ++j) {
+        if (group[j] == rank) {
+          self = int(j);
+          phis[j] = phi_.data();
+          ds[j] = progress.data();
+          continue;
+        }
+        theirs_phi[j] = floats(weights[j], group[j]);
+        theirs_d[j] = floats(progresses[j], group[j]);
+        phis[j] = theirs_phi[j].data();
+        ds[j] = theirs_d[j].data();
+      }
+      phi = phi_;
+      delta = delta_;
+      noloco_outer_step(phis, ds, self, phi.data(), delta.data(), theta.data(), n_,
+                        {cfg_.outer_lr, cfg_.momentum, cfg_.pull < 0 ? cfg_.outer_lr : cfg_.pull});
+    };
+    r.outer_state = [&](std::vector<float>& t, std::vector<float>& m) {
+      t = phi;
+      m = delta;
+    };
+    r.commit = [&] {
+      phi_ = std::move(phi);
+      delta_ = std::move(delta);
+      w.params = theta;
+      ++outer_steps_;
+      return crc32c(phi_.data(), phi_.size() * sizeof(float));
+    };
+    session_.run_round(w, r, install());
+    if (last) session_.finish_run();
+  }
+
+  // Each member evaluates its own slow weights (on all validation windows).
+  const std::vector<float>& eval_params(Worker&) override { return phi_; }
+  double wait_seconds() const override { return session_.wait_seconds(); }
+  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
+  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
+
+  void report(nlohmann::json& out) const override {
+    out["outer_state_bytes"] = int64_t(phi_.size() + delta_.size()) * 4;
+    out["noloco_outer_steps"] = outer_steps_;
+    session_.report(out);
+  }
+
+  void save_state(TrainingState& st) override {
+    st.tensors["noloco.phi"] = phi_;
+    st.tensors["noloco.delta"] = delta_;
+  }
+
+ private:
+  ElasticSession::Install install() {
+    return [this](Worker& w, JoinState& s) {
+      phi_ = std::move(s.theta);
+      delta_ = std::move(s.momentum);
+      w.params = phi_;
+    };
+  }
+
+  std::vector<float> floats(const std::string& bytes, int member) const {
+    if (bytes.size() != size_t(n_) * sizeof(float))
+      fail("noloco: member " + std::to_string(member) + " of the round sent " + std::to_string(bytes.size()) +
+           " bytes, expected " + std::to_string(n_ * 4));
+    std::vector<float> v(static_cast<size_t>(n_));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }
+
+  NolocoConfig cfg_;
+  int64_t n_;
+  ElasticSession session_;
+  std::vector<float> phi_, delta_;
+  int64_t outer_steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_elastic_noloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+                                               std::shared_ptr<TrafficStats> traffic,
+                                               std::shared_ptr<TraceRecorder> trace) {
+  return std::make_unique<ElasticNoloco>(cfg, w, options, std::move(traffic), std::move(trace));
+}
+
+}  // namespace loco
