@@ -87,7 +87,8 @@ WorkerRun::Counters worker_counters(const WorkerRun& run, double now) {
   WorkerRun::Counters c;
   c.time = now;
   c.compute = run.w.compute_seconds;
-  c.wait = run.dp.wait_seconds() + run.world.wait_seconds();
+  // The algorithm's own waits: elastic rounds (on transports of their own).
+  c.wait = run.dp.wait_seconds() + run.world.wait_seconds() + (run.algo ? run.algo->wait_seconds() : 0.0);
   // Idle waiting for a neighbouring stage: inputs not yet there, and the per-step exchanges
   // along the pipeline (they wait for the slowest stage).
   c.bubble = run.pipe.bubble_seconds() + run.chain_wait_seconds;

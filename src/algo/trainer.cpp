@@ -469,6 +469,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->comm.peak_window_s = parse_duration(cfg.network.peak_window, "network.peak_window");
   s->link = {parse_bandwidth(cfg.network.bandwidth, "network.bandwidth"),
              parse_duration(cfg.network.latency, "network.latency"), cfg.network.tcp};
+  s->elastic.link = s->link;
   s->train_tokens = load_tokens(cfg.data.train, cfg.model, "data.train");
   if (!cfg.data.val.empty()) s->val_tokens = load_tokens(cfg.data.val, cfg.model, "data.val");
   s->val_windows =

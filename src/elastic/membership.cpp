@@ -10,8 +10,8 @@ namespace loco {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using SteadyClock = std::chrono::steady_clock;
+double seconds_since(SteadyClock::time_point t) { return std::chrono::duration<double>(SteadyClock::now() - t).count(); }
 void pause_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 std::vector<int64_t> sorted(std::vector<int64_t> v) {
@@ -71,7 +71,7 @@ Membership::~Membership() {
   }
 }
 
-double Membership::now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+double Membership::now_s() { return std::chrono::duration<double>(SteadyClock::now().time_since_epoch()).count(); }
 
 bool Membership::in_outage_grace() const {
   const double end = std::max({outage_end_s_.load(), redis_ ? redis_->trouble_end_s() : -1e300,
@@ -95,7 +95,7 @@ void Membership::check_state() {
 }
 
 void Membership::retry(const std::function<void()>& fn) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   bool outage = false;
   for (;;) {
     try {
@@ -174,7 +174,7 @@ std::vector<int64_t> Membership::ids(const std::vector<std::string>& members) {
 
 std::string Membership::await_roster(const std::string& rk, double bound_s, const std::string& bound_message,
                                      const std::function<void()>& try_close) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   retry([&] { redis_->sadd(rk + "arrived", std::to_string(id_)); });
   for (;;) {
     bool have = false;
@@ -217,7 +217,7 @@ Roster Membership::start_roster() {
 bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<int64_t>& epoch, bool last_round,
                               int64_t round_tokens, Roster& out) {
   const std::string rk = key("round:" + std::to_string(round) + ":" + std::to_string(attempt) + ":");
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   // Bounded without a bound of its own: a member that does not come is dropped once its
   // heartbeat expires or elastic.straggler_timeout passes, and then the roster closes.
   const std::string text = await_roster(rk, 1e300, "", [&] {
@@ -255,7 +255,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
 }
 
 bool Membership::wait_for_join_roster(Roster& out) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   retry([&] { redis_->sadd(key("joiners"), std::to_string(id_)); });
   for (;;) {
     bool found = false, done = false;
@@ -292,7 +292,7 @@ void Membership::leave_joiners() {
 
 bool Membership::finish(const Roster& roster, bool ok) {
   const std::string rk = key("round:" + roster.key() + ":");
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   if (!ok) {  // no commit is possible without this member's vote
     retry([&] { redis_->set_nx(rk + "outcome", "abort"); });
     return false;

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/link.h"
 #include "elastic/redis.h"
 
 namespace loco {
@@ -37,6 +38,7 @@ struct ElasticOptions {
   double start_timeout_s = 300;       // waiting for the first quorum, or for a joiner's state
   double coordinator_timeout_s = 60;  // retrying while Redis is unreachable
   double straggler_timeout_s = 60;    // waiting for a live member to arrive at a round
+  LinkConfig link;                    // the link model (network.*) over the data plane
 };
 
 struct Roster {

@@ -105,7 +105,11 @@ std::unique_ptr<Transport> ElasticSession::connect(const std::string& name, int 
   GlooTransportOptions o;
   o.address = membership_.options().address;
   o.timeout_s = membership_.options().timeout_s;
-  return make_gloo_transport(membership_.redis(), membership_.key("gloo:" + name + ":"), rank, size, o);
+  auto t = make_gloo_transport(membership_.redis(), membership_.key("gloo:" + name + ":"), rank, size, o);
+  // Each worker's link is modelled per transport: a round's context starts with its link idle
+  // (the previous round's transfers have ended) and, with network.tcp, new connections.
+  const auto& link = membership_.options().link;
+  return link.enabled() ? wrap_with_link(std::move(t), link, real_clock()) : std::move(t);
 }
 
 CommOptions ElasticSession::comm_options() const { return {membership_.options().timeout_s, 1.0}; }
