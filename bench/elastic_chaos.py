@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Chaos run of elastic DiLoCo on the Brown corpus (docs/results/elastic.md).
+"""Chaos run of elastic DiLoCo or Streaming DiLoCo on the Brown corpus (docs/results/elastic.md).
 
 Starts a password-protected Redis on a free loopback port, then
   1. an undisturbed run: 4 elastic workers from start to end;
@@ -9,13 +9,20 @@ Measures, from the workers' summaries and metrics: detection time after each kil
 `left` event), recovery time (kill to the first committed round without the victim), join time
 (process start to its first round), tokens lost, and the final validation loss of both runs.
 Writes OUT/chaos.json, OUT/timeline.png (members and loss against step) and prints Markdown.
-Usage: bench/elastic_chaos.py OUT_DIR [SEED] [STEPS]"""
+METHOD is diloco (H 20, outer lr 0.7) or streaming (H 20, 3 strided fragments, fp4 outer gradients,
+tau 1, alpha 0.5, outer lr 0.4); LINK is the link model over the data plane, e.g. 100Mbit/30ms,
+or none.
+Usage: bench/elastic_chaos.py OUT_DIR [SEED] [STEPS] [METHOD] [LINK]"""
 import json, os, random, shutil, signal, socket, statistics, subprocess, sys, time
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 out = os.path.abspath(sys.argv[1])
 seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 400
+method = sys.argv[4] if len(sys.argv) > 4 else "diloco"
+link = sys.argv[5] if len(sys.argv) > 5 else "none"
+if method not in ("diloco", "streaming"):
+    sys.exit(f"elastic_chaos: METHOD must be diloco or streaming, not {method!r}")
 loco = os.path.join(root, "build/loco")
 subprocess.run(["bash", f"{root}/scripts/brown-data.sh"], check=True, stdout=subprocess.DEVNULL)
 shutil.rmtree(out, ignore_errors=True)
@@ -35,10 +42,17 @@ env = dict(os.environ, LOCO_REDIS_PASSWORD=password)
 H = 20
 args = [loco, "train", "--config", f"{root}/configs/small.toml", "--quiet",
         "--set", f"data.train={root}/data/brown/tok4k/train.tok", "--set", f"data.val={root}/data/brown/tok4k/val.tok",
-        "--set", "algorithm=diloco", "--set", f"outer.inner_steps={H}", "--set", f"train.steps={steps}",
+        "--set", f"outer.inner_steps={H}", "--set", f"train.steps={steps}",
         "--set", "data.batch_size=4", "--set", "train.log_interval=20", "--set", "train.eval_interval=100",
         "--set", "train.checkpoint_interval=0", "--set", "train.threads=1", "--set", "elastic.address=127.0.0.1",
         "--set", "elastic.timeout=3s", "--set", "elastic.min_workers=4"]
+args += {"diloco": ["--set", "algorithm=diloco"],
+         "streaming": ["--set", "algorithm=streaming", "--set", "streaming.fragment_blocks=3", "--set",
+                       "streaming.pattern=strided", "--set", "streaming.tau=1", "--set", "streaming.alpha=0.5",
+                       "--set", "outer.codec=fp4-e3m0", "--set", "outer.lr=0.4"]}[method]
+if link != "none":
+    bandwidth, latency = link.split("/")
+    args += ["--set", f"network.bandwidth={bandwidth}", "--set", f"network.latency={latency}"]
 procs = {}
 
 
@@ -154,7 +168,7 @@ set multiplot layout 2,1
 set xrange [0:{steps}]
 set ylabel 'members'
 set yrange [0:6]
-set title 'elastic DiLoCo, Brown: members per round (red dashed: kill, green dotted: join)'
+set title 'elastic {"Streaming DiLoCo" if method == "streaming" else "DiLoCo"}, Brown, link {link}: members (red dashed: kill, green dotted: join)'
 {kill_lines}{join_lines}plot 'timeline.dat' using 1:2 with steps lw 2 title 'chaos run'
 unset arrow
 set title ''
@@ -165,11 +179,13 @@ plot 'timeline.dat' using 1:3 with lines title 'chaos train', 'undisturbed.dat' 
      'timeline.dat' using 1:4 with linespoints pt 7 title 'chaos val', 'undisturbed.dat' using 1:3 with linespoints pt 5 title 'undisturbed val'
 unset multiplot
 """, text=True, check=True)
-result = {"seed": seed, "steps": steps, "H": H, "kills": kills, "joins": joins,
+result = {"method": method, "link": link, "seed": seed, "steps": steps, "H": H, "kills": kills, "joins": joins,
           "join_s": [j["joined_s"] for j in joins if j["joined_s"] is not None],
           "tokens_lost": el["tokens_lost_run"], "aborted_attempts": el["aborted_attempts"],
           "final_val_loss": {"chaos": ref["final_val_loss"], "undisturbed": summary("undisturbed", "w0")["final_val_loss"]},
-          "wall_s": {"chaos": chaos_wall, "undisturbed": undisturbed_wall}}
+          "wall_s": {"chaos": chaos_wall, "undisturbed": undisturbed_wall},
+          "mean_cu": {run: statistics.mean(summary(run, n)["workers"][0]["compute_utilization"] for n in names)
+                      for run, names in (("chaos", live), ("undisturbed", [f"w{k}" for k in range(4)]))}}
 json.dump(result, open("chaos.json", "w"), indent=2)
 print(f"| event | step | worker | detected after s | recovered after s | taken in after s (round) |")
 print("|---|---|---|---|---|---|")
@@ -183,4 +199,6 @@ print(f"\ndetection: median {statistics.median(detect):.2f} s, max {max(detect):
       f"recovery: median {statistics.median(recover):.2f} s, max {max(recover):.2f} s; "
       f"join: median {statistics.median(result['join_s']):.2f} s, max {max(result['join_s']):.2f} s; "
       f"tokens lost {result['tokens_lost']}; final val loss chaos {result['final_val_loss']['chaos']:.4f}, "
-      f"undisturbed {result['final_val_loss']['undisturbed']:.4f}; wall {chaos_wall:.0f} s vs {undisturbed_wall:.0f} s")
+      f"undisturbed {result['final_val_loss']['undisturbed']:.4f}; wall {chaos_wall:.0f} s vs {undisturbed_wall:.0f} s; "
+      f"mean CU of the finishing workers {100 * result['mean_cu']['chaos']:.1f}% vs "
+      f"{100 * result['mean_cu']['undisturbed']:.1f}%")

@@ -201,6 +201,33 @@ std::string spread_chart(const std::vector<Run>& runs) {
          "<p class=\"note\">The spread of the replicas' slow weights at each evaluation (docs/noloco.md).</p>\n";
 }
 
+// Elastic runs: members at each logged step, and who joined or left (from the metrics).
+std::string membership_section(const std::vector<Run>& runs) {
+  Chart c{"membership", "Members of the elastic run", "step", "members", false, {}};
+  std::string rows;
+  for (const auto& r : runs) {
+    ChartSeries s{r.name + " members", r.name, "members-curve", r.color, true, false, {}};
+    for (const auto& m : r.metrics) {
+      if (m.contains("members")) s.points.push_back({num_or(m, "step", NAN), num_or(m, "members", NAN)});
+      if (!m.contains("membership") || !m["membership"].is_array()) continue;
+      for (const auto& e : m["membership"]) {
+        const double lost = num_or(e, "tokens_lost", NAN);
+        rows += "<tr data-run=\"" + escape_html(r.name) + "\">" + cell(r.name) + num_cell(fixed(num_or(m, "step", NAN), 0)) +
+                cell(str_or(e, "event", "?")) + cell(str_or(e, "name", "member " + fixed(num_or(e, "member", NAN), 0))) +
+                num_cell(fixed(num_or(e, "round", NAN), 0)) + num_cell(std::isfinite(lost) ? fixed(lost, 0) : "") +
+                cell(str_or(e, "why", "")) + "</tr>\n";
+      }
+    }
+    if (!s.points.empty()) c.series.push_back(std::move(s));
+  }
+  if (c.series.empty()) return "";
+  return "<h2>Membership (elastic)</h2>\n" + render_chart(c) +
+         "<table id=\"membership-events\"><tr><th>run</th><th>logged at step</th><th>event</th><th>worker</th>"
+         "<th>round</th><th>tokens lost</th><th>why</th></tr>\n" +
+         rows + "</table>\n<p class=\"note\">Members of the round in effect at each logged step, and the membership "
+                "log as this worker saw it (docs/elastic.md).</p>\n";
+}
+
 std::string worker_section(const Run& r) {
   const json& workers = r.summary["workers"];
   std::string o = "<h3 data-run=\"" + escape_html(r.name) + "\">" + swatch(r.color) + escape_html(r.name) + "</h3>\n";
@@ -370,7 +397,8 @@ std::string build_html_report(const std::vector<std::string>& run_dirs) {
   for (const auto& r : runs)
     o += "<span class=\"run\" data-toggle=\"" + escape_html(r.name) + "\" title=\"" + escape_html(r.dir) +
          " (click to hide or show)\">" + swatch(r.color) + escape_html(r.name) + "</span>";
-  o += "</p>\n<h2>Runs</h2>\n" + runs_table(runs) + "<h2>Loss</h2>\n" + loss_charts(runs) + spread_chart(runs);
+  o += "</p>\n<h2>Runs</h2>\n" + runs_table(runs) + "<h2>Loss</h2>\n" + loss_charts(runs) + spread_chart(runs) +
+       membership_section(runs);
   o += "<h2>Workers: compute utilization, bytes and traffic by operation</h2>\n<p class=\"note\">CU: compute time / "
        "(interval - evaluation - checkpoint time) over each logging interval; bytes: payload sent (docs/metrics.md)."
        "</p>\n";

@@ -94,7 +94,39 @@ assert {"runs", "config-diff"} <= w.tables, w.tables
 for key in ("algorithm", "pipeline.stages", "distributed.replicas", "train.out_dir"):
     assert f"<td>{key}</td>" in html, key
 assert "<td>outer_gradients</td>" in html and "<td>activations</td>" in html
+assert 'id="membership"' not in html, "a membership chart for runs that are not elastic"
 print(f"report: {len(runs)} runs, one train and one val curve per run in both loss charts")
+PY
+
+# An elastic worker's metrics (members per record, membership events): the report draws the
+# members against step and lists the events.
+mkdir -p elastic && cp full/summary.json full/config.toml elastic/
+$py - full/metrics.jsonl elastic/metrics.jsonl <<'PY'
+import json, sys
+out = open(sys.argv[2], "w")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    r["members"] = 3 if 15 <= r["step"] < 30 else 4
+    if r["step"] == 15:
+        r["membership"] = [{"event": "left", "member": 2, "name": "w2", "round": 3, "tokens_lost": 640,
+                            "why": "heartbeat expired"}]
+    if r["step"] == 30:
+        r["membership"] = [{"event": "joined", "member": 5, "name": "w5", "round": 6, "why": "joined"}]
+    out.write(json.dumps(r) + "\n")
+PY
+"$loco" report elastic full --out elastic.html > /dev/null
+$py - elastic.html <<'PY'
+import re, sys
+html = open(sys.argv[1], encoding="utf-8").read()
+chart = html[html.index('id="membership"'):]
+chart = chart[:chart.index("</svg>")]
+assert 'data-run="elastic"' in chart and 'data-run="full"' not in chart, "members curve"
+events = html[html.index('id="membership-events"'):]
+rows = re.findall(r'<tr data-run="elastic">(.*?)</tr>', events[:events.index("</table>")])
+cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in rows]
+assert cells == [["elastic", "15", "left", "w2", "3", "640", "heartbeat expired"],
+                 ["elastic", "30", "joined", "w5", "6", "", "joined"]], cells
+print("report: the elastic run's members chart and its two membership events")
 PY
 
 # Bad inputs: one line, exit 1.
