@@ -40,6 +40,9 @@ class Algorithm {
   // Seconds this worker spent blocked on peers or a coordinator outside the run's communicators
   // (elastic rounds), counted as communication wait, not compute.
   virtual double wait_seconds() const { return 0; }
+  // False: this worker writes no checkpoint at the checkpoint interval or the end (elastic: only
+  // the first member of the current round's members writes the model).
+  virtual bool writes_checkpoints() const { return true; }
   // Extra fields for the metrics record being written (elastic: membership and rounds).
   virtual void annotate(nlohmann::json& rec) {}
   // Algorithm-specific accounting for the run summary.

@@ -26,6 +26,7 @@ struct RunSetup {
   RunConfig cfg;
   TrainOptions opt;
   bool resuming = false;
+  bool restoring = false;  // resuming from a checkpoint (an elastic worker may resume without one)
   std::string run_dir, config_path;
   std::shared_ptr<const std::vector<int32_t>> train_tokens, val_tokens;
   int64_t val_windows = 0;

@@ -243,7 +243,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     const Clock& clock = run.world.clock();
     int64_t start_step = 0;
     double elapsed_before = 0;
-    if (s.resuming)
+    if (s.restoring)
       std::tie(start_step, elapsed_before) = restore_worker(run);
     else {
       w.model.init_params(w.params.data(), uint64_t(cfg.train.seed));  // same seed: identical replicas
@@ -333,8 +333,8 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
         loss_count = 0;
       }
       const bool pause = done == s.opt.until;
-      if (last || pause || (cfg.train.checkpoint_interval > 0 && done % cfg.train.checkpoint_interval == 0))
-        save_checkpoint(run, done, elapsed());
+      const bool due = last || (cfg.train.checkpoint_interval > 0 && done % cfg.train.checkpoint_interval == 0);
+      if (pause || (due && run.algo->writes_checkpoints())) save_checkpoint(run, done, elapsed());
       if (pause) {
         progress.note("stopped after step " + std::to_string(done) + " (--until); continue with --resume " +
                       s.run_dir);
@@ -364,7 +364,8 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     for (const auto& a : all) sum.workers.push_back(nlohmann::json::parse(a));
     if (run.reporter && s.resuming) keep_earlier_series(s.run_dir + "/summary.json", start_step, sum.workers);
     sum.checkpoint = run.checkpoint;
-    if (sum.checkpoint.empty() && run.reporter) sum.checkpoint = latest_checkpoint(s.run_dir);
+    if (sum.checkpoint.empty() && run.reporter && file_exists(s.run_dir + "/checkpoints/latest"))
+      sum.checkpoint = latest_checkpoint(s.run_dir);
     sum.steps = s.opt.until > 0 ? std::min(s.opt.until, cfg.train.steps) : cfg.train.steps;
     sum.tokens = sum.steps * tokens_per_step;
     sum.final_train_loss = last_loss;
@@ -408,8 +409,12 @@ TrainSummary run_training(const TrainOptions& opt) {
   if (opt.until == 0 || opt.until < -1) fail("--until must be >= 1");
   s->config_path = s->resuming ? opt.resume_dir + "/config.toml" : opt.config_path;
   if (s->resuming && !file_exists(s->config_path)) fail(opt.resume_dir + ": not a run directory (no config.toml)");
-  if (s->resuming) latest_checkpoint(opt.resume_dir);  // fails at once if there is nothing to resume
   s->cfg = load_run_config(s->config_path, opt.overrides);
+  // An elastic worker resumed without a checkpoint of its own (another member wrote the model)
+  // rejoins from a peer's state like a new one; any other resume needs a checkpoint.
+  const bool elastic_resume = s->resuming && s->cfg.distributed.backend == "elastic";
+  s->restoring = s->resuming && (!elastic_resume || file_exists(opt.resume_dir + "/checkpoints/latest"));
+  if (s->restoring) latest_checkpoint(opt.resume_dir);  // fails at once if there is nothing to resume
   const auto& cfg = s->cfg;
   s->run_dir = s->resuming ? opt.resume_dir : cfg.train.out_dir;
 

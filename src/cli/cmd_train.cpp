@@ -87,7 +87,8 @@ void add_train(CLI::App& app) {
     std::printf("  final train loss      %.4f nats\n", s.final_train_loss);
     if (s.final_val_loss >= 0) std::printf("  final val loss        %.4f nats\n", s.final_val_loss);
     std::printf("  unigram entropy       %.4f nats (training tokens)\n", s.unigram_entropy);
-    std::printf("  checkpoint            %s\n", s.checkpoint.c_str());
+    std::printf("  checkpoint            %s\n",
+                s.checkpoint.empty() ? "none here (elastic: another member wrote the model)" : s.checkpoint.c_str());
     std::printf("  metrics               %s/metrics.jsonl, %s/summary.json\n", s.run_dir.c_str(), s.run_dir.c_str());
     std::printf("  %-6s %5s %12s %12s %9s %14s %10s %10s %10s %6s\n", "worker", "stage", "sent", "received",
                 "messages", "peak send/s", "compute s", "wait s", "bubble s", "CU");

@@ -57,6 +57,7 @@ class ElasticDiloco : public Algorithm {
   }
 
   double wait_seconds() const override { return session_.wait_seconds(); }
+  bool writes_checkpoints() const override { return session_.first_member(); }
   int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
   void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
   const std::vector<float>& eval_params(Worker&) override { return theta_; }

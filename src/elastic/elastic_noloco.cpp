@@ -107,6 +107,7 @@ class ElasticNoloco : public Algorithm {
   // Each member evaluates its own slow weights (on all validation windows).
   const std::vector<float>& eval_params(Worker&) override { return phi_; }
   double wait_seconds() const override { return session_.wait_seconds(); }
+  bool writes_checkpoints() const override { return session_.first_member(); }
   int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
   void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
 

@@ -64,6 +64,9 @@ class ElasticSession {
   // After the last step's rounds: joiners still waiting give up.
   void finish_run();
 
+  // True while this worker is the first (lowest id) of the current round's members: it writes
+  // the model checkpoints; the others write none.
+  bool first_member() const { return !epoch_.empty() && epoch_.front() == membership_.id(); }
   // For the method's Algorithm hooks.
   void count_step() { ++steps_trained_; }
   double wait_seconds() const { return wait_s_; }

@@ -135,6 +135,16 @@ def model_bytes(path):
     return open(path, "rb").read()
 
 
+def writer_model(out, names, step=12):
+    """The model written by the run's first member (lowest id); the others must have written none."""
+    first = min(names, key=lambda n: elastic(out, n)[1]["member_ids"][0])
+    for n in names:
+        has = os.path.exists(f"{out}/{n}/checkpoints/step_{step:08d}/model.safetensors")
+        if has != (n == first):
+            fail(f"{out}/{n}: {'wrote' if has else 'did not write'} a model checkpoint (the writer is {first})")
+    return model_bytes(f"{out}/{first}/checkpoints/step_{step:08d}/model.safetensors"), first
+
+
 def val_loss(path):
     return json.load(open(path))["final_val_loss"]
 
@@ -148,9 +158,8 @@ try:
     ps = [start("fixed", n, "fixed", common + ["--set", "elastic.min_workers=3"]) for n in names]
     wait_all(ps, names, "fixed")
     ref = model_bytes("inproc3/checkpoints/step_00000012/model.safetensors")
-    for n in names:
-        if model_bytes(f"fixed/{n}/checkpoints/step_00000012/model.safetensors") != ref:
-            fail(f"fixed/{n}: the elastic model differs from the in-process one")
+    if writer_model("fixed", names)[0] != ref:
+        fail("fixed: the elastic model differs from the in-process one")
         if abs(val_loss(f"fixed/{n}/summary.json") - val_loss("inproc3/summary.json")) > 1e-5:
             fail(f"fixed/{n}: validation loss differs")
     for n in names:  # time in rounds is waiting, not compute
@@ -168,9 +177,9 @@ try:
     ps = [start("link", n, "link", common + ["--set", "elastic.min_workers=3", "--set", "network.latency=30ms",
                                            "--set", "network.bandwidth=100Mbit"]) for n in names]
     wait_all(ps, names, "link")
+    if writer_model("link", names)[0] != ref:
+        fail("link: the model differs under the link model")
     for n in names:
-        if model_bytes(f"link/{n}/checkpoints/step_00000012/model.safetensors") != ref:
-            fail(f"link/{n}: the model differs under the link model")
         wait = json.load(open(f"link/{n}/summary.json"))["workers"][0]["comm_wait_s"]
         if wait < 3 * 4 * 0.030:
             fail(f"link/{n}: waited {wait:.3f} s in 3 rounds over a 30 ms link; the link model is not applied")
@@ -187,9 +196,8 @@ try:
         ps = [start(label, n, label, args + ["--set", "elastic.min_workers=3"]) for n in names]
         wait_all(ps, names, label)
         ref = model_bytes(f"inproc-{label}/checkpoints/step_00000012/model.safetensors")
-        for n in names:
-            if model_bytes(f"{label}/{n}/checkpoints/step_00000012/model.safetensors") != ref:
-                fail(f"{label}/{n}: the elastic streaming model differs from the in-process one")
+        if writer_model(label, names)[0] != ref:
+            fail(f"{label}: the elastic streaming model differs from the in-process one")
         rounds = rounds_by_number(label, names)
         # Fragment j (offset 2j) syncs at steps 2j + 6k; the last step (12) ends every round.
         expect = sorted({s * 3 + j for j in range(3) for s in range(2 * j + 6, 13, 6)} | {12 * 3 + j for j in range(3)})
@@ -289,9 +297,8 @@ try:
     wait_all(ps, names, "noloco")
     # Replica r of the in-process run is the member in slot r (ids ascending; workers register in
     # any order); the in-process run saves replica 0's slow weights.
-    first_slot = min(names, key=lambda n: elastic("noloco", n)[1]["member_ids"][0])
-    if model_bytes(f"noloco/{first_slot}/checkpoints/step_00000012/model.safetensors") != \
-            model_bytes("inproc-noloco/checkpoints/step_00000012/model.safetensors"):
+    model, first_slot = writer_model("noloco", names)
+    if model != model_bytes("inproc-noloco/checkpoints/step_00000012/model.safetensors"):
         fail(f"noloco/{first_slot}: the elastic model differs from the in-process replica 0's")
 
     def noloco_rounds(out, names):
@@ -349,7 +356,19 @@ try:
     ps = [start("join", n, "join", join_args + ["--set", "elastic.min_workers=2"]) for n in names]
     wait_step("join/w0/metrics.jsonl", 40)
     ps.append(start("join", "late", "join", join_args))
+    # Then w1 is killed and resumed with --resume (no checkpoint of its own: it rejoins from a peer).
+    wait_step("join/late/metrics.jsonl", 1)
+    ps[1].send_signal(signal.SIGKILL)
+    ps[1].wait()
+    while "left" not in open("join/w0/metrics.jsonl").read():
+        time.sleep(0.02)
+    ps[1] = subprocess.Popen([loco, "train", "--resume", "join/w1", "--quiet", "--join", f"redis://127.0.0.1:{port}/join",
+                              "--worker", "w1"], env=ENV, stdout=open("join-w1.log", "a"), stderr=subprocess.STDOUT)
+    procs.append(ps[1])
     wait_all(ps, names + ["late"], "join")
+    resumed = elastic("join", "w1")[1]["rounds"][0]
+    if resumed.get("joined") != "resumed":
+        fail(f"join: w1 resumed with --resume should have rejoined: {resumed}")
     late = elastic("join", "late")[1]
     first = late["rounds"][0]
     rounds = rounds_by_number("join", names + ["late"])
@@ -359,7 +378,8 @@ try:
     if not later or any(late["member_ids"][0] not in rounds[r][0] for r in later):
         fail(f"join: the joiner must take part in every round after {first['round']}: {rounds}")
     print(f"join at round {first['round']} (step {first['step']}): parameters equal the outer parameters "
-          f"(crc {first['params_crc32c']}), in all {len(later)} later rounds")
+          f"(crc {first['params_crc32c']}), in all {len(later)} later rounds; a killed worker resumed with "
+          f"--resume rejoined at round {resumed['round']}")
 
     # 4. SIGSTOP past the timeout, then SIGCONT: dropped, rejoins as a new member.
     names = ["w0", "w1", "w2"]
