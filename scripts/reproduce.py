@@ -68,12 +68,14 @@ PLAN = [
      "Parameter averaging every 20 steps (DiLoCo H=20, lr 1, momentum 0: FedAvg)", "diagnosis", 0),
     ("diloco-h1-avg", ["algorithm=diloco", "outer.inner_steps=1", "outer.lr=1", "outer.momentum=0"],
      "Parameter averaging after every step (DiLoCo H=1, lr 1, momentum 0)", "diagnosis", 0),
+    ("diloco-h5-lr0.7", diloco(5, 0.7), "DiLoCo H=5, outer lr 0.7", "diagnosis", 0),
 ]
 # The order in which the runs train: the comparisons the page leans on most come first, so an
 # interrupted study has its most informative rows.
 ORDER = ["ddp", "diloco-h20-lr0.7", "single", "diloco-h20-lr0.4", "streaming-fp4", "streaming-fp32",
          "diloco-h20-avg", "ddp-seed1", "diloco-h20-lr0.4-seed1", "streaming-fp4-seed1", "diloco-h50-lr0.7",
-         "noloco-dp", "partial-mlp-1of2", "partial-mlp-1of4", "diloco-h1-avg", "diloco-h20-lr1", "diloco-h50-lr0.4",
+         "noloco-dp", "partial-mlp-1of2", "partial-mlp-1of4", "diloco-h1-avg", "diloco-h5-lr0.7", "diloco-h20-lr1",
+         "diloco-h50-lr0.4",
          "diloco-h50-lr1", "pipeline4", "protocol4-k32", "diloco-pp2", "noloco-pp2"]
 assert sorted(ORDER) == sorted(p[0] for p in PLAN)
 BY_NAME = {p[0]: p for p in PLAN}
@@ -368,7 +370,9 @@ class Page:
         self.w("Bytes sent: payload bytes of the method's traffic per worker over the whole run, mean over "
                "workers; largest sync: most bytes one worker sent in one synchronization (as `loco compare`).")
         self.w()
-        self.w("![validation loss against tokens](reproduction-loss.png)")
+        self.w("![loss against tokens (all replicas' tokens)](reproduction-loss.png)")
+        self.w()
+        self.w("![loss against step (the lone worker's steps have a quarter of the tokens)](reproduction-loss-steps.png)")
         self.w()
 
     def seeds(self):
@@ -467,10 +471,10 @@ def plot(args):
              if load_record(args.records, n)]
     if not names or not os.path.exists(args.loco):
         return
-    out = os.path.join(os.path.dirname(args.page), "reproduction-loss.png")
-    subprocess.run([args.loco, "plot"] + [os.path.join(args.records, n) for n in names] + ["--out", out, "--x",
-                                                                                          "tokens"],
-                   check=True, stdout=subprocess.DEVNULL)
+    for x, suffix in (("tokens", ""), ("step", "-steps")):
+        out = os.path.join(os.path.dirname(args.page), f"reproduction-loss{suffix}.png")
+        subprocess.run([args.loco, "plot"] + [os.path.join(args.records, n) for n in names] + ["--out", out, "--x", x],
+                       check=True, stdout=subprocess.DEVNULL)
 
 
 def report(args):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The reproduction study (docs/results/reproduction.md): DDP, DiLoCo, Streaming DiLoCo, partial
 # updates, NoLoCo and protocol models on configs/small.toml with the Brown corpus, 4 replicas,
-# 1000 steps each, two seeds for the noisiest comparisons, a lone worker and a DiLoCo grid, then the
-# papers' claims next to the measurements. Resumable: run it again after an interruption and it
-# continues run by run from the last checkpoints. About 3.5 hours on 2 cores.
+# 1000 steps each, two seeds for the noisiest comparisons, a lone worker, a DiLoCo grid and
+# diagnoses, then the papers' claims next to the measurements. Resumable: run it again after an
+# interruption and it continues run by run from the last checkpoints. About 4 hours on 2 cores.
 #   scripts/reproduce.sh                 run (or continue) the study, then write the page
 #   scripts/reproduce.sh --until 500     advance every pending run to step 500 only
 #   scripts/reproduce.sh --report-only   regenerate the page from docs/results/reproduction/
