@@ -47,6 +47,9 @@ class ElasticNoloco : public Algorithm {
     const int64_t k = (done + H - 1) / H;
     std::vector<float> phi, delta;
     std::vector<float> theta(static_cast<size_t>(n_));
+    // Received into by the round's communication thread: declared outside the round, so they
+    // outlive its communicator when an attempt fails.
+    std::vector<std::string> weights, progresses;
     ElasticSession::Round r;
     r.id = k;
     r.step = done;
@@ -56,7 +59,8 @@ class ElasticNoloco : public Algorithm {
       std::vector<float> progress(static_cast<size_t>(n_));
       for (int64_t i = 0; i < n_; ++i) progress[size_t(i)] = w.params[size_t(i)] - phi_[size_t(i)];
       // Sends first, so that no member waits on another's receive.
-      std::vector<std::string> weights(group.size()), progresses(group.size());
+      weights.assign(group.size(), std::string());
+      progresses.assign(group.size(), std::string());
       std::vector<Communicator::Handle> handles;
       for (int m : group)
         if (m != rank) {
