@@ -207,15 +207,13 @@ def load_record(records, key):
 
 
 def totals(s):
-    """Per-worker training bytes sent (mean), largest sync (max) and mean CU, as `loco compare`."""
+    """Per-worker training bytes sent (mean), largest sync (max) and mean CU, as `loco compare`
+    (the synchronizations are comm/stats.cpp's is_sync_traffic)."""
     sent, largest, cu = 0.0, 0.0, 0.0
     sync_ops = ("gradients", "outer_gradients", "outer_progress", "outer_weights")
-    train_ops = sync_ops + ("activations", "tokens", "activation_grads", "tied_embedding", "grad_norm", "grassmann_A",
-                            "grassmann_U")
     for w in s["workers"]:
+        sent += w["train_bytes_sent"]
         for op, v in (w.get("by_operation") or {}).items():
-            if op in train_ops:
-                sent += v.get("bytes_sent", 0)
             if op in sync_ops:
                 largest = max(largest, v.get("largest_instance_bytes_sent", 0))
         cu += w.get("compute_utilization", 0)

@@ -66,11 +66,25 @@ void noloco_outer_step(const std::vector<const float*>& phis, const std::vector<
   }
 }
 
-namespace {
+NolocoStepParams noloco_step_params(const NolocoConfig& c) {
+  return {c.outer_lr, c.momentum, c.pull < 0 ? c.outer_lr : c.pull};
+}
 
-std::string to_bytes(const std::vector<float>& v) {
+std::string noloco_to_bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
+
+std::vector<float> noloco_from_bytes(const std::string& bytes, int64_t n, const std::string& who,
+                                     const std::string& what) {
+  if (bytes.size() != size_t(n) * sizeof(float))
+    fail("noloco: " + who + " sent " + std::to_string(bytes.size()) + " bytes of " + what + ", expected " +
+         std::to_string(n * 4));
+  std::vector<float> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+namespace {
 
 class Noloco : public Algorithm {
  public:
@@ -102,7 +116,7 @@ class Noloco : public Algorithm {
     std::vector<std::string> theirs(group.size());
     std::vector<Communicator::Handle> handles;
     for (int m : group)
-      if (m != w.rank) handles.push_back(w.comm.send_start(m, to_bytes(progress_), "outer_progress"));
+      if (m != w.rank) handles.push_back(w.comm.send_start(m, noloco_to_bytes(progress_), "outer_progress"));
     for (size_t j = 0; j < group.size(); ++j)
       if (group[j] != w.rank) handles.push_back(w.comm.recv_start(group[j], &theirs[j], "outer_progress"));
     for (auto& h : handles) w.comm.wait(h);
@@ -119,7 +133,7 @@ class Noloco : public Algorithm {
       phis[j] = partner_phi_[j].empty() ? phi_.data() : partner_phi_[j].data();
     }
     noloco_outer_step(phis, deltas, self, phi_.data(), delta_.data(), w.params.data(), n_,
-                      {cfg_.outer_lr, cfg_.momentum, pull()});
+                      noloco_step_params(cfg_));
     ++outer_steps_;
     partner_phi_.clear();
     if (!last) start_weights(w, k + 1);
@@ -179,19 +193,12 @@ class Noloco : public Algorithm {
   }
 
  private:
-  double pull() const { return cfg_.pull < 0 ? cfg_.outer_lr : cfg_.pull; }
-
   std::vector<int> group_of(int64_t k) const {
     return noloco_group_of(replicas_, cfg_.group_size, uint64_t(cfg_.seed), k, rank_);
   }
 
   std::vector<float> floats(const std::string& bytes, int member, const char* what) const {
-    if (bytes.size() != size_t(n_) * sizeof(float))
-      fail("noloco: replica " + std::to_string(member) + " sent " + std::to_string(bytes.size()) + " bytes of " + what +
-           ", expected " + std::to_string(n_ * 4));
-    std::vector<float> v(static_cast<size_t>(n_));
-    std::memcpy(v.data(), bytes.data(), bytes.size());
-    return v;
+    return noloco_from_bytes(bytes, n_, "replica " + std::to_string(member), what);
   }
 
   // Right after outer step k - 1: send phi to the members of this replica's group at step k and
@@ -202,7 +209,7 @@ class Noloco : public Algorithm {
     weights_in_.assign(pending_group_.size(), std::string());
     weight_handles_.clear();
     for (int m : pending_group_)
-      if (m != w.rank) weight_handles_.push_back(w.comm.send_start(m, to_bytes(phi_), "outer_weights"));
+      if (m != w.rank) weight_handles_.push_back(w.comm.send_start(m, noloco_to_bytes(phi_), "outer_weights"));
     for (size_t j = 0; j < pending_group_.size(); ++j)
       if (pending_group_[j] != w.rank)
         weight_handles_.push_back(w.comm.recv_start(pending_group_[j], &weights_in_[j], "outer_weights"));

@@ -4,7 +4,10 @@
 // stages every microbatch can take a random path through the stages. The pieces every worker
 // must compute identically from shared seeds live here.
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "io/run_config.h"
 
 namespace loco {
 
@@ -29,5 +32,13 @@ struct NolocoStepParams {
 };
 void noloco_outer_step(const std::vector<const float*>& phis, const std::vector<const float*>& progress, int self,
                        float* phi, float* delta, float* theta, int64_t n, const NolocoStepParams& p);
+// beta, alpha and gamma of the config (noloco.pull = -1: gamma = beta).
+NolocoStepParams noloco_step_params(const NolocoConfig& c);
+
+// What members exchange (slow weights, local progress): n floats as bytes, and back, failing
+// with a message naming `who` sent `what` if the size is wrong.
+std::string noloco_to_bytes(const std::vector<float>& v);
+std::vector<float> noloco_from_bytes(const std::string& bytes, int64_t n, const std::string& who,
+                                     const std::string& what);
 
 }  // namespace loco

@@ -23,12 +23,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <deque>
 
-#include "algo/algorithm.h"
-#include "algo/outer_store.h"
-#include "algo/partial.h"
-#include "comm/codec.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/config_schema.h"
@@ -197,7 +192,8 @@ void Streaming::save_state(TrainingState& st) {
     const std::string key = "pending." + std::to_string(p.fragment);
     st.tensors[key + ".avg"] = p.avg;
     st.meta[key + ".apply_at"] = std::to_string(p.apply_at);
-    list += (list.empty() ? "" : ",") + std::to_string(p.fragment);
+    if (!list.empty()) list += ',';
+    list += std::to_string(p.fragment);
   }
   st.meta["pending"] = list;
 }

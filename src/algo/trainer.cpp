@@ -19,7 +19,7 @@
 #include "core/parallel.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
-#include "elastic/elastic_diloco.h"
+#include "elastic/methods.h"
 #include "io/fs.h"
 #include "io/metrics.h"
 #include "io/tensorboard.h"
@@ -127,11 +127,7 @@ void check_memory(const RunSetup& s, int local_workers) {
 
 std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w, std::shared_ptr<TrafficStats> traffic,
                                               std::shared_ptr<TraceRecorder> trace) {
-  if (s.backend == "elastic" && s.cfg.algorithm == "noloco")
-    return make_elastic_noloco(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
-  if (s.backend == "elastic" && s.cfg.algorithm == "streaming")
-    return make_elastic_streaming(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
-  if (s.backend == "elastic") return make_elastic_diloco(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
+  if (s.backend == "elastic") return make_elastic_algorithm(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
   return make_algorithm(s.cfg, w);
 }
 

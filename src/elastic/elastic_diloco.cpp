@@ -1,4 +1,8 @@
-#include "elastic/elastic_diloco.h"
+// DiLoCo over the elastic backend: each outer synchronization is one round among the live
+// members of that moment (elastic/session.h), reduced with loco's ring all-reduce among the
+// round's contributors, so with a fixed membership the parameters equal the in-process run's bit
+// for bit. A joiner receives the outer parameters and momentum with the round's outer step taken.
+#include "elastic/methods.h"
 
 #include <chrono>
 
@@ -9,12 +13,12 @@ namespace loco {
 
 namespace {
 
-class ElasticDiloco : public Algorithm {
+class ElasticDiloco : public ElasticMethod<Algorithm> {
  public:
   ElasticDiloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                 std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
-      : outer_(cfg.outer),
-        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()),
+      : ElasticMethod(cfg, w, options, std::move(traffic), std::move(trace)),
+        outer_(cfg.outer),
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f) {}
 
@@ -56,15 +60,11 @@ class ElasticDiloco : public Algorithm {
     if (last) session_.finish_run();
   }
 
-  double wait_seconds() const override { return session_.wait_seconds(); }
-  bool writes_checkpoints() const override { return session_.first_member(); }
-  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
-  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
   const std::vector<float>& eval_params(Worker&) override { return theta_; }
 
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
-    session_.report(out);
+    ElasticMethod::report(out);
   }
 
   void save_state(TrainingState& st) override {
@@ -82,7 +82,6 @@ class ElasticDiloco : public Algorithm {
   }
 
   OuterConfig outer_;
-  ElasticSession session_;
   std::vector<float> theta_, momentum_;
 };
 

@@ -9,11 +9,10 @@
 // coordinator). A joiner receives the first contributor's slow weights and momentum and starts
 // with its parameters equal to them.
 #include <algorithm>
-#include <cstring>
 
 #include "algo/noloco.h"
 #include "core/error.h"
-#include "elastic/elastic_diloco.h"
+#include "elastic/methods.h"
 #include "elastic/session.h"
 #include "io/tensorboard.h"
 
@@ -21,17 +20,13 @@ namespace loco {
 
 namespace {
 
-std::string to_bytes(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
-class ElasticNoloco : public Algorithm {
+class ElasticNoloco : public ElasticMethod<Algorithm> {
  public:
   ElasticNoloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                 std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
-      : cfg_(cfg.noloco),
+      : ElasticMethod(cfg, w, options, std::move(traffic), std::move(trace)),
+        cfg_(cfg.noloco),
         n_(int64_t(w.params.size())),
-        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()),
         phi_(w.params.size()),
         delta_(w.params.size(), 0.0f) {}
 
@@ -62,10 +57,11 @@ class ElasticNoloco : public Algorithm {
       weights.assign(group.size(), std::string());
       progresses.assign(group.size(), std::string());
       std::vector<Communicator::Handle> handles;
+      const std::string phi_bytes = noloco_to_bytes(phi_), progress_bytes = noloco_to_bytes(progress);
       for (int m : group)
         if (m != rank) {
-          handles.push_back(comm.send_start(m, to_bytes(phi_), "outer_weights"));
-          handles.push_back(comm.send_start(m, to_bytes(progress), "outer_progress"));
+          handles.push_back(comm.send_start(m, phi_bytes, "outer_weights"));
+          handles.push_back(comm.send_start(m, progress_bytes, "outer_progress"));
         }
       for (size_t j = 0; j < group.size(); ++j)
         if (group[j] != rank) {
@@ -83,15 +79,15 @@ class ElasticNoloco : public Algorithm {
           ds[j] = progress.data();
           continue;
         }
-        theirs_phi[j] = floats(weights[j], group[j]);
-        theirs_d[j] = floats(progresses[j], group[j]);
+        const std::string who = "member " + std::to_string(group[j]) + " of the round";
+        theirs_phi[j] = noloco_from_bytes(weights[j], n_, who, "weights");
+        theirs_d[j] = noloco_from_bytes(progresses[j], n_, who, "local progress");
         phis[j] = theirs_phi[j].data();
         ds[j] = theirs_d[j].data();
       }
       phi = phi_;
       delta = delta_;
-      noloco_outer_step(phis, ds, self, phi.data(), delta.data(), theta.data(), n_,
-                        {cfg_.outer_lr, cfg_.momentum, cfg_.pull < 0 ? cfg_.outer_lr : cfg_.pull});
+      noloco_outer_step(phis, ds, self, phi.data(), delta.data(), theta.data(), n_, noloco_step_params(cfg_));
     };
     r.outer_state = [&](std::vector<float>& t, std::vector<float>& m) {
       t = phi;
@@ -110,15 +106,10 @@ class ElasticNoloco : public Algorithm {
 
   // Each member evaluates its own slow weights (on all validation windows).
   const std::vector<float>& eval_params(Worker&) override { return phi_; }
-  double wait_seconds() const override { return session_.wait_seconds(); }
-  bool writes_checkpoints() const override { return session_.first_member(); }
-  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
-  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
-
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(phi_.size() + delta_.size()) * 4;
     out["noloco_outer_steps"] = outer_steps_;
-    session_.report(out);
+    ElasticMethod::report(out);
   }
 
   void save_state(TrainingState& st) override {
@@ -135,18 +126,9 @@ class ElasticNoloco : public Algorithm {
     };
   }
 
-  std::vector<float> floats(const std::string& bytes, int member) const {
-    if (bytes.size() != size_t(n_) * sizeof(float))
-      fail("noloco: member " + std::to_string(member) + " of the round sent " + std::to_string(bytes.size()) +
-           " bytes, expected " + std::to_string(n_ * 4));
-    std::vector<float> v(static_cast<size_t>(n_));
-    std::memcpy(v.data(), bytes.data(), bytes.size());
-    return v;
-  }
 
   NolocoConfig cfg_;
   int64_t n_;
-  ElasticSession session_;
   std::vector<float> phi_, delta_;
   int64_t outer_steps_ = 0;
 };

@@ -6,11 +6,10 @@
 // equals the in-process run's. Communication does not overlap the inner steps here. A joiner
 // starts from the outer parameters with every completed sync's outer step taken, and its own
 // parameters equal to them.
-#include <chrono>
 #include <memory>
 
 #include "algo/streaming.h"
-#include "elastic/elastic_diloco.h"
+#include "elastic/methods.h"
 #include "elastic/session.h"
 #include "io/tensorboard.h"
 
@@ -18,12 +17,11 @@ namespace loco {
 
 namespace {
 
-class ElasticStreaming : public Streaming {
+class ElasticStreaming : public ElasticMethod<Streaming> {
  public:
   ElasticStreaming(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                    std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
-      : Streaming(cfg, w),
-        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()) {}
+      : ElasticMethod(cfg, w, options, std::move(traffic), std::move(trace), cfg, w) {}
 
   void start(Worker& w, bool resumed) override {
     Streaming::start(w, false);
@@ -34,16 +32,6 @@ class ElasticStreaming : public Streaming {
     session_.count_step();
     Streaming::after_step(w, done, last);
     if (last) session_.finish_run();
-  }
-
-  double wait_seconds() const override { return session_.wait_seconds(); }
-  bool writes_checkpoints() const override { return session_.first_member(); }
-  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
-  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
-
-  void report(nlohmann::json& out) const override {
-    Streaming::report(out);
-    session_.report(out);
   }
 
  protected:
@@ -78,8 +66,6 @@ class ElasticStreaming : public Streaming {
       w.params = s.theta;
     };
   }
-
-  ElasticSession session_;
 };
 
 }  // namespace

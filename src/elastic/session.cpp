@@ -7,6 +7,7 @@
 #include "comm/inprocess.h"
 #include "core/error.h"
 #include "elastic/gloo_transport.h"
+#include "elastic/methods.h"
 #include "io/tensorboard.h"
 
 namespace loco {
@@ -292,6 +293,14 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
     pending_rounds_.push_back(rounds_.back());
     return;
   }
+}
+
+std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+                                                  std::shared_ptr<TrafficStats> traffic,
+                                                  std::shared_ptr<TraceRecorder> trace) {
+  if (cfg.algorithm == "streaming") return make_elastic_streaming(cfg, w, options, std::move(traffic), std::move(trace));
+  if (cfg.algorithm == "noloco") return make_elastic_noloco(cfg, w, options, std::move(traffic), std::move(trace));
+  return make_elastic_diloco(cfg, w, options, std::move(traffic), std::move(trace));
 }
 
 }  // namespace loco

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "algo/algorithm.h"
 #include "algo/worker.h"
 #include "comm/stats.h"
 #include "elastic/membership.h"
@@ -96,6 +97,30 @@ class ElasticSession {
   double wait_s_ = 0, round_compute_s_ = 0;
   nlohmann::json rounds_ = nlohmann::json::array(), pending_rounds_ = nlohmann::json::array();
   std::vector<nlohmann::json> events_;
+};
+
+// An elastic method: Base (Algorithm, or the method it runs elastically) with the hooks every
+// elastic method answers from its session. The method runs its rounds with session_.run_round.
+template <class Base>
+class ElasticMethod : public Base {
+ public:
+  template <class... BaseArgs>
+  ElasticMethod(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+                std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace, BaseArgs&&... base)
+      : Base(std::forward<BaseArgs>(base)...),
+        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()) {}
+
+  double wait_seconds() const override { return session_.wait_seconds(); }
+  bool writes_checkpoints() const override { return session_.first_member(); }
+  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
+  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
+  void report(nlohmann::json& out) const override {
+    Base::report(out);
+    session_.report(out);
+  }
+
+ protected:
+  ElasticSession session_;
 };
 
 }  // namespace loco

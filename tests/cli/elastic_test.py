@@ -111,6 +111,30 @@ def wait_step(path, step, limit=60):
         time.sleep(0.01)
 
 
+def wait_dropped(path, limit=30):
+    """Until the worker whose metrics are at `path` has logged a member leaving."""
+    deadline = time.time() + limit
+    while "left" not in open(path).read():
+        if time.time() > deadline:
+            fail(f"{path}: no member was dropped within {limit} s")
+        time.sleep(0.02)
+
+
+def kill_then_join(out, args, victim, kill_step):
+    """Workers w0-w3; kill -9 `victim` past `kill_step`; once the others dropped it, a new worker
+    "late" joins; waits for all to finish and returns the survivors' names."""
+    names = ["w0", "w1", "w2", "w3"]
+    ps = [start(out, n, out, args + ["--set", "elastic.min_workers=4"]) for n in names]
+    wait_step(f"{out}/{victim}/metrics.jsonl", kill_step)
+    k = names.index(victim)
+    ps[k].send_signal(signal.SIGKILL)
+    ps[k].wait()
+    survivors = [n for n in names if n != victim]
+    wait_dropped(f"{out}/{survivors[0]}/metrics.jsonl")
+    wait_all([p for j, p in enumerate(ps) if j != k] + [start(out, "late", out, args)], survivors + ["late"], out)
+    return survivors
+
+
 def elastic(out, name):
     s = json.load(open(f"{out}/{name}/summary.json"))
     return s, s["workers"][0]["elastic"]
@@ -251,23 +275,13 @@ try:
 
     # 2b. Streaming: kill -9 one of 4 workers, then a fifth worker joins.
     out = "skill"
-    names = ["w0", "w1", "w2", "w3"]
     sargs = long + stream + ["--set", "outer.codec=fp4-e3m0", "--set", "streaming.tau=1"]
     subprocess.run(BASE + sargs + ["--set", "distributed.replicas=3", "--set", "train.out_dir=inproc3stream",
                                    "--set", "distributed.backend=inprocess", "--set", "train.eval_interval=300"],
                    check=True, stdout=subprocess.DEVNULL)
     ref_stream = val_loss("inproc3stream/summary.json")
-    ps = [start(out, n, out, sargs + ["--set", "elastic.min_workers=4"]) for n in names]
     kill_step = random.Random(3).randrange(20, 100)
-    wait_step(f"{out}/w2/metrics.jsonl", kill_step)
-    ps[2].send_signal(signal.SIGKILL)
-    ps[2].wait()
-    survivors = ["w0", "w1", "w3"]
-    while "left" not in open(f"{out}/w0/metrics.jsonl").read():
-        time.sleep(0.02)
-    ps.append(start(out, "late", out, sargs))
-    ps.pop(2)
-    wait_all(ps, survivors + ["late"], out)
+    survivors = kill_then_join(out, sargs, "w2", kill_step)
     rounds = rounds_by_number(out, survivors + ["late"])
     left = [e for e in elastic(out, "w0")[1]["events"] if e["event"] == "left"]
     late = elastic(out, "late")[1]
@@ -319,16 +333,7 @@ try:
         fail(f"noloco: expected rounds 1-3 with 4 contributors, got {rounds}")
     out = "nkill"
     nargs = long + nl + ["--set", "noloco.inner_steps=5"]
-    ps = [start(out, n, out, nargs + ["--set", "elastic.min_workers=4"]) for n in names]
-    wait_step(f"{out}/w1/metrics.jsonl", random.Random(4).randrange(20, 100))
-    ps[1].send_signal(signal.SIGKILL)
-    ps[1].wait()
-    while "left" not in open(f"{out}/w0/metrics.jsonl").read():
-        time.sleep(0.02)
-    ps.append(start(out, "late", out, nargs))
-    ps.pop(1)
-    survivors = ["w0", "w2", "w3"]
-    wait_all(ps, survivors + ["late"], out)
+    survivors = kill_then_join(out, nargs, "w1", random.Random(4).randrange(20, 100))
     rounds, crcs = noloco_rounds(out, survivors + ["late"])
     left = [e for e in elastic(out, "w0")[1]["events"] if e["event"] == "left"]
     late = elastic(out, "late")[1]
@@ -360,8 +365,7 @@ try:
     wait_step("join/late/metrics.jsonl", 1)
     ps[1].send_signal(signal.SIGKILL)
     ps[1].wait()
-    while "left" not in open("join/w0/metrics.jsonl").read():
-        time.sleep(0.02)
+    wait_dropped("join/w0/metrics.jsonl")
     ps[1] = subprocess.Popen([loco, "train", "--resume", "join/w1", "--quiet", "--join", f"redis://127.0.0.1:{port}/join",
                               "--worker", "w1"], env=ENV, stdout=open("join-w1.log", "a"), stderr=subprocess.STDOUT)
     procs.append(ps[1])
