@@ -13,7 +13,8 @@
 #   netlab.sh down                       remove everything the lab made
 #
 # `run` removes the lab however CMD ends (failure, Ctrl-C, kill). Environment: NETLAB_DELAY_BIN
-# (default build/netlab-delay), NETLAB_MPI_ARGS (extra mpirun arguments).
+# (default build/netlab-delay), NETLAB_OFFLOAD=0 (the helper copies single Ethernet frames instead
+# of 64 KB TCP segments; see tools/netlab_delay.cpp), NETLAB_MPI_ARGS (extra mpirun arguments).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -21,6 +22,8 @@ state=/run/loco-netlab
 hub=loco-hub
 subnet=10.77.0
 delay_bin=${NETLAB_DELAY_BIN:-$root/build/netlab-delay}
+delay_opts=()
+[ "${NETLAB_OFFLOAD:-1}" != 0 ] || delay_opts=(--no-offload)
 
 die() { echo "netlab: $*" >&2; exit 1; }
 host_ns() { echo "loco-h$1"; }
@@ -125,7 +128,7 @@ cmd_up() {
     ip -n "$hub" link set "tap$i" master labbr
     ip -n "$hub" link set "tap$i" up
     shape_host "$i" "$rate"
-    "$delay_bin" "$ns" lab0 "$hub" "tap$i" "$ms" 2> "$state/delay-$i.log" &
+    "$delay_bin" "${delay_opts[@]}" "$ns" lab0 "$hub" "tap$i" "$ms" 2> "$state/delay-$i.log" &
     echo $! >> "$state/pids"
   done
   # Every host reaches every other (and the hub) before anyone uses the lab.

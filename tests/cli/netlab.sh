@@ -3,7 +3,8 @@
 # with the reason, exit code 77):
 #  - the delay helper: a ping between two hosts at 10 ms one-way takes 20-30 ms (the minimum of
 #    5); a TCP transfer through a 100 Mbit/s host link runs at 70-100% of 12.5 MB/s (measured
-#    0.88; at most 0.956 of the rate is payload);
+#    0.88; at most 0.956 of the rate is payload); at 1 Gbit/s it carries whole TCP segments
+#    (offload), several frames each;
 #  - tiny DDP on 2 MPI ranks, one per namespace, over 100 Mbit/s + 10 ms == the in-process run
 #    bitwise; the bytes through the shaped links (tc -s) are at least loco's counted payload
 #    and at most 10% above it (TCP/IP headers, ACKs, MPI's own messages);
@@ -31,11 +32,9 @@ no_lab_left() {  # no namespace and, within 5 s (stopped processes are reaped by
 }
 trap '"$netlab" down' EXIT
 
-# Delay and rate.
-"$netlab" up 2 100mbit 10ms
-rtt=$(ip netns exec loco-h0 ping -c 5 -i 0.2 10.77.0.2 | sed -nE 's|^rtt [^=]*= ([0-9.]+)/.*|\1|p')
-$py -c "import sys; r = float(sys.argv[1]); assert 20 <= r <= 30, f'min rtt {r} ms'" "$rtt"
-ip netns exec loco-h1 $py - > server.out <<'PY' &
+# Streams MB megabytes from host 0 to host 1 over TCP; prints "bytes seconds" as host 1 saw them.
+tcp_transfer() {
+  ip netns exec loco-h1 $py - > server.out <<'PY' &
 import socket, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("10.77.0.2", 5001)); s.listen(1)
@@ -47,19 +46,40 @@ while True:
     n += len(b)
 print(n, time.monotonic() - t0)
 PY
-server=$!
-sleep 0.5
-ip netns exec loco-h0 $py -c "
+  local server=$!
+  sleep 0.5
+  ip netns exec loco-h0 $py -c "
 import socket
-s = socket.create_connection(('10.77.0.2', 5001)); s.sendall(b'x' * (24 << 20)); s.close()"
-wait $server
-read -r bytes secs < server.out
+s = socket.create_connection(('10.77.0.2', 5001)); s.sendall(b'x' * ($1 << 20)); s.close()"
+  wait $server
+  cat server.out
+}
+
+# Delay and rate.
+"$netlab" up 2 100mbit 10ms
+rtt=$(ip netns exec loco-h0 ping -c 5 -i 0.2 10.77.0.2 | sed -nE 's|^rtt [^=]*= ([0-9.]+)/.*|\1|p')
+$py -c "import sys; r = float(sys.argv[1]); assert 20 <= r <= 30, f'min rtt {r} ms'" "$rtt"
+read -r bytes secs < <(tcp_transfer 24)
 $py -c "import sys; r = int(sys.argv[1]) / float(sys.argv[2]) / 12.5e6; assert 0.7 <= r <= 1.0, f'{r:.3f} of 100 Mbit/s'; print(f'TCP through the shaped link: {r:.3f} of 100 Mbit/s')" "$bytes" "$secs"
 if "$netlab" up 2 100mbit 2> refused.txt; then echo "a second lab was made"; exit 1; fi
 grep -q "already up" refused.txt
 "$netlab" down
 no_lab_left
 echo "delay: min rtt $rtt ms at 10 ms one-way"
+
+# At 1 Gbit/s the delay helper moves whole TCP segments (offload), not one frame per copy: its
+# counters (printed when it stops) show segments far larger than an Ethernet frame.
+"$netlab" up 2 1gbit
+tcp_transfer 16 > /dev/null
+kill -TERM "$(head -1 /run/loco-netlab/pids)"
+for _ in $(seq 1 50); do grep -q "out .* frames" /run/loco-netlab/delay-0.log && break; sleep 0.1; done
+$py - /run/loco-netlab/delay-0.log <<'PY'
+import re, sys
+frames, nbytes = map(int, re.search(r"out (\d+) frames (\d+) bytes", open(sys.argv[1]).read()).groups())
+print(f"delay helper at 1 Gbit/s: {nbytes} bytes in {frames} segments ({nbytes / frames:.0f} bytes each)")
+assert nbytes >= 16 << 20 and nbytes / frames > 4 * 1514, (frames, nbytes)
+PY
+"$netlab" down
 
 # DDP across two namespaces == in-process; tc bytes vs loco's.
 $py "$here/../tools/make_tokens.py" train.tok 256 20000 5
