@@ -10,13 +10,18 @@
 #   - predicted: `loco simulate cu --calibrate` on the ideal-pipe run.
 # Prints a Markdown table: wall time, CU and bytes sent per worker for each; then the ring
 # all-reduce against raw TCP in the lab. Needs root (the lab).
-# Usage: bench/network.sh [STEPS] [OUT_DIR] [PARTS]   (default 30 steps, runs/bench-network,
-# PARTS all; "cu" or "allreduce" runs one of the two tables)
+# Usage: bench/network.sh [STEPS] [OUT_DIR] [PARTS] [LINKS] [METHODS]   (default 30 steps,
+# runs/bench-network, PARTS all; "cu" or "allreduce" runs one of the two tables; LINKS a
+# space-separated subset of "100mbit 1gbit", METHODS of "ddp diloco streaming-fp4", default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
 out=${2:-runs/bench-network}
 parts=${3:-all}
+links=${4:-100mbit 1gbit}
+methods=${5:-ddp diloco streaming-fp4}
+for l in $links; do case $l in 100mbit | 1gbit) ;; *) echo "bench/network.sh: unknown link '$l' (100mbit, 1gbit)" >&2; exit 2 ;; esac; done
+for m in $methods; do case $m in ddp | diloco | streaming-fp4) ;; *) echo "bench/network.sh: unknown method '$m'" >&2; exit 2 ;; esac; done
 case $parts in all | cu | allreduce) ;; *) echo "bench/network.sh: PARTS must be all, cu or allreduce" >&2; exit 2 ;; esac
 bash scripts/brown-data.sh > /dev/null
 rm -rf "$out"
@@ -33,8 +38,9 @@ echo "| method | workers | link | lab wall s | pipe wall s | TCP-model wall s | 
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for link in "100mbit 30ms 100Mbit" "1gbit 10ms 1Gbit"; do
   read -r rate delay bw <<< "$link"
+  [[ " $links " == *" $rate "* ]] || continue
   for np in 2 4; do
-    for method in ddp diloco streaming-fp4; do
+    for method in $methods; do
       name=$method-$np-$rate
       # shellcheck disable=SC2206
       margs=(${method_args[$method]})
@@ -78,6 +84,7 @@ echo "| link | workers | floats | raw MB/s per rank | ring MB/s per rank | ring 
 echo "|---|---|---|---|---|---|"
 for link in "100mbit 30ms 4194304" "1gbit 10ms 16777216"; do
   read -r rate delay floats <<< "$link"
+  [[ " $links " == *" $rate "* ]] || continue
   for np in 2 4; do
     scripts/netlab.sh run "$np" "$rate" "$delay" -- "$PWD/build/bench/loco_allreduce_bench" "$floats" 3 \
       > "$out/allreduce-$np-$rate.log" 2>&1
