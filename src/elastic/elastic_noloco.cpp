@@ -57,11 +57,10 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
       weights.assign(group.size(), std::string());
       progresses.assign(group.size(), std::string());
       std::vector<Communicator::Handle> handles;
-      const std::string phi_bytes = noloco_to_bytes(phi_), progress_bytes = noloco_to_bytes(progress);
-      for (int m : group)
+      for (int m : group)  // send_start takes its payload by value: packed per partner, then moved
         if (m != rank) {
-          handles.push_back(comm.send_start(m, phi_bytes, "outer_weights"));
-          handles.push_back(comm.send_start(m, progress_bytes, "outer_progress"));
+          handles.push_back(comm.send_start(m, noloco_to_bytes(phi_), "outer_weights"));
+          handles.push_back(comm.send_start(m, noloco_to_bytes(progress), "outer_progress"));
         }
       for (size_t j = 0; j < group.size(); ++j)
         if (group[j] != rank) {
@@ -125,7 +124,6 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
       w.params = phi_;
     };
   }
-
 
   NolocoConfig cfg_;
   int64_t n_;
