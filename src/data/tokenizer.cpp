@@ -37,7 +37,12 @@ class ByteTokenizer : public Tokenizer {
 class SentencePieceTokenizer : public Tokenizer {
  public:
   SentencePieceTokenizer(const std::string& model_bytes, const std::string& source) {
-    const auto st = sp_.LoadFromSerializedProto(model_bytes);
+    sentencepiece::util::Status st;
+    try {  // SentencePiece's trie builder throws on some malformed models (an empty piece)
+      st = sp_.LoadFromSerializedProto(model_bytes);
+    } catch (const std::exception& e) {
+      fail(source + ": cannot load SentencePiece model: " + e.what());
+    }
     if (!st.ok()) fail(source + ": cannot load SentencePiece model: " + st.ToString());
   }
   std::vector<int32_t> encode(const std::string& text) const override {
