@@ -1,10 +1,16 @@
 // How well loco's MPI transport keeps a slow link busy (bench/network.sh, in the lab of
-// scripts/netlab.sh). On every rank, REPEATS times each:
+// scripts/netlab.sh). On every rank, REPEATS rounds, each timing one of both:
 //   - raw: plain TCP sockets (no MPI, no loco) in a ring, every rank streaming the bytes one
 //     all-reduce sends, 2 (M-1)/M x 4 FLOATS, to the next rank while receiving as many from the
 //     previous one: the rate the network and this machine allow for that traffic;
 //   - ring: loco's ring all-reduce of FLOATS floats through the MPI transport.
-// Prints per rank both rates (bytes sent per second) and ring / raw.
+// The two alternate, so that both see the same conditions: a shaped link's rate varies over a
+// run (TCP's window against the queue it builds, CPU shared with the lab's delay helpers), and
+// timing all raw rounds before all ring rounds turned that drift into the ratio.
+// Prints per rank both rates (bytes sent per second over all rounds), ring / raw, and the CPU
+// time this process spent per MB sent in each (all its threads; the kernel's share of the
+// socket calls made from them included): on a machine with few cores, the lab's helpers and the
+// ranks compete for CPU, and a transport that needs more of it leaves the link idle.
 //
 //   mpirun -np M loco_allreduce_bench [FLOATS] [REPEATS]
 #include <arpa/inet.h>
@@ -12,11 +18,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
@@ -29,6 +37,12 @@
 using namespace loco;
 
 namespace {
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 
 // This host's first non-loopback IPv4 address (a lab namespace has one).
 std::string own_address() {
@@ -105,10 +119,27 @@ struct RawRing {
     ::close(from_prev);
   }
   // Streams n bytes to the next rank while receiving n from the previous one.
+  // The sending thread reads `out`: it is joined on every path before this returns, and a
+  // failure on either side stops the other (a socket shut down) and is reported, not fatal.
   void exchange(const std::string& out, std::string& in) {
-    std::thread sender([&] { send_all(to_next, out.data(), out.size()); });
-    recv_all(from_prev, in.data(), in.size());
+    std::exception_ptr send_error, recv_error;
+    std::thread sender([&] {
+      try {
+        send_all(to_next, out.data(), out.size());
+      } catch (...) {
+        send_error = std::current_exception();
+        ::shutdown(from_prev, SHUT_RDWR);  // the receive below returns at once
+      }
+    });
+    try {
+      recv_all(from_prev, in.data(), in.size());
+    } catch (...) {
+      recv_error = std::current_exception();
+      ::shutdown(to_next, SHUT_RDWR);  // the send above returns at once
+    }
     sender.join();
+    if (send_error) std::rethrow_exception(send_error);
+    if (recv_error) std::rethrow_exception(recv_error);
   }
 };
 
@@ -117,7 +148,11 @@ struct RawRing {
 int main(int argc, char** argv) {
   const int64_t floats = argc > 1 ? std::atoll(argv[1]) : int64_t(4) << 20;
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 3;
-  double raw = 0, ring = 0;
+  if (floats < 1 || repeats < 1) {
+    std::fprintf(stderr, "usage: loco_allreduce_bench [FLOATS >= 1] [REPEATS >= 1]\n");
+    return 2;
+  }
+  double raw = 0, ring = 0, raw_cpu = 0, ring_cpu = 0, mb = 0;
   int rank = 0, size = 1;
   try {
     std::shared_ptr<Transport> transport = make_mpi_transport();
@@ -126,27 +161,35 @@ int main(int argc, char** argv) {
     Communicator comm(transport, CommOptions{600, 1}, nullptr, kDataChannel);
     const Clock& clock = transport->clock();
     const int64_t ring_bytes = 2 * (size - 1) * floats * 4 / size;
-    {
-      RawRing raw_ring(comm, rank, size);
-      std::string out(size_t(ring_bytes), 'x'), in(size_t(ring_bytes), '\0');
-      raw_ring.exchange(out, in);  // past slow start, as the ring's connections are below
-      comm.barrier();
-      const double t0 = clock.now();
-      for (int i = 0; i < repeats; ++i) raw_ring.exchange(out, in);
-      raw = double(ring_bytes) * repeats / (clock.now() - t0);
-    }
+    RawRing raw_ring(comm, rank, size);
+    std::string out(size_t(ring_bytes), 'x'), in(size_t(ring_bytes), '\0');
     std::vector<float> data(size_t(floats), 1.0f);
-    comm.all_reduce(data.data(), floats, ReduceOp::Sum, "gradients");  // connections made, as in training
+    // Both past slow start and with their connections made, as in training.
+    raw_ring.exchange(out, in);
+    comm.all_reduce(data.data(), floats, ReduceOp::Sum, "gradients");
+    double raw_s = 0, ring_s = 0;
+    for (int i = 0; i < repeats; ++i) {
+      comm.barrier();
+      double t0 = clock.now(), c0 = process_cpu_seconds();
+      raw_ring.exchange(out, in);
+      raw_s += clock.now() - t0;
+      raw_cpu += process_cpu_seconds() - c0;
+      comm.barrier();
+      t0 = clock.now(), c0 = process_cpu_seconds();
+      comm.all_reduce(data.data(), floats, ReduceOp::Sum, "gradients");
+      ring_s += clock.now() - t0;
+      ring_cpu += process_cpu_seconds() - c0;
+    }
     comm.barrier();
-    const double t0 = clock.now();
-    for (int i = 0; i < repeats; ++i) comm.all_reduce(data.data(), floats, ReduceOp::Sum, "gradients");
-    ring = double(ring_bytes) * repeats / (clock.now() - t0);
-    comm.barrier();
+    raw = double(ring_bytes) * repeats / raw_s;
+    ring = double(ring_bytes) * repeats / ring_s;
+    mb = double(ring_bytes) * repeats / 1e6;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_bench: %s\n", e.what());
     return 1;
   }
-  std::printf("rank %d of %d: raw %.3g B/s, ring all-reduce %.3g B/s, ratio %.3f\n", rank, size, raw, ring, ring / raw);
+  std::printf("rank %d of %d: raw %.3g B/s, ring all-reduce %.3g B/s, ratio %.3f, CPU ms per MB raw %.2f ring %.2f\n",
+              rank, size, raw, ring, ring / raw, 1e3 * raw_cpu / mb, 1e3 * ring_cpu / mb);
   finalize_mpi();
   return 0;
 }

@@ -77,11 +77,11 @@ fi
 [ "$parts" = cu ] && exit 0
 
 # Item 4 of the lab: how much of the link a ring all-reduce of a large buffer uses, as a ratio to
-# plain TCP sockets carrying the same bytes around the same ring in the same run (min and max
-# over the ranks).
+# plain TCP sockets carrying the same bytes around the same ring in the same run, the two timed
+# in alternation (min and max over the ranks), and the CPU each rank spent per MB sent.
 echo
-echo "| link | workers | floats | raw MB/s per rank | ring MB/s per rank | ring / raw (min-max over ranks) |"
-echo "|---|---|---|---|---|---|"
+echo "| link | workers | floats | raw MB/s per rank | ring MB/s per rank | ring / raw (min-max over ranks) | CPU ms per MB raw / ring |"
+echo "|---|---|---|---|---|---|---|"
 for link in "100mbit 30ms 4194304" "1gbit 10ms 16777216"; do
   read -r rate delay floats <<< "$link"
   [[ " $links " == *" $rate "* ]] || continue
@@ -91,12 +91,13 @@ for link in "100mbit 30ms 4194304" "1gbit 10ms 16777216"; do
     /usr/bin/python3 - "$out/allreduce-$np-$rate.log" "$rate/$delay" "$np" "$floats" <<'PY'
 import re, sys
 rows = [tuple(map(float, m.groups())) for m in
-        re.finditer(r"raw ([0-9.e+]+) B/s, ring all-reduce ([0-9.e+]+) B/s, ratio ([0-9.]+)", open(sys.argv[1]).read())]
+        re.finditer(r"raw ([0-9.e+]+) B/s, ring all-reduce ([0-9.e+]+) B/s, ratio ([0-9.]+), "
+                    r"CPU ms per MB raw ([0-9.]+) ring ([0-9.]+)", open(sys.argv[1]).read())]
 assert len(rows) == int(sys.argv[3]), f"{sys.argv[1]}: {len(rows)} ranks reported"
-raw = sum(r[0] for r in rows) / len(rows) / 1e6
-ring = sum(r[1] for r in rows) / len(rows) / 1e6
+mean = lambda k: sum(r[k] for r in rows) / len(rows)
 ratios = [r[2] for r in rows]
-print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {raw:.2f} | {ring:.2f} | {min(ratios):.3f}-{max(ratios):.3f} |")
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {mean(0) / 1e6:.2f} | {mean(1) / 1e6:.2f} | "
+      f"{min(ratios):.3f}-{max(ratios):.3f} | {mean(3):.2f} / {mean(4):.2f} |")
 PY
   done
 done

@@ -182,11 +182,10 @@ struct RingChunks {
   int64_t size(int c, int64_t j) const { return floats(c, j * kRingPieceBlocks, (j + 1) * kRingPieceBlocks); }
   int64_t size(int c) const { return floats(c, 0, blocks(c)); }
   std::string pack(const float* data, int c, int64_t j) const {
-    std::string out(size_t(size(c, j)) * sizeof(float), '\0');
-    char* dst = out.data();
+    std::string out;  // appended, not zero-filled first: a large all-reduce packs every byte it sends
+    out.reserve(size_t(size(c, j)) * sizeof(float));
     for_blocks(c, j, [&](int64_t b, int64_t len) {
-      std::memcpy(dst, data + b, size_t(len) * sizeof(float));
-      dst += len * int64_t(sizeof(float));
+      out.append(reinterpret_cast<const char*>(data + b), size_t(len) * sizeof(float));
     });
     return out;
   }
@@ -221,7 +220,7 @@ void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const st
   auto send_c = [&](int t) { return t < M - 1 ? (me - t + 2 * M) % M : (me + 1 - (t - (M - 1)) + 2 * M) % M; };
   auto recv_c = [&](int t) { return t < M - 1 ? (me - t - 1 + 2 * M) % M : (me - (t - (M - 1)) + 2 * M) % M; };
   for (int64_t j = 0; j < chunks.pieces(send_c(0)); ++j) send_msg(label, right, chunks.pack(data, send_c(0), j));
-  std::vector<float> partial;
+  float block[kRingBlock];  // a received block, copied out of the message (which has no float alignment)
   for (int t = 0; t < T; ++t) {
     const int c = recv_c(t);
     for (int64_t j = 0; j < chunks.pieces(c); ++j) {
@@ -229,19 +228,19 @@ void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const st
       if (int64_t(in.size()) != chunks.size(c, j) * int64_t(sizeof(float)))
         fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
              std::to_string(chunks.size(c, j) * 4) + " (mismatched buffers across workers)");
-      partial.resize(in.size() / sizeof(float));
-      if (!in.empty()) std::memcpy(partial.data(), in.data(), in.size());  // a chunk may be empty
-      const float* p = partial.data();
+      const char* p = in.data();
       chunks.for_blocks(c, j, [&](int64_t b, int64_t len) {
         float* dst = data + b;
+        const size_t bytes = size_t(len) * sizeof(float);
         if (t < M - 1) {
-          for (int64_t i = 0; i < len; ++i) dst[i] = p[i] + dst[i];
+          std::memcpy(block, p, bytes);
+          for (int64_t i = 0; i < len; ++i) dst[i] = block[i] + dst[i];
           if (t == M - 2 && op == ReduceOp::Mean)  // the chunk this worker owns is complete
             for (int64_t i = 0; i < len; ++i) dst[i] /= float(M);
         } else {
-          std::memcpy(dst, p, size_t(len) * sizeof(float));
+          std::memcpy(dst, p, bytes);
         }
-        p += len;
+        p += bytes;
       });
       if (t + 1 < T) send_msg(label, right, chunks.pack(data, c, j));
     }

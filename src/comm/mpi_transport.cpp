@@ -3,6 +3,8 @@
 #define OMPI_SKIP_MPICXX 1  // C API only: the deprecated C++ bindings need another library
 #include <mpi.h>
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <list>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 
@@ -21,6 +24,9 @@ namespace loco {
 namespace {
 
 constexpr int kTagBase = 7400;  // tag = kTagBase + channel
+// Pause between the progress thread's passes: kPollMin after a pass that posted or completed a
+// message, doubling up to kPollMax while nothing happens (see MpiTransport::loop).
+constexpr std::chrono::microseconds kPollMin{250}, kPollMax{1000};
 bool g_initialized = false;
 
 int env_int(const char* name) {
@@ -59,8 +65,11 @@ class MpiTransport : public Transport {
     if (message.size() > size_t(INT32_MAX))
       fail("MPI: a message of " + std::to_string(message.size()) + " bytes exceeds MPI's 2 GiB count limit");
     const double t = clock().now();
-    std::lock_guard<std::mutex> lock(mu_);
-    outgoing_.push_back({peer, channel, std::move(message), MPI_REQUEST_NULL});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outgoing_.push_back({peer, channel, std::move(message), MPI_REQUEST_NULL});
+    }
+    wake_.notify_one();
     return {t, t};
   }
 
@@ -95,16 +104,29 @@ class MpiTransport : public Transport {
   struct Incoming {
     int peer, tag;
     std::string data;
-    MPI_Request request;
-    bool done;
+    MPI_Request request;  // MPI_REQUEST_NULL once complete
   };
+
+  // Completes what has completed of a list's requests (their handles become MPI_REQUEST_NULL).
+  template <class List>
+  void test_some(List& list) {
+    requests_.clear();
+    for (auto& e : list) requests_.push_back(e.request);
+    if (requests_.empty()) return;
+    indices_.resize(requests_.size());
+    int count = 0;
+    MPI_Testsome(int(requests_.size()), requests_.data(), &count, indices_.data(), MPI_STATUSES_IGNORE);
+    if (count == MPI_UNDEFINED) return;  // every handle was already null
+    size_t i = 0;
+    for (auto& e : list) e.request = requests_[i++];
+  }
 
   void loop() {
     using Clock = std::chrono::steady_clock;
     Clock::time_point stop_deadline{};
     std::list<Outgoing> in_flight;
     std::list<Incoming> receiving;
-    auto idle = std::chrono::microseconds(10);
+    auto idle = kPollMin;
     for (;;) {
       bool active = false, stopping;
       std::deque<Outgoing> to_post;
@@ -119,11 +141,12 @@ class MpiTransport : public Transport {
         MPI_Isend(f.data.data(), int(f.data.size()), MPI_BYTE, f.peer, kTagBase + f.channel, comm_, &f.request);
         active = true;
       }
-      for (auto it = in_flight.begin(); it != in_flight.end();) {
-        int done = 0;
-        MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
-        it = done ? in_flight.erase(it) : std::next(it);
-      }
+      // One MPI_Testsome per list, not one MPI_Test per request: every test call runs Open MPI's
+      // progress engine (a poll() over its sockets), and a large ring all-reduce has a hundred
+      // pieces in flight: profiled in the lab at 1 Gbit/s, this thread took 44% of a core when it
+      // tested them one by one, 24% with one test per list.
+      test_some(in_flight);
+      in_flight.remove_if([](const Outgoing& o) { return o.request == MPI_REQUEST_NULL; });
       // Receives are posted without blocking (a matched probe takes the message out of
       // matching, then MPI_Imrecv): a blocking MPI_Recv of a large message over a slow link
       // would spin a core for its whole duration and hold back the next sends.
@@ -135,24 +158,20 @@ class MpiTransport : public Transport {
         if (!flag) break;
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
-        receiving.push_back({st.MPI_SOURCE, st.MPI_TAG, std::string(size_t(count), '\0'), MPI_REQUEST_NULL, false});
+        receiving.push_back({st.MPI_SOURCE, st.MPI_TAG, std::string(size_t(count), '\0'), MPI_REQUEST_NULL});
         auto& r = receiving.back();
         MPI_Imrecv(r.data.data(), count, MPI_BYTE, &handle, &r.request);
         active = true;
       }
       // Delivered in arrival order per (sender, channel): a completed message waits for the
       // earlier ones of its queue.
+      test_some(receiving);
       std::vector<uint64_t> waiting;  // queues with an earlier receive still in progress
       for (auto it = receiving.begin(); it != receiving.end();) {
-        if (!it->done) {
-          int done = 0;
-          MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
-          it->done = done != 0;
-        }
         const uint64_t key = uint64_t(it->peer) << 32 | uint32_t(it->tag);
         const bool blocked = std::find(waiting.begin(), waiting.end(), key) != waiting.end();
-        if (!it->done || blocked) {
-          if (!blocked) waiting.push_back(key);
+        if (it->request != MPI_REQUEST_NULL || blocked) {
+          if (!blocked) waiting.push_back(key);  // it holds back the later ones of its queue
           ++it;
           continue;
         }
@@ -183,20 +202,26 @@ class MpiTransport : public Transport {
           return;
         }
       }
-      // Poll quickly while data moves, back off when idle (a sleeping thread costs no core).
-      if (active) {
-        idle = std::chrono::microseconds(10);
-        continue;
-      }
-      std::this_thread::sleep_for(idle);
-      idle = std::min(idle * 2, std::chrono::microseconds(in_flight.empty() && receiving.empty() ? 1000 : 200));
+      // Polling costs CPU the link needs: every pass is a few system calls, and on a machine with
+      // few cores the ranks share them with the network stack. Measured in the network lab at
+      // 1 Gbit/s (docs/results/network.md), with freed memory kept as set up below: polling
+      // without pause while messages completed, and at most 200 us apart otherwise, took 2.8-3.4
+      // ms of CPU per MB an all-reduce sent; pauses of 0.5-2 ms, 1.8-2.2 ms. The kernel's socket
+      // buffers hold milliseconds of a slow link's traffic, so a pause of 250 us to 1 ms between
+      // passes leaves it no less busy. A queued send wakes the thread at once.
+      idle = active ? kPollMin : std::min(idle * 2, kPollMax);
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait_for(lock, idle, [&] { return !outgoing_.empty(); });
     }
   }
 
+  std::vector<MPI_Request> requests_;  // test_some's arrays, kept to avoid an allocation per poll
+  std::vector<int> indices_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;    // a message arrived (or an error): receivers wait on it
+  std::condition_variable wake_;  // a send was queued: the progress thread waits on it
   std::deque<Outgoing> outgoing_;
   std::vector<std::deque<std::string>> inbox_;
   std::string error_;
@@ -233,6 +258,14 @@ std::unique_ptr<Transport> make_mpi_transport() {
     // 100 Mbit/s: 0.47-0.51 of raw TCP, against 0.98-0.99 with plain sends). A value the user
     // gave (mpirun --mca btl_tcp_flags ..., which sets this variable) is kept.
     setenv("OMPI_MCA_btl_tcp_flags", "send,inplace", 0);
+    // Message buffers (a 256 KiB ring piece, a pipeline activation) are allocated and freed at
+    // the link's rate. With glibc's defaults the burst of an all-reduce step went back to the
+    // kernel when freed (trimmed, or unmapped above the mmap threshold) and every new buffer
+    // faulted its pages in again: measured in the network lab at 1 Gbit/s, 5.3-5.4 ms of CPU per
+    // MB an all-reduce sent, against 1.8-2.2 ms with freed memory kept (docs/results/network.md).
+    // So buffers up to 32 MiB come from the heap, and up to 256 MiB of freed heap stays mapped.
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (provided < MPI_THREAD_SERIALIZED) fail("MPI: the library does not support MPI_THREAD_SERIALIZED");
