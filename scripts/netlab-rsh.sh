@@ -9,4 +9,9 @@ case $host in
   10.77.0.*) i=$((${host##*.} - 1)) ;;
   *) echo "netlab-rsh: unknown lab host $host" >&2; exit 255 ;;
 esac
-exec ip netns exec "loco-h$i" /bin/sh -c "$*"
+# Every host has a temporary directory of its own: all hosts share this machine's name and /tmp,
+# and Open MPI's daemons, which keep a session directory under TMPDIR named after the host,
+# failed now and then creating it at the same moment (mkdir error in orte_init).
+tmp=${NETLAB_STATE_DIR:?set by netlab.sh}/tmp-$i
+mkdir -p "$tmp"
+exec ip netns exec "loco-h$i" env TMPDIR="$tmp" /bin/sh -c "$*"

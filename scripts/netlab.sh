@@ -14,7 +14,9 @@
 #
 # `run` removes the lab however CMD ends (failure, Ctrl-C, kill). Environment: NETLAB_DELAY_BIN
 # (default build/netlab-delay), NETLAB_OFFLOAD=0 (the helper copies single Ethernet frames instead
-# of 64 KB TCP segments; see tools/netlab_delay.cpp), NETLAB_MPI_ARGS (extra mpirun arguments).
+# of 64 KB TCP segments; see tools/netlab_delay.cpp), NETLAB_MPI_ARGS (extra mpirun arguments),
+# NETLAB_CC (the hosts' TCP congestion control, default cubic: Linux's default, set explicitly
+# because a machine may use another, as this project's did, bbr).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -23,9 +25,13 @@ hub=loco-hub
 subnet=10.77.0
 delay_bin=${NETLAB_DELAY_BIN:-$root/build/netlab-delay}
 delay_opts=()
+# The hosts' TCP congestion control: Linux's default whatever this machine uses (the link model's
+# TCP mode follows the restart after idle that CUBIC does and BBR does not).
+cc=${NETLAB_CC:-cubic}
 [ "${NETLAB_OFFLOAD:-1}" != 0 ] || delay_opts=(--no-offload)
 
 die() { echo "netlab: $*" >&2; exit 1; }
+no_cc() { die "TCP congestion control '$cc' is not available here (see net.ipv4.tcp_available_congestion_control)"; }
 host_ns() { echo "loco-h$1"; }
 host_ip() { echo "$subnet.$(($1 + 1))"; }
 
@@ -97,6 +103,9 @@ cmd_down() {
     [ "$sig" = TERM ] && [ -n "${pids// /}" ] && sleep 0.5
   done
   for ns in $(lab_namespaces); do ip netns del "$ns" 2> /dev/null || true; done
+  if [ -f "$state/allowed_cc" ]; then
+    sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$(cat "$state/allowed_cc")" > /dev/null || true
+  fi
   rm -rf "$state"
 }
 
@@ -108,9 +117,20 @@ cmd_up() {
   ms=$(delay_ms "$delay")
   [ -x "$delay_bin" ] || die "$delay_bin is missing (build it: scripts/build.sh)"
   require_namespaces
-  [ ! -e "$state" ] || die "a lab is already up ($state): netlab.sh down first"
-  mkdir -p "$state"
+  # Claiming the state directory is atomic: of two concurrent `up`s or `run`s one fails here,
+  # before it touches anything, and only the one that made the lab removes it on failure.
+  mkdir -p "$(dirname "$state")"
+  mkdir "$state" 2> /dev/null || die "a lab is already up ($state): netlab.sh down first"
+  trap 'cmd_down' EXIT
   echo "$n $rate $delay" > "$state/config"
+  # A namespace may only choose a congestion control the machine allows; add ours for the lab's
+  # lifetime (cmd_down restores the list).
+  local allowed
+  allowed=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
+  if [[ " $allowed " != *" $cc "* ]]; then
+    echo "$allowed" > "$state/allowed_cc"
+    sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$allowed $cc" > /dev/null 2>&1 || no_cc
+  fi
   : > "$state/pids"
   ip netns add "$hub"
   ip -n "$hub" link set lo up
@@ -121,6 +141,7 @@ cmd_up() {
     ns=$(host_ns "$i")
     ip netns add "$ns"
     ip -n "$ns" link set lo up
+    ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$cc" > /dev/null 2>&1 || no_cc
     ip -n "$ns" tuntap add dev lab0 mode tap
     ip -n "$ns" addr add "$(host_ip "$i")/24" dev lab0
     ip -n "$ns" link set lab0 up
@@ -140,7 +161,7 @@ cmd_up() {
     done
     [ "$ok" -eq 1 ] || die "host $i cannot reach the hub (see $state/delay-$i.log)"
   done
-  echo "netlab: $n hosts $(host_ip 0)..$(host_ip $((n - 1))) (namespaces loco-h0..loco-h$((n - 1))), each sending at $rate with a one-way delay of ${ms} ms"
+  echo "netlab: $n hosts $(host_ip 0)..$(host_ip $((n - 1))) (namespaces loco-h0..loco-h$((n - 1))), each sending at $rate with a one-way delay of ${ms} ms, TCP $cc"
 }
 
 cmd_shape() {
@@ -171,15 +192,15 @@ cmd_run() {
   shift
   [ $# -gt 0 ] || die "usage: netlab.sh run N RATE [DELAY] -- COMMAND..."
   # mpirun runs in the background so that a signal to this script is handled at once: it stops
-  # mpirun (which stops its ranks), then the EXIT trap removes the lab.
+  # mpirun (which stops its ranks), then the EXIT trap (set by cmd_up once it owns the lab)
+  # removes the lab.
   local mpi=""
-  trap 'cmd_down' EXIT
   trap '[ -n "$mpi" ] && kill -TERM "$mpi" 2> /dev/null; [ -n "$mpi" ] && wait "$mpi"; exit 130' INT
   trap '[ -n "$mpi" ] && kill -TERM "$mpi" 2> /dev/null; [ -n "$mpi" ] && wait "$mpi"; exit 143' TERM
   cmd_up "$n" "$rate" "$delay"
   local hosts="" i rc=0
   for ((i = 0; i < n; i++)); do hosts+="${hosts:+,}$(host_ip "$i")"; done
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NETLAB_STATE_DIR=$state
   # rtc ^hwloc: the daemon started in each namespace otherwise maps the topology into shared
   # memory at a guessed address; it crashed there (segfault in hwloc_shmem_topology_write) in
   # about one start out of four on this machine. Ranks are not bound, so nothing is lost.
@@ -196,7 +217,7 @@ cmd_run() {
 }
 
 case ${1:-} in
-  up) shift; cmd_up "$@" ;;
+  up) shift; cmd_up "$@"; trap - EXIT ;;  # a lab made by `up` stays up; a failed `up` is removed
   down) cmd_down ;;
   shape) shift; cmd_shape "$@" ;;
   stats) cmd_stats ;;

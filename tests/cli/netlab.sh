@@ -8,8 +8,9 @@
 #  - tiny DDP on 2 MPI ranks, one per namespace, over 100 Mbit/s + 10 ms == the in-process run
 #    bitwise; the bytes through the shaped links (tc -s) are at least loco's counted payload
 #    and at most 10% above it (TCP/IP headers, ACKs, MPI's own messages);
-#  - `run` removes every namespace it made when the command fails or is interrupted; `up`
-#    refuses a second lab.
+#  - `run` removes every namespace it made when the command fails or is interrupted; `up` and
+#    `run` refuse a second lab and leave the first one up;
+#  - the hosts use cubic, and the machine's allowed congestion controls are restored.
 set -euo pipefail
 loco=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -55,16 +56,25 @@ s = socket.create_connection(('10.77.0.2', 5001)); s.sendall(b'x' * ($1 << 20));
   cat server.out
 }
 
-# Delay and rate.
+# Delay and rate; the hosts use the congestion control asked for (cubic by default) whatever
+# the machine's own default, and the machine's list of allowed ones is as before once the lab
+# is down.
+allowed_before=$(sysctl -n net.ipv4.tcp_allowed_congestion_control)
 "$netlab" up 2 100mbit 10ms
+[ "$(ip netns exec loco-h1 sysctl -n net.ipv4.tcp_congestion_control)" = cubic ] || { echo "lab hosts not on cubic"; exit 1; }
 rtt=$(ip netns exec loco-h0 ping -c 5 -i 0.2 10.77.0.2 | sed -nE 's|^rtt [^=]*= ([0-9.]+)/.*|\1|p')
 $py -c "import sys; r = float(sys.argv[1]); assert 20 <= r <= 30, f'min rtt {r} ms'" "$rtt"
 read -r bytes secs < <(tcp_transfer 24)
 $py -c "import sys; r = int(sys.argv[1]) / float(sys.argv[2]) / 12.5e6; assert 0.7 <= r <= 1.0, f'{r:.3f} of 100 Mbit/s'; print(f'TCP through the shaped link: {r:.3f} of 100 Mbit/s')" "$bytes" "$secs"
 if "$netlab" up 2 100mbit 2> refused.txt; then echo "a second lab was made"; exit 1; fi
 grep -q "already up" refused.txt
+# A refused `run` leaves the lab it found alone (it once removed it on the way out).
+if "$netlab" run 2 100mbit -- true 2> refused.txt; then echo "run made a second lab"; exit 1; fi
+grep -q "already up" refused.txt
+ip netns exec loco-h0 ping -c 1 -W 2 10.77.0.2 > /dev/null || { echo "a refused run removed the lab"; exit 1; }
 "$netlab" down
 no_lab_left
+[ "$(sysctl -n net.ipv4.tcp_allowed_congestion_control)" = "$allowed_before" ] || { echo "allowed congestion controls changed"; exit 1; }
 echo "delay: min rtt $rtt ms at 10 ms one-way"
 
 # At 1 Gbit/s the delay helper moves whole TCP segments (offload), not one frame per copy: its
