@@ -22,13 +22,21 @@ class LinkTransport : public Transport {
 
   SendTiming send(int peer, int channel, std::string message) override {
     const double now = clock_->now();
+    const double bytes = double(message.size());
     double start, end;
     {
-      // One outgoing link per worker, shared by every channel and thread.
+      // One outgoing link per worker, shared by every channel and thread: its bytes go out first
+      // come, first served. With TCP, a connection also sends its own messages in order, and a
+      // slow-start round trip holds only that connection: connections to other peers use the
+      // link meanwhile, as TCP's do (a worker sending to three peers at once pays one slow start,
+      // not three in a row).
       std::lock_guard<std::mutex> lock(mu_);
-      start = std::max(now, link_free_);
-      end = start + link_transfer_time(link_, conns_[size_t(peer)], start, double(message.size()));
-      link_free_ = end;
+      TcpConnection& conn = conns_[size_t(peer)];
+      start = link_.tcp ? std::max(now, conn.last_end) : std::max(now, link_free_);
+      const double link_end = std::max(start, link_free_) + link_wire_time(link_, bytes);
+      end = link_.tcp ? std::max(start + link_transfer_time(link_, conn, start, bytes), link_end) : link_end;
+      if (link_.tcp) conn.last_end = end;
+      link_free_ = link_end;
     }
     const double arrival = end + link_.latency_s;
     std::string framed(sizeof(double), '\0');
@@ -81,11 +89,21 @@ std::pair<double, std::string> number_and_unit(const std::string& text, const st
 
 }  // namespace
 
+namespace {
+constexpr double kMss = 1448, kFrame = 1514;  // TCP payload and Ethernet frame of a full segment
+// Payload bytes per second the link carries (TCP/IP and Ethernet headers taken off with TCP).
+double payload_rate(const LinkConfig& link) { return link.bandwidth_bps / 8.0 * (link.tcp ? kMss / kFrame : 1.0); }
+}  // namespace
+
+double link_wire_time(const LinkConfig& link, double bytes) {
+  return link.bandwidth_bps > 0 ? bytes / payload_rate(link) : 0.0;
+}
+
 double link_transfer_time(const LinkConfig& link, TcpConnection& conn, double start, double bytes) {
   if (link.bandwidth_bps <= 0) return 0.0;
-  if (!link.tcp) return 8.0 * bytes / link.bandwidth_bps;
-  constexpr double kMss = 1448, kFrame = 1514, kInitialWindow = 10 * kMss, kMinRto = 0.2;
-  const double rate = link.bandwidth_bps / 8.0 * kMss / kFrame;  // payload bytes per second
+  if (!link.tcp) return link_wire_time(link, bytes);
+  constexpr double kInitialWindow = 10 * kMss, kMinRto = 0.2;
+  const double rate = payload_rate(link);
   const double rtt = 2.0 * link.latency_s;
   double window = conn.window > 0 ? conn.window : kInitialWindow;
   if (conn.last_end >= 0 && rtt > 0) {  // restart after idle

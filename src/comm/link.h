@@ -13,7 +13,11 @@
 //     product: a round that sends a window smaller than that product takes a whole round trip;
 //   - after an idle time longer than the retransmission timeout (round trip + 200 ms, Linux's
 //     minimum), the window is halved once per timeout elapsed, down to 10 segments (Linux's
-//     tcp_slow_start_after_idle).
+//     tcp_slow_start_after_idle);
+//   - a connection's messages go in order, and its slow-start round trips hold that connection
+//     only: connections to other peers send meanwhile, sharing the link's rate (first come,
+//     first served), so arrival = max(start + T(b), link_free + wire time) + latency with start
+//     the later of t and the end of the connection's previous message.
 // The receiver waits until the arrival time. The arrival time travels in an 8-byte header
 // that is not counted as payload.
 #include <memory>
@@ -34,8 +38,11 @@ struct TcpConnection {
   double window = 0;      // bytes; 0: a new connection (initial window)
   double last_end = -1;   // end of its last transfer (-1: none)
 };
-// The time the link is busy sending `bytes` over `conn` from time `start` (updates conn).
+// The time a transfer of `bytes` over `conn` takes from time `start`, slow start included
+// (updates conn).
 double link_transfer_time(const LinkConfig& link, TcpConnection& conn, double start, double bytes);
+// The time `bytes` of payload occupy the link itself (with TCP, headers included).
+double link_wire_time(const LinkConfig& link, double bytes);
 
 std::unique_ptr<Transport> wrap_with_link(std::unique_ptr<Transport> inner, LinkConfig link,
                                           std::shared_ptr<Clock> clock);

@@ -303,6 +303,37 @@ TEST(LinkModel, TcpSlowStartAndRestartAfterIdle) {
   EXPECT_DOUBLE_EQ(link_transfer_time(link, conn, 0.0, 1.25e6), 0.1);
 }
 
+TEST(LinkModel, TcpConnectionsToSeveralPeersSlowStartSideBySide) {
+  auto clock = std::make_shared<ManualClock>();
+  auto ts = make_inprocess_transports(3);
+  const LinkConfig link{100e6, 0.030, true};
+  const double rate = 12.5e6 * 1448 / 1514, rtt = 0.06, iw = 14480;
+  auto a = wrap_with_link(std::move(ts[0]), link, clock);
+  // 100 KB to each of two peers on new connections: rounds of 1 and 2 initial windows (a round
+  // trip each), then the remaining 56,560 bytes. The link is idle during those round trips, so
+  // the second connection's slow start runs beside the first's, not after it.
+  const double slow_start = 2 * rtt + (1e5 - 3 * iw) / rate;
+  const SendTiming t1 = a->send(1, 0, std::string(100000, 'a'));
+  const SendTiming t2 = a->send(2, 0, std::string(100000, 'b'));
+  EXPECT_DOUBLE_EQ(t1.start, 0.0);
+  EXPECT_NEAR(t1.end, slow_start, 1e-12);
+  EXPECT_DOUBLE_EQ(t2.start, 0.0);
+  EXPECT_NEAR(t2.end, slow_start, 1e-12);
+  // A connection's next message waits for its previous one.
+  const SendTiming t3 = a->send(1, 0, std::string(10, 'c'));
+  EXPECT_NEAR(t3.start, t1.end, 1e-12);
+  // The link's rate is still shared: without latency there is no slow start, and 1.25 MB to
+  // each of two peers at once ends after the wire time of one, then of both.
+  auto ts2 = make_inprocess_transports(3);
+  auto b = wrap_with_link(std::move(ts2[0]), LinkConfig{100e6, 0.0, true}, clock);
+  const double now = clock->now(), wire = 1.25e6 / rate;
+  const SendTiming t4 = b->send(1, 0, std::string(1250000, 'd'));
+  const SendTiming t5 = b->send(2, 0, std::string(1250000, 'e'));
+  EXPECT_NEAR(t4.end, now + wire, 1e-12);
+  EXPECT_DOUBLE_EQ(t5.start, now);
+  EXPECT_NEAR(t5.end, now + 2 * wire, 1e-12);
+}
+
 TEST(LinkModel, PeakRateAndParsing) {
   TrafficStats s(1.0);
   s.record_send("x", 1000, 0.0, 2.0);  // 500 B/s over two windows
