@@ -17,21 +17,30 @@ sets=(--set data.train=data/train.tok --set data.val=data/val.tok)
 
 # Uninterrupted run.
 "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.out_dir=full --quiet > /dev/null
-# Gradient accumulation: micro-batches of 1 and 2 windows == the whole batch of 4 (float
-# tolerance), with the same loss curve.
+# Gradient accumulation: micro-batches of 1 and 2 windows == the whole batch of 4. At step 1 the
+# runs share their parameters, so the logged loss and gradient norm (before clipping) agree to
+# float rounding: this catches a wrong scaling of the accumulated gradient or a micro-batch left
+# out. The 40-step runs then agree to a tolerance: AdamW divides each entry's update by that
+# entry's own gradient scale, so entries whose gradient is near zero take lr-sized steps that
+# rounding can turn; measured on a 2-core AMD EPYC, micro-batches of 1 window: parameters 2.6e-4
+# apart (max-abs difference over max-abs, per tensor) after 5 steps, 1.1e-4 after 40; logged
+# metrics at most 5.2e-5 apart; step 1 3.3e-9.
+"$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.log_interval=1 \
+  --set train.out_dir=batch4 --quiet > /dev/null
 for m in 1 2; do
-  "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.micro_batch_size=$m \
-    --set train.out_dir=micro$m --quiet > /dev/null
+  "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.log_interval=1 \
+    --set train.micro_batch_size=$m --set train.out_dir=micro$m --quiet > /dev/null
   $py "$here/../tools/params_close.py" micro$m/checkpoints/step_00000040/model.safetensors \
-    full/checkpoints/step_00000040/model.safetensors 1e-4
-  # The logged losses and gradient norms (before clipping) agree too: this catches a wrong
-  # scaling of the accumulated gradient, which AdamW alone would mostly hide.
-  $py - micro$m/metrics.jsonl full/metrics.jsonl <<'PY'
+    batch4/checkpoints/step_00000040/model.safetensors 1e-3
+  $py - micro$m/metrics.jsonl batch4/metrics.jsonl <<'PY'
 import json, sys
-a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-worst = max(abs(x[k] - y[k]) / abs(y[k]) for x, y in zip(a, b) for k in ("train_loss", "grad_norm"))
-print(f"metrics worst relative difference {worst:.2e}")
-sys.exit(0 if len(a) == len(b) and worst < 1e-4 else 1)
+a, b = ([json.loads(l) for l in open(p) if '"train_loss"' in l] for p in sys.argv[1:3])
+assert len(a) == len(b) == 40 and a[0]["step"] == b[0]["step"] == 1, "a training record per step expected"
+diff = lambda x, y, k: abs(x[k] - y[k]) / abs(y[k])
+first = max(diff(a[0], b[0], k) for k in ("train_loss", "grad_norm"))
+worst = max(diff(x, y, k) for x, y in zip(a, b) for k in ("train_loss", "grad_norm"))
+print(f"metrics: step 1 relative difference {first:.2e}, worst over 40 steps {worst:.2e}")
+sys.exit(0 if first < 1e-6 and worst < 1e-4 else 1)
 PY
 done
 "$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.micro_batch_size=3 --quiet \
