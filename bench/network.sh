@@ -38,7 +38,7 @@ measure_allreduce() {  # np rate delay floats
   [ -f "$log" ] || scripts/netlab.sh run "$1" "$2" "$3" -- "$PWD/build/bench/loco_allreduce_bench" "$4" 3 > "$log" 2>&1
 }
 # What a log says, as a row of the all-reduce table (row) or as the mean over ranks of raw TCP's
-# rate in bits per second (raw).
+# rate in bits per second (raw_bps).
 allreduce_stats() {  # log np what [link floats]
   /usr/bin/python3 - "$@" <<'PY'
 import re, sys
@@ -48,7 +48,7 @@ rows = [tuple(map(float, m.groups())) for m in
                     r"CPU ms per MB raw ([0-9.]+) ring ([0-9.]+)", open(log).read())]
 assert len(rows) == np_, f"{log}: {len(rows)} of {np_} ranks reported"
 mean = lambda k: sum(r[k] for r in rows) / len(rows)
-if what == "raw":
+if what == "raw_bps":
     print(f"{8 * mean(0):.0f}")
 else:
     ratios = [r[2] for r in rows]
@@ -76,7 +76,7 @@ for link in "${all_links[@]}"; do
   [[ " $links " == *" $rate "* ]] || continue
   for np in 2 4; do
     measure_allreduce "$np" "$rate" "$delay" "$floats"
-    raw_bw="$(allreduce_stats "$(allreduce_log "$np" "$rate")" "$np" raw)bit"
+    raw_bps=$(allreduce_stats "$(allreduce_log "$np" "$rate")" "$np" raw_bps)
     for method in $methods; do
       name=$method-$np-$rate
       # shellcheck disable=SC2206
@@ -84,20 +84,20 @@ for link in "${all_links[@]}"; do
       NETLAB_STATS="$out/$name-lab.tc" scripts/netlab.sh run "$np" "$rate" "$delay" -- \
         "$PWD/build/loco" train "${common[@]}" "${margs[@]}" --set data.train="$PWD/data/brown/tok4k/train.tok" \
         --set train.out_dir="$PWD/$out/$name-lab" > "$out/$name-lab.log" 2>&1
-      for model in "false $bw" "true $bw" "raw $raw_bw"; do
-        read -r kind rate_bw <<< "$model"
+      for model in "false false $bw" "true true $bw" "raw false ${raw_bps}bit"; do  # run name, network.tcp, rate
+        read -r kind tcp rate_bw <<< "$model"
         build/loco train "${common[@]}" "${margs[@]}" --set distributed.replicas="$np" --set network.bandwidth="$rate_bw" \
-          --set network.latency="$delay" --set network.tcp="${kind/raw/false}" --set train.out_dir="$out/$name-emu-$kind" \
+          --set network.latency="$delay" --set network.tcp="$tcp" --set train.out_dir="$out/$name-emu-$kind" \
           > "$out/$name-emu-$kind.log" 2>&1
       done
       pred=$(build/loco simulate cu --calibrate "$out/$name-emu-false" | sed -nE 's/.*predicted ([0-9.]+)%.*/\1/p')
       /usr/bin/python3 - "$out/$name-lab/summary.json" "$out/$name-emu-false/summary.json" \
         "$out/$name-emu-true/summary.json" "$out/$name-emu-raw/summary.json" "$method" "$np" "$rate/$delay" "$pred" \
-        "$raw_bw" <<'PY'
+        "$raw_bps" <<'PY'
 import json, sys
 lab, emu, tcp, raw = (json.load(open(p)) for p in sys.argv[1:5])
 method, np_, link, pred = sys.argv[5], sys.argv[6], sys.argv[7], float(sys.argv[8])
-raw_mbs = float(sys.argv[9].removesuffix("bit")) / 8e6
+raw_mbs = float(sys.argv[9]) / 8e6
 def stats(s):
     ws = s["workers"]
     cu = 100 * sum(w["compute_utilization"] for w in ws) / len(ws)

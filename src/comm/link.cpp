@@ -31,12 +31,15 @@ class LinkTransport : public Transport {
       // link meanwhile, as TCP's do (a worker sending to three peers at once pays one slow start,
       // not three in a row).
       std::lock_guard<std::mutex> lock(mu_);
-      TcpConnection& conn = conns_[size_t(peer)];
-      start = link_.tcp ? std::max(now, conn.last_end) : std::max(now, link_free_);
-      const double link_end = std::max(start, link_free_) + link_wire_time(link_, bytes);
-      end = link_.tcp ? std::max(start + link_transfer_time(link_, conn, start, bytes), link_end) : link_end;
-      if (link_.tcp) conn.last_end = end;
-      link_free_ = link_end;
+      if (!link_.tcp) {
+        start = std::max(now, link_free_);
+        end = link_free_ = start + link_wire_time(link_, bytes);
+      } else {
+        TcpConnection& conn = conns_[size_t(peer)];
+        start = std::max(now, conn.last_end);
+        link_free_ = std::max(start, link_free_) + link_wire_time(link_, bytes);
+        end = conn.last_end = std::max(start + link_transfer_time(link_, conn, start, bytes), link_free_);
+      }
     }
     const double arrival = end + link_.latency_s;
     std::string framed(sizeof(double), '\0');
@@ -87,12 +90,10 @@ std::pair<double, std::string> number_and_unit(const std::string& text, const st
   return {v, s.substr(used)};
 }
 
-}  // namespace
-
-namespace {
 constexpr double kMss = 1448, kFrame = 1514;  // TCP payload and Ethernet frame of a full segment
 // Payload bytes per second the link carries (TCP/IP and Ethernet headers taken off with TCP).
 double payload_rate(const LinkConfig& link) { return link.bandwidth_bps / 8.0 * (link.tcp ? kMss / kFrame : 1.0); }
+
 }  // namespace
 
 double link_wire_time(const LinkConfig& link, double bytes) {
