@@ -14,7 +14,8 @@ void set_compute_threads(int n);
 int compute_threads();
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), from the calling thread and the pool.
-// Chunks hold at least `grain` indices. Blocks until all are done. Not reentrant.
+// Chunks hold at least `grain` indices. Blocks until all are done. Safe to call from several
+// threads (their jobs take turns on the pool); a call from inside a chunk runs inline.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace loco
