@@ -3,6 +3,9 @@
 // the outer parameters take a Nesterov step, and every replica restarts from them. The inner
 // AdamW state is kept across rounds. The final step always ends a round, so the run's last
 // inner steps count. Evaluation uses the outer parameters.
+// With outer.start_step = S > 0 the first S steps are data-parallel (gradients averaged every
+// step, as DDP), as the DiLoCo paper started from a pretrained model; the outer parameters are
+// taken after step S and the rounds end at steps S + H, S + 2H, ...
 // In fp32 the all-reduce carries the replicas' parameters theta_m: every worker knows theta,
 // so this is the same information as Delta_m in the same bytes, and it keeps the outer step
 // exact (see outer_sgd_step). With partial updates each entry is averaged over the replicas
@@ -18,6 +21,7 @@ class Diloco : public Algorithm {
  public:
   Diloco(const RunConfig& cfg, const Worker& w)
       : outer_(cfg.outer),
+        start_step_(cfg.outer.start_step),
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f),
         average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
@@ -27,8 +31,18 @@ class Diloco : public Algorithm {
     if (!resumed) theta_ = w.params;
   }
 
+  void on_gradients(Worker& w) override {
+    if (w.step < start_step_)
+      w.comm.all_reduce(w.grads.data(), int64_t(w.grads.size()), ReduceOp::Mean, "gradients");
+  }
+
   void after_step(Worker& w, int64_t done, bool last) override {
-    if (done % outer_.inner_steps != 0 && !last) return;
+    done_ = done;
+    if (done <= start_step_) {
+      if (done == start_step_) theta_ = w.params;  // identical on every replica after data-parallel steps
+      return;
+    }
+    if ((done - start_step_) % outer_.inner_steps != 0 && !last) return;
     const int64_t n = int64_t(theta_.size());
     // With partial updates, each entry is averaged over the replicas that train it.
     CountVectorAverage::Op op;
@@ -38,7 +52,7 @@ class Diloco : public Algorithm {
     w.params = theta_;
   }
 
-  const std::vector<float>& eval_params(Worker&) override { return theta_; }
+  const std::vector<float>& eval_params(Worker& w) override { return done_ < start_step_ ? w.params : theta_; }
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
   }
@@ -54,6 +68,8 @@ class Diloco : public Algorithm {
 
  private:
   OuterConfig outer_;
+  const int64_t start_step_;
+  int64_t done_ = 0;  // steps completed (after_step's last `done`)
   std::vector<float> theta_, momentum_, avg_;
   CountVectorAverage average_;
   std::vector<Range> whole_;

@@ -132,6 +132,7 @@ void emulate_straggling(WorkerRun& run, int64_t step, double compute) {
 StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   maybe_inject_failure(run, step + 1);
   auto& w = run.w;
+  w.step = step;
   const Clock& clock = run.world.clock();
   const double t0 = clock.now();
   std::fill(w.grads.begin(), w.grads.end(), 0.0f);

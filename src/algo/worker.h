@@ -44,6 +44,7 @@ struct Worker {
   AdamW adamw;
   DataLoader loader;               // read by the first stage only
   double compute_seconds = 0;  // forward, backward, optimizer and outer updates
+  int64_t step = 0;            // inner steps completed before the one being taken
 };
 
 }  // namespace loco

@@ -100,6 +100,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
 
   auto& o2 = cfg.outer;
   s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco, streaming)", 1);
+  s.add("outer.start_step", &o2.start_step,
+        "diloco: steps of data-parallel training (gradients averaged every step) before the first outer round, "
+        "as the DiLoCo paper started from a pretrained model; 0: DiLoCo from the first step", 0);
   s.add("outer.lr", &o2.lr,
         "outer learning rate eta; by default the method's paper value: diloco 0.7 (DiLoCo paper), streaming 0.4 "
         "(Streaming DiLoCo paper, which used 0.4 for DiLoCo too: compare the two at one value)", -1.0, 10.0);
@@ -204,6 +207,14 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                     "): every stage needs at least one block");
   if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
   need(c.outer.lr >= 0, "outer.lr must be >= 0");
+  if (c.outer.start_step > 0) {
+    need(c.algorithm == "diloco", "outer.start_step applies to algorithm = \"diloco\"");
+    need(c.outer.start_step < c.train.steps, "outer.start_step (" + std::to_string(c.outer.start_step) +
+                                                 ") must be below train.steps (" + std::to_string(c.train.steps) + ")");
+    need(c.partial.slices == 1, "outer.start_step with partial.slices > 1 is not supported (data-parallel steps "
+                                "need every replica to train every parameter)");
+    need(c.distributed.backend != "elastic", "outer.start_step is not supported with distributed.backend = \"elastic\"");
+  }
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
   parse_duration(c.network.latency, source + ": network.latency");
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");

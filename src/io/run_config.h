@@ -76,6 +76,7 @@ struct OuterConfig {
   std::string rounding = "nearest";
   int block = 128;                  // values per shared scale
   double keep_fraction = 0.1;       // random-drop, topk
+  int64_t start_step = 0;           // diloco: data-parallel steps before the first round
 };
 
 struct StreamingConfig {

@@ -102,6 +102,8 @@ expect_error "data.batch_size must be in" "$loco" train --config train.toml --se
 expect_error "noloco.pull must be >= 0" "$loco" train --config train.toml --set algorithm=noloco --set noloco.pull=-0.5
 expect_error "noloco.group_size must be in" "$loco" train --config train.toml --set algorithm=noloco --set noloco.group_size=1
 expect_error "noloco sends fp32" "$loco" train --config train.toml --set algorithm=noloco --set outer.codec=fp4-e3m0
+expect_error "outer.start_step applies to algorithm = \"diloco\"" "$loco" train --config train.toml --set algorithm=streaming --set outer.start_step=2
+expect_error "must be below train.steps" "$loco" train --config train.toml --set algorithm=diloco --set outer.start_step=100000
 expect_error "partial.slices > 1 needs" "$loco" train --config train.toml --set algorithm=noloco --set partial.slices=2
 expect_error "would scale its two copies differently" "$loco" train --config train.toml --set pipeline.stages=2 \
   --set model.tie_embeddings=true --set optimizer.clip_scope=stage

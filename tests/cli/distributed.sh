@@ -4,6 +4,7 @@
 #  - DiLoCo with M = 1, outer lr 1, momentum 0 == plain training (bitwise);
 #  - in-process == MPI (mpirun -np 2): identical checkpoints after DiLoCo rounds (bitwise);
 #  - DiLoCo with 2 replicas resumes bit for bit;
+#  - DiLoCo after data-parallel steps (outer.start_step) starts as DDP and rounds from there;
 #  - a killed or stuck MPI worker makes the run exit non-zero with a message within the timeout.
 set -euo pipefail
 source "$(dirname "$0")/distributed_env.sh" "$@"
@@ -39,6 +40,25 @@ for f in model.safetensors replica-0.safetensors replica-1.safetensors; do cmp i
 "$loco" train "${base[@]}" "${dl[@]}" --set distributed.replicas=2 --set train.out_dir=paused --until 6
 "$loco" train --resume paused --quiet
 for f in model.safetensors replica-0.safetensors replica-1.safetensors; do cmp inproc/$ck/$f paused/$ck/$f; done
+
+# DiLoCo after data-parallel steps (outer.start_step = 4): steps 1-4 are DDP's, bit for bit, and
+# the rounds then end every H = 3 steps from step 4 (7, 10 and the last, 12).
+warm=(--set train.steps=12 --set distributed.replicas=2)
+"$loco" train "${base[@]}" "${warm[@]}" --set algorithm=diloco --set outer.inner_steps=3 --set outer.start_step=4 \
+  --set train.out_dir=warm
+"$loco" train "${base[@]}" "${warm[@]}" --set algorithm=diloco --set outer.inner_steps=3 --set outer.start_step=4 \
+  --set train.out_dir=warm4 --until 4
+"$loco" train "${base[@]}" "${warm[@]}" --set algorithm=ddp --set train.out_dir=ddp4 --until 4
+cmp warm4/checkpoints/step_00000004/model.safetensors ddp4/checkpoints/step_00000004/model.safetensors
+$py - warm/summary.json <<'PY'
+import json, sys
+ops = json.load(open(sys.argv[1]))["workers"][0]["by_operation"]
+got = (ops["gradients"]["instances"], ops["outer_gradients"]["instances"])
+assert got == (4, 3), f"outer.start_step=4, H=3, 12 steps: {got} gradient all-reduces and rounds, expected (4, 3)"
+PY
+# ... and resumes bit for bit from inside the data-parallel steps.
+"$loco" train --resume warm4 --quiet
+cmp warm/$ck/model.safetensors warm4/$ck/model.safetensors
 
 # A killed MPI worker (SIGKILL) or a stuck one (SIGSTOP): the run exits non-zero with a
 # message, within the timeout (5 s) plus start-up.
