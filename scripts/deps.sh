@@ -14,6 +14,7 @@ loco_packages() {
     corpus) echo python3 ;;
     npm) echo npm ;;
     kjv) echo bible-kjv ;;
+    code) echo linux-source-6.1 xz-utils python3 ;;
   esac
 }
 

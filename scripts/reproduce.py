@@ -9,14 +9,12 @@ killed study continues run by run from the last checkpoint. A finished run's rec
 invocation) is copied to RECORDS/NAME; the page is written from the records alone, so
 --report-only regenerates it byte for byte."""
 import argparse
-import json
-import math
 import os
-import shutil
 import subprocess
 import sys
-import time
-import tomllib
+
+import study
+from study import fmt_bytes, load_record, log, pct, round10, totals
 
 M = 4  # replicas in the main runs
 BATCH = 4  # windows of seq_len tokens per replica and step
@@ -82,14 +80,6 @@ BY_NAME = {p[0]: p for p in PLAN}
 LINK = ["network.bandwidth=100Mbit", "network.latency=30ms"]
 
 
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def round10(x):
-    return max(10, int(x) // 10 * 10)
-
-
 def common(args, steps):
     return ["--config", args.config, "--set", f"distributed.replicas={M}", "--set", f"data.batch_size={BATCH}",
             "--set", f"train.steps={steps}", "--set", "train.keep_checkpoints=1", "--quiet"] + \
@@ -108,131 +98,15 @@ def command(args, name, cu):
     return cmd, steps
 
 
-def machine():
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {model}"
-
-
-def finished_steps(run_dir):
-    try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)["steps"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def has_checkpoint(run_dir):
-    d = os.path.join(run_dir, "checkpoints")
-    return os.path.isdir(d) and any(e.startswith("step_") for e in os.listdir(d))
-
-
 def train(args, name, cu):
-    """Trains one run to the end of its budget (or to --until), resuming it when it has a checkpoint."""
-    key = ("cu-" if cu else "") + name
-    record = os.path.join(args.records, key)
-    if os.path.exists(os.path.join(record, "study.json")):
-        return True
-    run_dir = os.path.join(args.out, key)
+    """Trains one run (or its compute-utilization run) to the end of its budget or to --until."""
     base, target = command(args, name, cu)
-    study_file = os.path.join(args.out, key + ".study.json")
-    study = {"command": [os.path.relpath(base[0]) if os.path.isabs(base[0]) else base[0]] + base[1:],
-             "wall_s": [], "machine": machine()}
-    if os.path.exists(study_file):
-        with open(study_file) as f:
-            study["wall_s"] = json.load(f)["wall_s"]
-    if args.until and not cu and args.until < target and finished_steps(run_dir) >= args.until and \
-            has_checkpoint(run_dir):
-        log(f"{key}: at step {finished_steps(run_dir)} of {target} (--until {args.until})")
-        return False
-    if has_checkpoint(run_dir):
-        with open(os.path.join(run_dir, "config.toml"), "rb") as f:
-            started = tomllib.load(f)["train"]["steps"]
-        if started != target:
-            sys.exit(f"reproduce: {run_dir} was started with {started} steps, not {target}: run with "
-                     f"--steps {started}, or remove {args.out} to start the study over")
-        cmd = [args.loco, "train", "--resume", run_dir, "--quiet"]
-        log(f"{key}: resuming from its latest checkpoint")
-    else:
-        cmd = base + ["--set", f"train.out_dir={run_dir}", "--overwrite"]
-        log(f"{key}: starting ({target} steps{', 100 Mbit/s, 30 ms link' if cu else ''})")
-    if args.until and not cu and args.until < target:
-        cmd += ["--until", str(args.until)]
-    os.makedirs(args.out, exist_ok=True)
-    start = time.monotonic()
-    with open(os.path.join(args.out, key + ".log"), "a") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
-    study["wall_s"].append(round(time.monotonic() - start, 1))
-    with open(study_file + ".tmp", "w") as f:
-        json.dump(study, f)
-    os.replace(study_file + ".tmp", study_file)
-    if rc != 0:
-        sys.exit(f"reproduce: {key} failed (exit {rc}); see {os.path.join(args.out, key + '.log')}")
-    done = finished_steps(run_dir)
-    if done < target:
-        log(f"{key}: stopped at step {done} of {target}")
-        return False
-    os.makedirs(record + ".tmp", exist_ok=True)
-    for f in ("summary.json", "metrics.jsonl", "config.toml"):
-        shutil.copyfile(os.path.join(run_dir, f), os.path.join(record + ".tmp", f))
-    study["steps"] = target
-    with open(os.path.join(record + ".tmp", "study.json"), "w") as f:
-        json.dump(study, f, indent=1)
-        f.write("\n")
-    shutil.rmtree(record, ignore_errors=True)
-    os.replace(record + ".tmp", record)
-    s = load_record(args.records, key)
-    log(f"{key}: done, final val loss {s['final_val_loss']:.4f}, {sum(study['wall_s']):.0f} s")
-    return True
+    return study.train(args, ("cu-" if cu else "") + name, base, target, stoppable=not cu,
+                       note=", 100 Mbit/s, 30 ms link" if cu else "")
 
 
 # ---------------------------------------------------------------------------------------------
 # The page, from the records only.
-
-def load_record(records, key):
-    path = os.path.join(records, key)
-    if not os.path.exists(os.path.join(path, "study.json")):
-        return None
-    with open(os.path.join(path, "summary.json")) as f:
-        s = json.load(f)
-    with open(os.path.join(path, "study.json")) as f:
-        s["study"] = json.load(f)
-    with open(os.path.join(path, "config.toml"), "rb") as f:
-        s["config"] = tomllib.load(f)
-    return s
-
-
-def totals(s):
-    """Per-worker training bytes sent (mean), largest sync (max) and mean CU, as `loco compare`
-    (the synchronizations are comm/stats.cpp's is_sync_traffic)."""
-    sent, largest, cu = 0.0, 0.0, 0.0
-    sync_ops = ("gradients", "outer_gradients", "outer_progress", "outer_weights")
-    for w in s["workers"]:
-        sent += w["train_bytes_sent"]
-        for op, v in (w.get("by_operation") or {}).items():
-            if op in sync_ops:
-                largest = max(largest, v.get("largest_instance_bytes_sent", 0))
-        cu += w.get("compute_utilization", 0)
-    n = len(s["workers"])
-    return sent / n, largest, cu / n
-
-
-def fmt_bytes(b):
-    if b == 0:
-        return "0"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
-def pct(x, base):
-    return 100.0 * (x / base - 1.0)
-
 
 class Page:
     def __init__(self, records):
@@ -476,13 +350,8 @@ def plot(args):
 
 
 def report(args):
-    text = Page(args.records).write()
-    tmp = args.page + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, args.page)
+    study.write_page(args.page, Page(args.records).write())
     plot(args)
-    log(f"wrote {args.page}")
 
 
 def main():

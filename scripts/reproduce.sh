@@ -9,8 +9,31 @@
 #   scripts/reproduce.sh --report-only   regenerate the page from docs/results/reproduction/
 #   scripts/reproduce.sh --list          the runs and which are recorded
 # Options: scripts/reproduce.sh --help
+# The quality-parity study (docs/results/parity.md; scripts/parity.py, about 10 hours on 2 cores,
+# resumable the same way) runs with --study parity first:
+#   scripts/reproduce.sh --study parity [--list | --report-only | --max-runs N ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --study ]; then
+  case ${2:-} in
+    parity) ;;
+    small-batch) shift 2; exec "$0" "$@" ;;
+    *) echo "reproduce.sh: --study takes parity or small-batch" >&2; exit 2 ;;
+  esac
+  shift 2
+  setup=data
+  for a in "$@"; do
+    case $a in
+      --report-only|--list|--help|-h) setup=none ;;
+      --config|--config=*) [[ $setup == data ]] && setup=build ;;
+    esac
+  done
+  case $setup in
+    data) scripts/code-data.sh ;;
+    build) scripts/build.sh > /dev/null ;;
+  esac
+  exec /usr/bin/python3 scripts/parity.py "$@"
+fi
 # Training needs the build and, with the default config, the Brown corpus (brown-data.sh does both).
 mode=brown
 for a in "$@"; do

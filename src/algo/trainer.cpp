@@ -377,6 +377,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                                                     {"stages", s.grid.stages},
                                                                     {"backend", s.backend},
                                                                     {"unigram_entropy", s.unigram_entropy},
+                                                                    {"train_data_tokens", int64_t(s.train_tokens->size())},
                                                                     {"seconds", sum.seconds}}
                                                          .dump(2) + "\n");
     return sum;

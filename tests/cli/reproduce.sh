@@ -3,7 +3,8 @@
 # runs, stopped half way (--until) and continued from their checkpoints (the resumed run equals an
 # uninterrupted one bitwise), their compute-utilization runs over the emulated link, the page
 # written from the records, --report-only regenerating it (and its plot) byte for byte, bad input;
-# and the committed study page regenerating byte for byte from the committed records.
+# and the committed study page regenerating byte for byte from the committed records; the same for
+# the quality-parity study (scripts/parity.py), whose later runs depend on the earlier ones' results.
 set -euo pipefail
 loco=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -93,5 +94,58 @@ if [ -f "$root/docs/results/reproduction/ddp/study.json" ]; then
     --page committed/reproduction.md > /dev/null
   cmp committed/reproduction.md "$root/docs/results/reproduction.md"
   echo "reproduce: docs/results/reproduction.md regenerates from its records"
+fi
+
+# The quality-parity study's machinery (scripts/parity.py) on the same tiny data: its tuning
+# protocol decided from the records, a stop and continue, the page and its regeneration.
+parity=($py "$root/scripts/parity.py" --loco "$loco" --config "$root/configs/tiny.toml"
+        --set data.train=data/train.tok --set data.val=data/val.tok --steps 40 --global-batch 8
+        --out parity-runs --records parity-rec --page page/parity.md)
+"${parity[@]}" --max-runs 3 > p1.log
+[ "$(ls parity-rec | wc -l)" -eq 3 ]
+grep -q "Runs recorded: 3 of the 4 decided so far (the tuning protocol decides" page/parity.md
+"${parity[@]}" --until 20 > p2.log
+grep -q "dp-lr8e-3: stopped at step 20 of 40" p2.log
+"${parity[@]}" > p3.log
+grep -q "dp-lr8e-3: resuming from its latest checkpoint" p3.log
+grep -q "every run finished" p3.log
+$py - parity-rec page/parity.md <<'PY'
+import json, os, sys, tomllib
+rec, page = sys.argv[1], open(sys.argv[2]).read()
+def val(n): return json.load(open(f"{rec}/{n}/summary.json"))["final_val_loss"]
+def cfg(n): return tomllib.load(open(f"{rec}/{n}/config.toml", "rb"))
+names = sorted(os.listdir(rec))
+assert len(names) == 60, len(names)
+dp = min((n for n in names if n.startswith("dp-") and "seed" not in n), key=val)
+dp_lr = cfg(dp)["optimizer"]["lr"]
+for m in (1, 2, 4, 8):
+    runs = [n for n in names if n.startswith(f"m{m}-") and "seed" not in n and "warm" not in n]
+    assert len(runs) == 13, (m, runs)
+    stage_a = [n for n in runs if cfg(n)["optimizer"]["lr"] == dp_lr]
+    assert len(stage_a) == 10, (m, stage_a)  # every outer cell at data-parallel's best inner lr
+    best_a = min(stage_a, key=val)
+    for n in set(runs) - set(stage_a):  # the other inner lrs at that M's best outer cell
+        assert cfg(n)["outer"]["lr"] == cfg(best_a)["outer"]["lr"], n
+        assert cfg(n)["outer"]["momentum"] == cfg(best_a)["outer"]["momentum"], n
+    for n in runs:
+        c = cfg(n)
+        assert c["distributed"]["replicas"] == m and c["data"]["batch_size"] * m == 8, n
+    best = min(runs, key=val)
+    gap = 100 * (val(best) / val(dp) - 1)
+    row = next(l for l in page.splitlines() if l.startswith(f"| DiLoCo M={m} |"))
+    assert f"`{best}`" in row and f"{gap:+.2f}%" in row, row
+warm = [n for n in names if "warm" in n]
+assert len(warm) == 2 and all(cfg(n)["outer"]["start_step"] == 8 for n in warm), warm
+PY
+cp page/parity.md parity.before
+rm -rf parity-runs
+"${parity[@]}" --report-only > /dev/null
+cmp page/parity.md parity.before
+if [ -f "$root/docs/results/parity/dp-lr1e-3/study.json" ]; then
+  mkdir -p committed
+  $py "$root/scripts/parity.py" --report-only --records "$root/docs/results/parity" --page committed/parity.md \
+    > /dev/null
+  cmp committed/parity.md "$root/docs/results/parity.md"
+  echo "reproduce: docs/results/parity.md regenerates from its records"
 fi
 echo "reproduce: OK"

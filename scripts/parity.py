@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The quality-parity study (docs/results/parity.md): Scaling Laws for DiLoCo's Table 4 at loco's
+scale. Data-parallel training and DiLoCo with M = 1, 2, 4, 8 replicas on one model, 20 tokens per
+parameter of the Linux kernel's C sources (scripts/code-data.sh), a fixed global batch and H = 30,
+every method with the same tuning budget. Started by scripts/reproduce.sh --study parity; see --help.
+
+Tuning, the same protocol for every M (the grids are GRID_* below):
+  1. data-parallel at every inner learning rate of the grid;
+  2. for each M, DiLoCo at data-parallel's best inner lr over every outer lr x outer momentum;
+  3. then DiLoCo at that M's best outer cell over the grid's other inner lrs.
+Each M thus gets 10 + 3 runs, data-parallel 4. Then a second seed of the best data-parallel and
+M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel steps
+(outer.start_step), as the DiLoCo paper started from a pretrained model.
+
+The plan depends on earlier results, so it is computed from the records every time: a run is
+named by its settings, trains in RUNS/NAME (resumable from its checkpoints, as every run of
+scripts/study.py), and its record in RECORDS/NAME is what the page is written from."""
+import argparse
+import os
+import sys
+import tomllib
+
+import parity_page
+import study
+from study import load_record, log
+
+GRID_INNER_LR = ["1e-3", "2e-3", "4e-3", "8e-3"]
+GRID_OUTER_LR = ["0.2", "0.4", "0.6", "0.8", "1.0"]
+GRID_MOMENTUM = ["0.9", "0.4"]
+REPLICAS = [1, 4, 8, 2]  # the order in which they train: M = 1 (the sharpest test) first
+H = 30
+WARM_FRACTION = 0.2  # outer.start_step of the warm-started runs, as a fraction of the steps
+SEED1 = ["train.seed=1", "data.seed=1235"]
+# Scaling Laws for DiLoCo (Charles et al., 2025), Table 4, 35M parameters: DiLoCo's loss against
+# data-parallel's, each tuned, in percent (spec 01-diloco.md).
+PAPER_GAP_35M = {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9}
+TARGET_GAP = {1: 0.0, 4: 3.0, 8: 6.0}  # the study's targets (issue 30): the paper's shape at our scale
+
+
+class Run:
+    def __init__(self, name, sets, label, group, replicas=1, cell=None):
+        self.name, self.sets, self.label, self.group, self.replicas = name, sets, label, group, replicas
+        self.cell = cell  # DiLoCo: (inner lr, outer lr, momentum); data-parallel: (inner lr,)
+
+
+def dp_run(lr, seed1=False):
+    name = f"dp-lr{lr}" + ("-seed1" if seed1 else "")
+    return Run(name, lr_sets(lr) + ["algorithm=ddp"] + (SEED1 if seed1 else []),
+               f"data-parallel, inner lr {lr}" + (", seed 1" if seed1 else ""), "seed" if seed1 else "dp",
+               cell=(lr,))
+
+
+def diloco_run(m, lr, olr, mom, seed1=False, warm=0):
+    name = f"m{m}-lr{lr}-olr{olr}-mom{mom}" + (f"-warm{warm}" if warm else "") + ("-seed1" if seed1 else "")
+    sets = lr_sets(lr) + [f"distributed.replicas={m}", "algorithm=diloco", f"outer.inner_steps={H}",
+                          f"outer.lr={olr}", f"outer.momentum={mom}"]
+    if warm:
+        sets.append(f"outer.start_step={warm}")
+    label = (f"DiLoCo M={m}, inner lr {lr}, outer lr {olr}, momentum {mom}" +
+             (f", after {warm} data-parallel steps" if warm else "") + (", seed 1" if seed1 else ""))
+    return Run(name, sets + (SEED1 if seed1 else []), label, "warm" if warm else "seed" if seed1 else f"m{m}", m,
+               cell=(lr, olr, mom))
+
+
+def lr_sets(lr):
+    # The schedule's floor follows the peak: cosine from lr to lr / 10.
+    return [f"optimizer.lr={lr}", f"optimizer.min_lr={float(lr) / 10:g}"]
+
+
+def val(records, name):
+    r = load_record(records, name)
+    return r["final_val_loss"] if r else None
+
+
+def best(records, runs):
+    """The run of RUNS with the lowest final validation loss, or None unless all are recorded."""
+    vals = [(val(records, r.name), r) for r in runs]
+    if any(v is None for v, _ in vals):
+        return None
+    return min(vals, key=lambda x: x[0])[1]
+
+
+def plan(records, steps):
+    """Every run of the study in training order, as far as the records decide it: the runs after a
+    choice that needs unrecorded results are not listed yet (the returned flag says so)."""
+    runs = [dp_run(lr) for lr in GRID_INNER_LR]
+    best_dp = best(records, runs)
+    if not best_dp:
+        return runs, False
+    dp_lr = best_dp.cell[0]
+    best_m = {}
+    for m in REPLICAS:
+        stage_a = [diloco_run(m, dp_lr, olr, mom) for mom in GRID_MOMENTUM for olr in GRID_OUTER_LR]
+        runs += stage_a
+        best_a = best(records, stage_a)
+        if not best_a:
+            return runs, False
+        _, olr, mom = best_a.cell
+        stage_b = [diloco_run(m, lr, olr, mom) for lr in GRID_INNER_LR if lr != dp_lr]
+        runs += stage_b
+        best_m[m] = best(records, stage_a + stage_b)
+        if not best_m[m]:
+            return runs, False
+    runs.append(dp_run(dp_lr, seed1=True))
+    runs.append(diloco_run(4, *best_m[4].cell, seed1=True))
+    warm = max(1, int(steps * WARM_FRACTION))
+    for m in (4, 8):
+        runs.append(diloco_run(m, *best_m[m].cell, warm=warm))
+    return runs, True
+
+
+def command(args, run):
+    windows = args.global_batch // run.replicas
+    cmd = [args.loco, "train", "--config", args.config, "--quiet"]
+    for s in [f"data.batch_size={windows}", f"train.steps={args.steps}", "train.keep_checkpoints=1",
+              f"train.eval_interval={study.round10(args.steps / 9)}",
+              f"train.checkpoint_interval={study.round10(args.steps / 9)}"] + run.sets + args.set:
+        cmd += ["--set", s]
+    return cmd
+
+
+def check_args(args):
+    with open(args.config, "rb") as f:
+        cfg = tomllib.load(f)
+    for m in REPLICAS:
+        if args.global_batch % m:
+            sys.exit(f"parity: --global-batch {args.global_batch} must be divisible by every M ({REPLICAS})")
+    return cfg
+
+
+def main():
+    p = argparse.ArgumentParser(description="Run the quality-parity study (resumable) and write its page.")
+    p.add_argument("--report-only", action="store_true", help="only regenerate the page from the records")
+    p.add_argument("--list", action="store_true", help="list the runs decided so far and which are recorded")
+    p.add_argument("--until", type=int, default=0, help="stop the current run at this step (continue later)")
+    p.add_argument("--max-runs", type=int, default=0, help="train at most this many runs, then write the page")
+    p.add_argument("--steps", type=int, default=1350, help="steps per run (default 1350: 20.4 tokens per "
+                   "parameter of configs/parity.toml's model at the default global batch)")
+    p.add_argument("--global-batch", type=int, default=64, help="windows per step over all replicas (default 64)")
+    p.add_argument("--config", default="configs/parity.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run (repeatable), e.g. data paths")
+    p.add_argument("--out", default="runs/parity", help="run directories (checkpoints)")
+    p.add_argument("--records", default="docs/results/parity", help="finished runs' records")
+    p.add_argument("--page", default="docs/results/parity.md")
+    p.add_argument("--loco", default="build/loco")
+    args = p.parse_args()
+    if args.list:
+        runs, complete = plan(args.records, args.steps)
+        for r in runs:
+            print(f"{r.name:34s} {r.group:6s} {'recorded' if load_record(args.records, r.name) else 'pending':9s} "
+                  f"{r.label}")
+        if not complete:
+            print("(later runs depend on the results of these)")
+        return
+    if not args.report_only:
+        check_args(args)
+        if not os.access(args.loco, os.X_OK):
+            sys.exit(f"parity: {args.loco} not found; build first (scripts/build.sh)")
+        os.makedirs(args.records, exist_ok=True)
+        trained = 0
+        while True:
+            runs, complete = plan(args.records, args.steps)
+            todo = [r for r in runs if not load_record(args.records, r.name)]
+            if not todo or (args.max_runs and trained >= args.max_runs):
+                break
+            run = todo[0]
+            log(f"run {len(runs) - len(todo) + 1} of {len(runs)}{'' if complete else '+'}: {run.name}")
+            if not study.train(args, run.name, command(args, run), args.steps):
+                log("stopped before the end of the budget (--until): run again without --until to finish")
+                break
+            trained += 1
+        if not todo and complete:
+            log("every run finished")
+    study.write_page(args.page, parity_page.write(args, plan))
+
+
+if __name__ == "__main__":
+    main()
