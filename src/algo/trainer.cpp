@@ -406,12 +406,30 @@ TrainSummary run_training(const TrainOptions& opt) {
   if (opt.until == 0 || opt.until < -1) fail("--until must be >= 1");
   s->config_path = s->resuming ? opt.resume_dir + "/config.toml" : opt.config_path;
   if (s->resuming && !file_exists(s->config_path)) fail(opt.resume_dir + ": not a run directory (no config.toml)");
+  if (s->resuming && !opt.overrides.empty()) {
+    std::string given;
+    for (const auto& o : opt.overrides) given.append(given.empty() ? "--set " : " --set ").append(o);
+    fail("--resume " + opt.resume_dir + " continues the run as its config.toml defines it; " + given +
+         " would change it mid-run (the schedule, data order or state would no longer match): start a new run with "
+         "--config " + s->config_path + " and the --set instead");
+  }
   s->cfg = load_run_config(s->config_path, opt.overrides);
   // An elastic worker resumed without a checkpoint of its own (another member wrote the model)
   // rejoins from a peer's state like a new one; any other resume needs a checkpoint.
   const bool elastic_resume = s->resuming && s->cfg.distributed.backend == "elastic";
   s->restoring = s->resuming && (!elastic_resume || file_exists(opt.resume_dir + "/checkpoints/latest"));
-  if (s->restoring) latest_checkpoint(opt.resume_dir);  // fails at once if there is nothing to resume
+  if (s->restoring) {
+    // Fails at once if there is nothing to resume; a run that already reached its last step is
+    // left exactly as it is.
+    const auto run_state = read_state_file(latest_checkpoint(opt.resume_dir) + "/state.safetensors");
+    if (run_state.get_int("step") >= s->cfg.train.steps) {
+      TrainSummary done;
+      done.run_dir = opt.resume_dir;
+      done.steps = run_state.get_int("step");
+      done.already_complete = true;
+      return done;
+    }
+  }
   const auto& cfg = s->cfg;
   s->run_dir = s->resuming ? opt.resume_dir : cfg.train.out_dir;
 

@@ -33,6 +33,7 @@ struct TrainSummary {
   double seconds = 0;
   nlohmann::json workers;  // per-worker traffic and time accounting
   bool is_reporter = true; // false on MPI ranks other than the reporter (last stage of replica 0)
+  bool already_complete = false;  // --resume of a run that had finished: nothing was run or written
 };
 
 TrainSummary run_training(const TrainOptions& options);

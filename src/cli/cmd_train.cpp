@@ -77,6 +77,12 @@ void add_train(CLI::App& app) {
       return;
     }
     const auto s = run_training(*o);
+    if (s.already_complete) {
+      std::printf("%s: the run is complete (its last checkpoint is at step %lld, the end of its schedule); "
+                  "nothing to do\n",
+                  s.run_dir.c_str(), (long long)s.steps);
+      return;
+    }
     if (!s.is_reporter) return;
     const std::string shape = s.backend == "elastic" ? std::string("one worker of an elastic run (see summary.json: elastic)")
                               : s.stages > 1 ? std::to_string(s.stages) + " stages x " + std::to_string(s.replicas) +

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Resume == uninterrupted (bitwise), also after a checkpoint torn mid-write; the trained
 # checkpoint loads in the PyTorch oracle; data prepare -> train -> generate -> plot works;
-# gradient accumulation == one big batch.
+# gradient accumulation == one big batch; --resume of a finished run touches nothing, and
+# --resume with --set is refused.
 set -euo pipefail
 loco=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -71,12 +72,13 @@ PY
 strip_time() { $py -c "import json,sys; [print(json.dumps({k: v for k, v in json.loads(l).items() if k not in ('time', 'comm_wait')})) for l in open(sys.argv[1])]" "$1"; }
 diff <(strip_time full/metrics.jsonl) <(strip_time split/metrics.jsonl)
 
-# A truncated file in the latest checkpoint is reported, not loaded; so is one with garbage
-# appended (the run state is 216 bytes: "truncating" it to 5000 appends zeros).
-cp -r split torn && truncate -s 5000 torn/checkpoints/step_00000040/replica-0.safetensors
+# A truncated file in the latest checkpoint of an unfinished run is reported, not loaded; so is
+# one with garbage appended (the run state is 216 bytes: "truncating" it to 5000 appends zeros).
+"$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.out_dir=half --until 20 --quiet > /dev/null
+cp -r half torn && truncate -s 5000 torn/checkpoints/step_00000020/replica-0.safetensors
 if "$loco" train --resume torn --quiet 2> err.txt; then echo "FAIL: torn checkpoint accepted"; exit 1; fi
 grep -q "truncated" err.txt
-cp -r split padded && truncate -s 5000 padded/checkpoints/step_00000040/state.safetensors
+cp -r half padded && truncate -s 5000 padded/checkpoints/step_00000020/state.safetensors
 if "$loco" train --resume padded --quiet 2> err.txt; then echo "FAIL: padded checkpoint accepted"; exit 1; fi
 grep -q "belong to no tensor" err.txt
 
@@ -98,4 +100,17 @@ PY
 grep -q "^The cat" gen.txt
 "$loco" plot full split --out loss.svg > /dev/null
 grep -q "<svg" loss.svg
+# --resume of a finished run says so and leaves every file of it as it was (bytes and times).
+snapshot() { find full -type f -printf '%p %s %T@\n' | sort; find full -type f -exec sha256sum {} + | sort; }
+snapshot > full.before
+"$loco" train --resume full > again.txt
+grep -q "the run is complete" again.txt
+snapshot > full.after
+cmp full.before full.after
+# --resume with --set is refused in one line naming the key, and changes nothing.
+if "$loco" train --resume full --set train.steps=80 2> err.txt; then exit 1; fi
+[ "$(wc -l < err.txt)" -eq 1 ] && grep -q "^loco: error: .*--set train.steps=80" err.txt
+snapshot > full.after
+cmp full.before full.after
+
 echo "train_resume: OK"
