@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "algo/algorithm.h"
+#include "algo/stop.h"
 #include "algo/trainer.h"
 #include "algo/worker.h"
 #include "comm/communicator.h"
@@ -41,6 +42,7 @@ struct RunSetup {
   int reporter_rank = 0;  // the last stage of replica 0: it has the loss and writes the run's files
   std::mutex error_mu;
   std::string first_error;  // the failure that stopped the run (in-process)
+  StopAgreement stop;       // in-process workers' step to stop after, on SIGTERM/SIGINT
 };
 
 // One worker: its communicators (all workers; its stage's replicas; its replica's stages), its

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/stop_signal.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "elastic/methods.h"
@@ -229,6 +230,18 @@ void keep_earlier_series(const std::string& path, int64_t start_step, nlohmann::
   }
 }
 
+// Whether this worker stops after step `done` because SIGTERM or SIGINT asked for it, agreed by
+// every worker of the run: in one process through shared memory after every step; between MPI
+// processes by a one-float all-reduce at each logged step (a signal waits for the next one). An
+// elastic member stops alone: the others carry on without it, as when it leaves.
+bool stop_requested(RunSetup& s, WorkerRun& run, int64_t done, bool logged) {
+  if (s.backend != "mpi") return s.stop.stop_after(run.rank, done, stop_signal() != 0);
+  if (!logged) return false;
+  float asked = stop_signal() != 0 ? 1.0f : 0.0f;
+  run.world.all_reduce(&asked, 1, ReduceOp::Sum, "control");
+  return asked > 0;
+}
+
 TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::shared_ptr<TraceRecorder> trace) {
   std::unique_ptr<WorkerRun> run_ptr;
   try {
@@ -328,11 +341,17 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
         loss_sum = 0;
         loss_count = 0;
       }
-      const bool pause = done == s.opt.until;
+      const bool signalled = !last && stop_requested(s, run, done, log);
+      const bool pause = done == s.opt.until || signalled;
       const bool due = last || (cfg.train.checkpoint_interval > 0 && done % cfg.train.checkpoint_interval == 0);
       if (pause || (due && run.algo->writes_checkpoints())) save_checkpoint(run, done, elapsed());
       if (pause) {
-        progress.note("stopped after step " + std::to_string(done) + " (--until); continue with --resume " +
+        if (signalled) {
+          sum.stopped_by = stop_signal();
+          sum.steps = done;
+        }
+        progress.note("stopped after step " + std::to_string(done) + " (" +
+                      (signalled ? std::string(signal_name(stop_signal())) : "--until") + "); continue with --resume " +
                       s.run_dir);
         break;
       }
@@ -362,7 +381,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     sum.checkpoint = run.checkpoint;
     if (sum.checkpoint.empty() && run.reporter && file_exists(s.run_dir + "/checkpoints/latest"))
       sum.checkpoint = latest_checkpoint(s.run_dir);
-    sum.steps = s.opt.until > 0 ? std::min(s.opt.until, cfg.train.steps) : cfg.train.steps;
+    if (!sum.stopped_by) sum.steps = s.opt.until > 0 ? std::min(s.opt.until, cfg.train.steps) : cfg.train.steps;
     sum.tokens = sum.steps * tokens_per_step;
     sum.final_train_loss = last_loss;
     sum.seconds = elapsed();

@@ -34,6 +34,7 @@ struct TrainSummary {
   nlohmann::json workers;  // per-worker traffic and time accounting
   bool is_reporter = true; // false on MPI ranks other than the reporter (last stage of replica 0)
   bool already_complete = false;  // --resume of a run that had finished: nothing was run or written
+  int stopped_by = 0;             // the signal that stopped the run early (with a checkpoint), or 0
 };
 
 TrainSummary run_training(const TrainOptions& options);

@@ -1,5 +1,6 @@
 // loco data prepare / train / plot.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -7,6 +8,7 @@
 #include "algo/trainer.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/stop_signal.h"
 #include "data/prepare.h"
 #include "io/fs.h"
 #include "io/gnuplot.h"
@@ -76,6 +78,7 @@ void add_train(CLI::App& app) {
       std::printf("%s", run_config_to_toml(cfg).c_str());
       return;
     }
+    install_stop_handlers();
     const auto s = run_training(*o);
     if (s.already_complete) {
       std::printf("%s: the run is complete (its last checkpoint is at step %lld, the end of its schedule); "
@@ -83,7 +86,12 @@ void add_train(CLI::App& app) {
                   s.run_dir.c_str(), (long long)s.steps);
       return;
     }
-    if (!s.is_reporter) return;
+    // A run stopped by SIGTERM/SIGINT (with its checkpoint) exits as such, after its summary.
+    const int stopped_exit = s.stopped_by ? 128 + s.stopped_by : 0;
+    if (!s.is_reporter) {
+      if (stopped_exit) std::exit(stopped_exit);
+      return;
+    }
     const std::string shape = s.backend == "elastic" ? std::string("one worker of an elastic run (see summary.json: elastic)")
                               : s.stages > 1 ? std::to_string(s.stages) + " stages x " + std::to_string(s.replicas) +
                                                  " replica(s)"
@@ -112,6 +120,12 @@ void add_train(CLI::App& app) {
                   (long long)w["grad_bytes"].get<int64_t>(), (long long)w["optimizer_bytes"].get<int64_t>(),
                   (long long)w.value("outer_state_bytes", int64_t(0)), w.value("backward_flops_per_step", 0.0),
                   w["backward_s_per_step"].get<double>());
+    if (stopped_exit) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "loco: stopped by %s after step %lld with a checkpoint; continue with: loco train --resume %s\n",
+                   signal_name(s.stopped_by), (long long)s.steps, s.run_dir.c_str());
+      std::exit(stopped_exit);
+    }
   });
 }
 
