@@ -441,7 +441,7 @@ TrainSummary run_training(const TrainOptions& opt) {
     // Fails at once if there is nothing to resume; a run that already reached its last step is
     // left exactly as it is.
     const auto run_state = read_state_file(latest_checkpoint(opt.resume_dir) + "/state.safetensors");
-    if (run_state.get_int("step") >= s->cfg.train.steps) {
+    if (run_state.get_int("step") == s->cfg.train.steps) {
       TrainSummary done;
       done.run_dir = opt.resume_dir;
       done.steps = run_state.get_int("step");
