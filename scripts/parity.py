@@ -170,6 +170,7 @@ def main():
                 log("stopped before the end of the budget (--until): run again without --until to finish")
                 break
             trained += 1
+            study.write_page(args.page, parity_page.write(args, plan))  # the page always shows every record
         if not todo and complete:
             log("every run finished")
     study.write_page(args.page, parity_page.write(args, plan))

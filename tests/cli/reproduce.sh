@@ -141,7 +141,7 @@ cp page/parity.md parity.before
 rm -rf parity-runs
 "${parity[@]}" --report-only > /dev/null
 cmp page/parity.md parity.before
-if [ -f "$root/docs/results/parity/dp-lr1e-3/study.json" ]; then
+if [ -f "$root/docs/results/parity.md" ]; then
   mkdir -p committed
   $py "$root/scripts/parity.py" --report-only --records "$root/docs/results/parity" --page committed/parity.md \
     > /dev/null
