@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/stop_signal.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
@@ -282,6 +283,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                    " tokens; unigram entropy of the training tokens " + fmt(s.unigram_entropy) +
                                    " nats");
     if (s.grid.stages > 1 && !s.resuming) progress.note(describe_layout(s));
+    progress.note(s.precision_note);
 
     std::unique_ptr<TensorBoardWriter> board;
     if (run.reporter && cfg.train.tensorboard)
@@ -397,6 +399,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                                                     {"backend", s.backend},
                                                                     {"unigram_entropy", s.unigram_entropy},
                                                                     {"train_data_tokens", int64_t(s.train_tokens->size())},
+                                                                    {"precision", s.precision == Precision::bf16 ? "bf16" : "fp32"},
                                                                     {"seconds", sum.seconds}}
                                                          .dump(2) + "\n");
     return sum;
@@ -441,7 +444,7 @@ TrainSummary run_training(const TrainOptions& opt) {
     // Fails at once if there is nothing to resume; a run that already reached its last step is
     // left exactly as it is.
     const auto run_state = read_state_file(latest_checkpoint(opt.resume_dir) + "/state.safetensors");
-    if (run_state.get_int("step") >= s->cfg.train.steps) {
+    if (run_state.get_int("step") == s->cfg.train.steps) {
       TrainSummary done;
       done.run_dir = opt.resume_dir;
       done.steps = run_state.get_int("step");
@@ -503,6 +506,8 @@ TrainSummary run_training(const TrainOptions& opt) {
   const int local_workers = backend == "mpi" ? mpi_env_local_size() : backend == "elastic" ? 1 : s->grid.size();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / local_workers));
+  s->precision = resolve_precision(cfg.train.precision, &s->precision_note);
+  set_matmul_precision(s->precision);
 
   s->comm.timeout_s = parse_duration(cfg.network.timeout, "network.timeout");
   s->comm.peak_window_s = parse_duration(cfg.network.peak_window, "network.peak_window");

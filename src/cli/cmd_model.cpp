@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/rng.h"
@@ -31,6 +32,7 @@ struct WindowArgs {
   int64_t windows = 0;
   int batch = 8;
   int threads = 0;
+  std::string precision = "fp32";
 };
 
 void add_window_options(CLI::App* cmd, WindowArgs& a) {
@@ -43,6 +45,8 @@ void add_window_options(CLI::App* cmd, WindowArgs& a) {
   cmd->add_option("--batch", a.batch, "windows per micro-batch (memory vs speed; result is the same)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", a.threads, "compute threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--precision", a.precision, "matrix products: fp32, bf16 or auto (as train.precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
 }
 
 struct Loaded {
@@ -52,6 +56,9 @@ struct Loaded {
 
 Loaded load_inputs(const WindowArgs& a) {
   if (a.threads > 0) set_compute_threads(a.threads);
+  std::string note;
+  set_matmul_precision(resolve_precision(a.precision, &note));
+  if (a.precision != "fp32") std::fprintf(stderr, "%s\n", note.c_str());
   Loaded l{load_model_checkpoint(a.checkpoint), read_token_file(a.data)};
   if (l.data.vocab_size > uint64_t(l.model.config.vocab_size))
     fail(a.data + ": vocabulary size " + std::to_string(l.data.vocab_size) + " exceeds the model's " +
