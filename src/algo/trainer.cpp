@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "core/parallel.h"
 #include "core/precision.h"
 #include "core/stop_signal.h"
+#include "core/version.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "elastic/methods.h"
@@ -417,6 +419,26 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
   }
 }
 
+// One line per invocation that trains the run (its start and every resume) in
+// RUN/invocations.jsonl: what produced it, for the report and for anyone reading the run later.
+void record_invocation(const RunSetup& s) {
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const nlohmann::json rec = {{"time", when},
+                              {"loco", loco_version()},
+                              {"command", command_line()},
+                              {"cwd", std::filesystem::current_path().string()},
+                              {"host", host_name()},
+                              {"cpu", describe_cpu()},
+                              {"cores", int(std::thread::hardware_concurrency())},
+                              {"threads", compute_threads()},
+                              {"precision", s.precision == Precision::bf16 ? "bf16" : "fp32"},
+                              {"backend", s.backend},
+                              {"resume", s.resuming}};
+  append_line(s.run_dir + "/invocations.jsonl", rec.dump());
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& opt) {
@@ -539,6 +561,7 @@ TrainSummary run_training(const TrainOptions& opt) {
       write_file_atomic(s->run_dir + "/config.toml", run_config_to_toml(cfg));
       copy_tokenizer(cfg.data.train, s->run_dir);
     }
+    record_invocation(*s);
   }
   auto wrap = [&](std::unique_ptr<Transport> t) -> std::shared_ptr<Transport> {
     if (s->link.enabled()) return wrap_with_link(std::move(t), s->link, real_clock());

@@ -57,7 +57,7 @@ PY
 "$loco" train "${base[@]}" --set pipeline.stages=2 --set distributed.replicas=2 --set train.out_dir=pipe > /dev/null
 "$loco" report full diloco pipe --out report.html > /dev/null
 $py - report.html full diloco pipe <<'PY'
-import re, sys
+import json, re, sys
 from html.parser import HTMLParser
 html = open(sys.argv[1], encoding="utf-8").read()
 runs = sys.argv[2:]
@@ -95,6 +95,14 @@ for key in ("algorithm", "pipeline.stages", "distributed.replicas", "train.out_d
     assert f"<td>{key}</td>" in html, key
 assert "<td>outer_gradients</td>" in html and "<td>activations</td>" in html
 assert 'id="membership"' not in html, "a membership chart for runs that are not elastic"
+# Provenance: every invocation of every run, with its command as typed (HTML-escaped).
+assert "provenance" in w.tables, w.tables
+for r in runs:
+    for line in open(f"{r}/invocations.jsonl"):
+        inv = json.loads(line)
+        esc = inv["command"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        esc = esc.replace('"', "&quot;").replace("'", "&#39;")
+        assert esc in html, inv["command"]
 print(f"report: {len(runs)} runs, one train and one val curve per run in both loss charts")
 PY
 
