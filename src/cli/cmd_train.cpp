@@ -35,7 +35,13 @@ void add_data(CLI::App& app) {
   prep->add_option("--vocab-size", o->vocab_size, "vocabulary size (default 4096 for SentencePiece, 256 for bytes)");
   prep->add_option("--model-type", o->model_type, "SentencePiece model: bpe or unigram")
       ->check(CLI::IsMember({"bpe", "unigram"}));
-  prep->add_option("--val-fraction", o->val_fraction, "fraction of 64-line blocks held out for validation");
+  prep->add_option("--extensions", o->extensions,
+                   "in input directories, read only files with these extensions, before an optional .gz (default: "
+                   "txt,text,md,rst,jsonl; hidden files are skipped; files named directly are always read)")
+      ->delimiter(',');
+  prep->add_option("--val-fraction", o->val_fraction,
+                   "fraction held out for validation: of 64-line blocks of text, of JSON Lines documents (when "
+                   "that holds out nothing, the input's last lines)");
   prep->add_option("--seed", o->seed, "seed of the train/val split and tokenizer training");
   prep->add_option("--out", o->out_dir, "output directory")->required();
   prep->callback([o] {
@@ -45,11 +51,25 @@ void add_data(CLI::App& app) {
                 (long long)s.val_tokens, s.vocab_size);
     std::printf("unigram entropy of the training tokens: %.4f nats\n", s.unigram_entropy);
     std::printf("wrote %s/{train.tok,val.tok,tokenizer.json}\n", o->out_dir.c_str());
+    if (!s.skipped.empty()) {
+      std::string names;
+      for (size_t i = 0; i < s.skipped.size() && i < 5; ++i) names += (i ? ", " : "") + s.skipped[i];
+      std::printf("skipped %zu file(s) in the input directories (hidden, or not .%s): %s%s\n", s.skipped.size(),
+                  [&] {
+                    std::string e;
+                    for (const auto& x : o->extensions) e += (e.empty() ? "" : "/.") + x;
+                    return e;
+                  }()
+                      .c_str(),
+                  names.c_str(), s.skipped.size() > 5 ? ", ..." : "");
+    }
     if (o->val_fraction > 0 && s.val_tokens == 0)
-      std::fprintf(stderr,
-                   "loco: warning: --val-fraction %g held out no validation text: lines go to validation in blocks "
-                   "of %d and the input has %lld lines; use more text or a larger fraction\n",
-                   o->val_fraction, o->block_lines, (long long)s.lines);
+      std::fprintf(stderr, "loco: warning: --val-fraction %g held out no validation text: the input has %lld line(s)\n",
+                   o->val_fraction, (long long)s.lines);
+    else if (s.val_tail)
+      std::printf("note: --val-fraction %g of %lld lines held out no whole block of %d lines or document, so "
+                  "validation is the input's last lines\n",
+                  o->val_fraction, (long long)s.lines, o->block_lines);
   });
 }
 
