@@ -9,6 +9,7 @@
 #include "core/parallel.h"
 #include "core/precision.h"
 #include "core/error.h"
+#include "io/train_state.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "data/token_file.h"
@@ -145,7 +146,8 @@ void add_generate(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
-  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory")->required();
+  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory, or a run directory (its latest checkpoint)")
+      ->required();
   cmd->add_option("--prompt", a->prompt, "text to continue")->required();
   cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
   cmd->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
@@ -154,15 +156,17 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "directory with tokenizer.json (default: the checkpoint's run directory)");
   cmd->callback([a] {
-    auto m = load_model_checkpoint(a->checkpoint);
+    const std::string checkpoint =
+        file_exists(a->checkpoint + "/checkpoints/latest") ? latest_checkpoint(a->checkpoint) : a->checkpoint;
+    auto m = load_model_checkpoint(checkpoint);
     std::string tok_dir = a->tokenizer;
     if (tok_dir.empty()) {
-      for (const std::string& d : {a->checkpoint, a->checkpoint + "/../.."})
+      for (const std::string& d : {checkpoint, checkpoint + "/../.."})
         if (file_exists(d + "/tokenizer.json")) {
           tok_dir = d;
           break;
         }
-      if (tok_dir.empty()) fail(a->checkpoint + ": no tokenizer.json next to the checkpoint; give --tokenizer DIR");
+      if (tok_dir.empty()) fail(checkpoint + ": no tokenizer.json next to the checkpoint; give --tokenizer DIR");
     }
     const auto tok = load_tokenizer(tok_dir);
     if (tok->vocab_size() > m.config.vocab_size)

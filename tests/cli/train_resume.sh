@@ -107,6 +107,13 @@ assert "val_loss" in recs[-1]
 PY
 "$loco" generate --checkpoint full/checkpoints/step_00000040 --prompt "The cat" --max-tokens 20 --seed 1 > gen.txt
 grep -q "^The cat" gen.txt
+# The run directory stands for its latest checkpoint, and a checkpoint copied elsewhere carries
+# its tokenizer: all three give the same text.
+"$loco" generate --checkpoint full --prompt "The cat" --max-tokens 20 --seed 1 > gen-run.txt
+cp -r full/checkpoints/step_00000040 alone
+"$loco" generate --checkpoint alone --prompt "The cat" --max-tokens 20 --seed 1 > gen-alone.txt
+cmp gen.txt gen-run.txt
+cmp gen.txt gen-alone.txt
 "$loco" plot full split --out loss.svg > /dev/null
 grep -q "<svg" loss.svg
 # --resume of a finished run says so and leaves every file of it as it was (bytes and times).
