@@ -31,11 +31,11 @@ for cfg in "256 6 4 688 4096 256 8" "512 8 8 1376 4096 256 8" "256 6 4 688 4096 
     function s(x) { return x == "-" ? "-" : sprintf("%.3f", x) }
     BEGIN { printf "%-28s %8s %8s %8s %8s %9s %9s %9s %7s %7s\n", c, s(a), s(b), s(t), s(u), r(t, a), r(u, b),
             r(a, b), (g == "-" ? "-" : sprintf("%.0f", g)), (p == "-" ? "-" : sprintf("%.0f%%", 100 * g / p)) }'
-  if [ $first = 1 ]; then peaks=$l32$'\n'$l16; first=0; fi
+  if [ $first = 1 ]; then peaks32=$l32 peaks16=$l16; first=0; fi
 done
 echo "(seconds per step, best of $iters, forward + backward + clipping + AdamW, $threads threads; l32/t32 ="
 echo " PyTorch fp32 time / loco fp32 time, l16/t16 = PyTorch bf16 autocast / loco bf16, l16/l32 = loco's bf16 speedup;"
 echo " GF/s16 = loco bf16's 6 x params x tokens per second, %bf16pk = that over the oneDNN bf16 peak below)"
-echo "peaks, GFLOP/s on 2048^3: OpenBLAS SGEMM $(get sgemm_peak_gflops <<< "$peaks"), oneDNN fp32" \
-  "$(get onednn_fp32_peak_gflops <<< "$peaks"), oneDNN bf16 $(get onednn_bf16_peak_gflops <<< "$peaks" | head -1)"
+echo "peaks, GFLOP/s on 2048^3 (measured with the first config): OpenBLAS SGEMM $(get sgemm_peak_gflops <<< "$peaks32")," \
+  "oneDNN fp32 $(get onednn_fp32_peak_gflops <<< "$peaks32"), oneDNN bf16 $(get onednn_bf16_peak_gflops <<< "$peaks16")"
 echo "cpu: $(grep '^cpu ' <<< "$l32" | cut -d' ' -f2-)"
