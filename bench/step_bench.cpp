@@ -1,13 +1,18 @@
-// Times a full training step (forward, backward, AdamW) of loco on random tokens and measures
-// the machine's SGEMM peak in the same run, printing achieved GFLOP/s (6 x params x tokens,
-// plus attention's 12 x L x B x S^2 x d) against that peak. Used by bench/run.sh.
+// Times a full training step (forward, backward, AdamW) of loco on random tokens, with fp32 or
+// bf16 products, and measures the machine's matmul peaks in the same run (OpenBLAS SGEMM, oneDNN
+// fp32 and, where the CPU has bf16 instructions, oneDNN bf16), printing achieved GFLOP/s
+// (6 x params x tokens, plus attention's 12 x L x B x S^2 x d). Used by bench/run.sh.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include <dnnl.hpp>
+
 #include "core/blas.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/rng.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
@@ -38,10 +43,41 @@ static double sgemm_peak_gflops(int threads) {
   return 2.0 * n * n * double(n) / best / 1e9;
 }
 
+extern "C" void omp_set_num_threads(int);
+
+// oneDNN's own matmul (its OpenMP threads) on a large square product of data type `dt`.
+static double onednn_peak_gflops(dnnl::memory::data_type dt, int threads) {
+  const int n = 2048;
+  omp_set_num_threads(threads);
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc a({n, n}, dt, tag::ab), b({n, n}, dt, tag::ab), c({n, n}, dnnl::memory::data_type::f32, tag::ab);
+  const dnnl::matmul prim(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
+  dnnl::memory am(a, eng), bm(b, eng), cm(c, eng);
+  double best = 1e30;
+  // The first products of a process run slower (measured 277 against 380 GFLOP/s in bf16): warm up.
+  for (int r = 0; r < 10; ++r) {
+    const auto t0 = Clock::now();
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+    if (r >= 3) best = std::min(best, seconds_since(t0));
+  }
+  omp_set_num_threads(1);
+  return 2.0 * n * n * double(n) / best / 1e9;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 10) {
-    std::fprintf(stderr, "usage: %s D LAYERS HEADS FFN VOCAB SEQ BATCH THREADS ITERS\n", argv[0]);
+  if (argc != 10 && argc != 11) {
+    std::fprintf(stderr, "usage: %s D LAYERS HEADS FFN VOCAB SEQ BATCH THREADS ITERS [fp32|bf16]\n", argv[0]);
     return 2;
+  }
+  const std::string precision = argc == 11 ? argv[10] : "fp32";
+  std::string note;
+  loco::set_matmul_precision(loco::resolve_precision(precision, &note));
+  if (precision == "bf16" && loco::matmul_precision() != loco::Precision::bf16) {
+    std::fprintf(stderr, "%s\n", note.c_str());
+    return 3;
   }
   loco::ModelConfig c;
   c.hidden_size = std::stoi(argv[1]);
@@ -81,6 +117,7 @@ int main(int argc, char** argv) {
   const double n_params = double(params.size());
   const double tokens_per_step = double(batch) * seq;
   const double flops = 6.0 * n_params * tokens_per_step + 12.0 * c.num_layers * batch * double(seq) * seq * c.hidden_size;
+  loco::set_matmul_precision(loco::Precision::fp32);
   const double peak = sgemm_peak_gflops(threads);
   std::printf("loco_step_seconds %.6f\n", best);
   std::printf("loco_step_mean_seconds %.6f\n", total / iters);
@@ -88,5 +125,9 @@ int main(int argc, char** argv) {
   std::printf("gflops_6nt %.2f\n", 6.0 * n_params * tokens_per_step / best / 1e9);
   std::printf("gflops_with_attention %.2f\n", flops / best / 1e9);
   std::printf("sgemm_peak_gflops %.2f\n", peak);
+  std::printf("onednn_fp32_peak_gflops %.2f\n", onednn_peak_gflops(dnnl::memory::data_type::f32, threads));
+  if (loco::cpu_runs_bf16())
+    std::printf("onednn_bf16_peak_gflops %.2f\n", onednn_peak_gflops(dnnl::memory::data_type::bf16, threads));
+  std::printf("cpu %s\n", loco::describe_cpu().c_str());
   return 0;
 }

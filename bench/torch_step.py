@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""Times a full training step (forward, backward, AdamW) of the same Llama in PyTorch (float32,
-idiomatic nn.Module code) for bench/run.sh: torch_step.py D LAYERS HEADS FFN VOCAB SEQ BATCH THREADS ITERS."""
+"""Times a full training step (forward, backward, AdamW) of the same Llama in PyTorch (idiomatic
+nn.Module code; float32, or with torch.autocast("cpu", torch.bfloat16) as a PyTorch user on a CPU
+with bf16 instructions runs it) for bench/run.sh:
+torch_step.py D LAYERS HEADS FFN VOCAB SEQ BATCH THREADS ITERS [fp32|bf16]."""
 import math
 import sys
 import time
@@ -66,6 +68,7 @@ class Llama(nn.Module):
 
 def main():
     d, L, h, f, V, S, B, threads, iters = map(int, sys.argv[1:10])
+    bf16 = len(sys.argv) > 10 and sys.argv[10] == "bf16"
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = Llama(d, L, h, f, V, S)
@@ -75,7 +78,9 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        model(idx, tgt).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(idx, tgt)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 

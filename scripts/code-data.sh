@@ -21,7 +21,7 @@ if [ ! -f data/linux/src/.complete ]; then
 fi
 if [ ! -f data/linux/tok1k/train.tok ]; then
   echo "code-data: tokenizing (several minutes on one core)"
-  build/loco data prepare --input data/linux/src --tokenizer sentencepiece --vocab-size 1024 \
+  build/loco data prepare --input data/linux/src --extensions c,h --tokenizer sentencepiece --vocab-size 1024 \
     --val-fraction 0.005 --out data/linux/tok1k.tmp
   rm -rf data/linux/tok1k
   mv data/linux/tok1k.tmp data/linux/tok1k

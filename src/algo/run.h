@@ -13,6 +13,7 @@
 #include "algo/worker.h"
 #include "comm/communicator.h"
 #include "comm/link.h"
+#include "core/precision.h"
 #include "elastic/membership.h"
 #include "pipeline/executor.h"
 #include "pipeline/grid.h"
@@ -40,6 +41,8 @@ struct RunSetup {
   std::vector<StageSpec> stages;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   int reporter_rank = 0;  // the last stage of replica 0: it has the loss and writes the run's files
+  Precision precision = Precision::fp32;  // of the matrix products (train.precision, resolved)
+  std::string precision_note;             // what was chosen and why, said at start
   std::mutex error_mu;
   std::string first_error;  // the failure that stopped the run (in-process)
   StopAgreement stop;       // in-process workers' step to stop after, on SIGTERM/SIGINT

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -17,7 +18,9 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/stop_signal.h"
+#include "core/version.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "elastic/methods.h"
@@ -282,6 +285,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                    " tokens; unigram entropy of the training tokens " + fmt(s.unigram_entropy) +
                                    " nats");
     if (s.grid.stages > 1 && !s.resuming) progress.note(describe_layout(s));
+    progress.note(s.precision_note);
 
     std::unique_ptr<TensorBoardWriter> board;
     if (run.reporter && cfg.train.tensorboard)
@@ -397,6 +401,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                                                     {"backend", s.backend},
                                                                     {"unigram_entropy", s.unigram_entropy},
                                                                     {"train_data_tokens", int64_t(s.train_tokens->size())},
+                                                                    {"precision", s.precision == Precision::bf16 ? "bf16" : "fp32"},
                                                                     {"seconds", sum.seconds}}
                                                          .dump(2) + "\n");
     return sum;
@@ -412,6 +417,26 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     if (run_ptr) run_ptr->stop_communication();
     throw;
   }
+}
+
+// One line per invocation that trains the run (its start and every resume) in
+// RUN/invocations.jsonl: what produced it, for the report and for anyone reading the run later.
+void record_invocation(const RunSetup& s) {
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const nlohmann::json rec = {{"time", when},
+                              {"loco", loco_version()},
+                              {"command", command_line()},
+                              {"cwd", std::filesystem::current_path().string()},
+                              {"host", host_name()},
+                              {"cpu", describe_cpu()},
+                              {"cores", int(std::thread::hardware_concurrency())},
+                              {"threads", compute_threads()},
+                              {"precision", s.precision == Precision::bf16 ? "bf16" : "fp32"},
+                              {"backend", s.backend},
+                              {"resume", s.resuming}};
+  append_line(s.run_dir + "/invocations.jsonl", rec.dump());
 }
 
 }  // namespace
@@ -503,6 +528,8 @@ TrainSummary run_training(const TrainOptions& opt) {
   const int local_workers = backend == "mpi" ? mpi_env_local_size() : backend == "elastic" ? 1 : s->grid.size();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / local_workers));
+  s->precision = resolve_precision(cfg.train.precision, &s->precision_note);
+  set_matmul_precision(s->precision);
 
   s->comm.timeout_s = parse_duration(cfg.network.timeout, "network.timeout");
   s->comm.peak_window_s = parse_duration(cfg.network.peak_window, "network.peak_window");
@@ -534,6 +561,7 @@ TrainSummary run_training(const TrainOptions& opt) {
       write_file_atomic(s->run_dir + "/config.toml", run_config_to_toml(cfg));
       copy_tokenizer(cfg.data.train, s->run_dir);
     }
+    record_invocation(*s);
   }
   auto wrap = [&](std::unique_ptr<Transport> t) -> std::shared_ptr<Transport> {
     if (s->link.enabled()) return wrap_with_link(std::move(t), s->link, real_clock());

@@ -7,7 +7,9 @@
 
 #include "cli/commands.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 #include "core/error.h"
+#include "io/train_state.h"
 #include "core/memory.h"
 #include "core/rng.h"
 #include "data/token_file.h"
@@ -31,6 +33,7 @@ struct WindowArgs {
   int64_t windows = 0;
   int batch = 8;
   int threads = 0;
+  std::string precision = "fp32";
 };
 
 void add_window_options(CLI::App* cmd, WindowArgs& a) {
@@ -43,6 +46,8 @@ void add_window_options(CLI::App* cmd, WindowArgs& a) {
   cmd->add_option("--batch", a.batch, "windows per micro-batch (memory vs speed; result is the same)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", a.threads, "compute threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--precision", a.precision, "matrix products: fp32, bf16 or auto (as train.precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
 }
 
 struct Loaded {
@@ -52,6 +57,9 @@ struct Loaded {
 
 Loaded load_inputs(const WindowArgs& a) {
   if (a.threads > 0) set_compute_threads(a.threads);
+  std::string note;
+  set_matmul_precision(resolve_precision(a.precision, &note));
+  if (a.precision != "fp32") std::fprintf(stderr, "%s\n", note.c_str());
   Loaded l{load_model_checkpoint(a.checkpoint), read_token_file(a.data)};
   if (l.data.vocab_size > uint64_t(l.model.config.vocab_size))
     fail(a.data + ": vocabulary size " + std::to_string(l.data.vocab_size) + " exceeds the model's " +
@@ -138,7 +146,8 @@ void add_generate(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Sample text from a checkpoint");
-  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory")->required();
+  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory, or a run directory (its latest checkpoint)")
+      ->required();
   cmd->add_option("--prompt", a->prompt, "text to continue")->required();
   cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
   cmd->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
@@ -147,15 +156,17 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "directory with tokenizer.json (default: the checkpoint's run directory)");
   cmd->callback([a] {
-    auto m = load_model_checkpoint(a->checkpoint);
+    const std::string checkpoint =
+        file_exists(a->checkpoint + "/checkpoints/latest") ? latest_checkpoint(a->checkpoint) : a->checkpoint;
+    auto m = load_model_checkpoint(checkpoint);
     std::string tok_dir = a->tokenizer;
     if (tok_dir.empty()) {
-      for (const std::string& d : {a->checkpoint, a->checkpoint + "/../.."})
+      for (const std::string& d : {checkpoint, checkpoint + "/../.."})
         if (file_exists(d + "/tokenizer.json")) {
           tok_dir = d;
           break;
         }
-      if (tok_dir.empty()) fail(a->checkpoint + ": no tokenizer.json next to the checkpoint; give --tokenizer DIR");
+      if (tok_dir.empty()) fail(checkpoint + ": no tokenizer.json next to the checkpoint; give --tokenizer DIR");
     }
     const auto tok = load_tokenizer(tok_dir);
     if (tok->vocab_size() > m.config.vocab_size)

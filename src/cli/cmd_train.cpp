@@ -1,9 +1,13 @@
 // loco data prepare / train / plot.
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <memory>
+
+#include <toml++/toml.h>
 
 #include "algo/trainer.h"
 #include "cli/commands.h"
@@ -15,6 +19,7 @@
 #include "io/metrics.h"
 #include "io/run_config.h"
 #include "report/html_report.h"
+#include "report/svg_chart.h"
 
 namespace loco::cli {
 
@@ -35,7 +40,13 @@ void add_data(CLI::App& app) {
   prep->add_option("--vocab-size", o->vocab_size, "vocabulary size (default 4096 for SentencePiece, 256 for bytes)");
   prep->add_option("--model-type", o->model_type, "SentencePiece model: bpe or unigram")
       ->check(CLI::IsMember({"bpe", "unigram"}));
-  prep->add_option("--val-fraction", o->val_fraction, "fraction of 64-line blocks held out for validation");
+  prep->add_option("--extensions", o->extensions,
+                   "in input directories, read only files with these extensions, before an optional .gz (default: "
+                   "txt,text,md,rst,jsonl; hidden files are skipped; files named directly are always read)")
+      ->delimiter(',');
+  prep->add_option("--val-fraction", o->val_fraction,
+                   "fraction held out for validation: of 64-line blocks of text, of JSON Lines documents (when "
+                   "that holds out nothing, the input's last lines)");
   prep->add_option("--seed", o->seed, "seed of the train/val split and tokenizer training");
   prep->add_option("--out", o->out_dir, "output directory")->required();
   prep->callback([o] {
@@ -45,11 +56,25 @@ void add_data(CLI::App& app) {
                 (long long)s.val_tokens, s.vocab_size);
     std::printf("unigram entropy of the training tokens: %.4f nats\n", s.unigram_entropy);
     std::printf("wrote %s/{train.tok,val.tok,tokenizer.json}\n", o->out_dir.c_str());
+    if (!s.skipped.empty()) {
+      std::string names;
+      for (size_t i = 0; i < s.skipped.size() && i < 5; ++i) names += (i ? ", " : "") + s.skipped[i];
+      std::printf("skipped %zu file(s) in the input directories (hidden, or not .%s): %s%s\n", s.skipped.size(),
+                  [&] {
+                    std::string e;
+                    for (const auto& x : o->extensions) e += (e.empty() ? "" : "/.") + x;
+                    return e;
+                  }()
+                      .c_str(),
+                  names.c_str(), s.skipped.size() > 5 ? ", ..." : "");
+    }
     if (o->val_fraction > 0 && s.val_tokens == 0)
-      std::fprintf(stderr,
-                   "loco: warning: --val-fraction %g held out no validation text: lines go to validation in blocks "
-                   "of %d and the input has %lld lines; use more text or a larger fraction\n",
-                   o->val_fraction, o->block_lines, (long long)s.lines);
+      std::fprintf(stderr, "loco: warning: --val-fraction %g held out no validation text: the input has %lld line(s)\n",
+                   o->val_fraction, (long long)s.lines);
+    else if (s.val_tail)
+      std::printf("note: --val-fraction %g of %lld lines held out no whole block of %d lines or document, so "
+                  "validation is the input's last lines\n",
+                  o->val_fraction, (long long)s.lines, o->block_lines);
   });
 }
 
@@ -171,33 +196,82 @@ void add_plot(CLI::App& app) {
 
 namespace loco::cli {
 
+namespace {
+
+std::string fixed_digits(double v, int digits) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+std::string fixed4(double v) { return fixed_digits(v, 4); }
+std::string fixed1(double v) { return fixed_digits(v, 1); }
+
+// The algorithm of a run from its config.toml text ("?" when it cannot be read).
+std::string config_algorithm(const std::string& text) {
+  try {
+    return toml::parse(text)["algorithm"].value_or(std::string("?"));
+  } catch (const toml::parse_error&) {
+    return "?";
+  }
+}
+
+}  // namespace
+
 void add_compare(CLI::App& app) {
   auto runs = std::make_shared<std::vector<std::string>>();
-  auto* cmd = app.add_subcommand("compare", "Table of finished runs: loss, traffic, compute utilization");
-  cmd->add_option("runs", *runs, "run directories (with summary.json)")->required();
+  auto* cmd = app.add_subcommand("compare", "Table of runs: loss, traffic, compute utilization");
+  cmd->add_option("runs", *runs, "run directories (finished: summary.json; running or stopped: metrics.jsonl)")
+      ->required();
   cmd->callback([runs] {
-    std::printf("%-22s %-9s %3s %10s %9s %12s %13s %13s %11s %7s %8s\n", "run", "method", "M", "tokens", "val loss",
-                "sent/worker", "sent/w/step", "largest sync", "peak send/s", "CU", "wall s");
-    for (const auto& dir : *runs) try {
-      const nlohmann::json j = read_json_file(dir + "/summary.json");
-      if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
-        fail(dir + "/summary.json: not a loco run summary (no workers list)");
-      const auto t = report::run_totals(j);
-      const double sent = t.training_bytes_sent, peak = t.peak_send, cu = t.cu_sum, largest = t.largest_sync;
-      const double n = double(std::max<size_t>(1, t.workers));
-      const double steps = std::max(1.0, j.at("steps").get<double>());
+    using report::short_number;
+    auto num = [](double v, const char* unit = "") { return v < 0 || !std::isfinite(v) ? std::string("-") : short_number(v) + unit; };
+    using Row = std::array<std::string, 11>;
+    std::vector<Row> rows;  // every run is read before anything is printed
+    for (const auto& dir : *runs) {
       const std::string name = std::filesystem::path(dir).filename().string();
-      std::printf("%-22s %-9s %3d %10.3g %9.4f %12.4g %13.4g %13.4g %11.4g %6.1f%% %8.1f\n", name.c_str(),
-                  j.at("algorithm").get<std::string>().c_str(), int(json_integer(j, "replicas", dir + "/summary.json")),
-                  j.at("tokens").get<double>(), j.at("final_val_loss").get<double>(), sent / n, sent / n / steps,
-                  largest, peak, 100 * cu / n, j.at("seconds").get<double>());
-    } catch (const nlohmann::json::exception& e) {
-      fail(dir + "/summary.json: not a loco run summary (" + e.what() + ")");
+      if (!file_exists(dir + "/summary.json")) {
+        // Running, or stopped before its summary: what its metrics say so far.
+        if (!file_exists(dir + "/metrics.jsonl")) fail(dir + ": not a run directory (no summary.json or metrics.jsonl)");
+        const auto recs = read_metrics(dir + "/metrics.jsonl");
+        if (recs.empty()) fail(dir + "/metrics.jsonl: no records yet");
+        std::string val = "-";
+        for (const auto& r : recs)
+          if (r.contains("val_loss") && r["val_loss"].is_number()) val = fixed4(r["val_loss"].get<double>());
+        const auto& last = recs.back();
+        const std::string config = file_exists(dir + "/config.toml") ? read_file(dir + "/config.toml") : "";
+        rows.push_back(Row{name + " (at " + std::to_string(last.value("step", int64_t(0))) + ")",
+                        config_algorithm(config), "-", num(last.value("tokens", -1.0)), val,
+                        num(last.value("bytes_sent", -1.0), "B"), "-", "-", "-", "-", fixed1(last.value("time", 0.0))});
+        continue;
+      }
+      try {
+        const nlohmann::json j = read_json_file(dir + "/summary.json");
+        if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
+          fail(dir + "/summary.json: not a loco run summary (no workers list)");
+        const auto t = report::run_totals(j);
+        const double n = double(std::max<size_t>(1, t.workers));
+        const double steps = std::max(1.0, j.at("steps").get<double>());
+        const double val = j.at("final_val_loss").get<double>();
+        rows.push_back(Row{name, j.at("algorithm").get<std::string>(),
+                        std::to_string(json_integer(j, "replicas", dir + "/summary.json")), num(j.at("tokens").get<double>()),
+                        val < 0 ? "-" : fixed4(val), num(t.training_bytes_sent / n, "B"),
+                        num(t.training_bytes_sent / n / steps, "B"), num(t.largest_sync, "B"), num(t.peak_send, "B/s"),
+                        fixed1(100 * t.cu_sum / n) + "%", fixed1(j.at("seconds").get<double>())});
+      } catch (const nlohmann::json::exception& e) {
+        fail(dir + "/summary.json: not a loco run summary (" + e.what() + ")");
+      }
     }
+    const char* f = "%-22s %-9s %3s %8s %9s %12s %12s %13s %12s %7s %8s\n";
+    std::printf(f, "run", "method", "M", "tokens", "val loss", "sent/worker", "sent/w/step", "largest sync",
+                "peak send", "CU", "wall s");
+    for (const auto& r : rows)
+      std::printf(f, r[0].c_str(), r[1].c_str(), r[2].c_str(), r[3].c_str(), r[4].c_str(), r[5].c_str(), r[6].c_str(),
+                  r[7].c_str(), r[8].c_str(), r[9].c_str(), r[10].c_str());
     std::printf("(sent: payload bytes of the training method's traffic per worker (gradients, outer gradients, "
                 "NoLoCo exchanges, pipeline activations); largest sync: most bytes one worker sent in one reduction "
-                "(NoLoCo: one message to a partner); peak: highest send rate in bytes/s over network.peak_window, "
-                "all traffic; CU: mean compute utilization)\n");
+                "(NoLoCo: one message to a partner); peak: highest send rate over network.peak_window, all traffic; "
+                "CU: mean compute utilization; \"-\": not measured, e.g. no final evaluation; a run without a "
+                "summary, \"(at STEP)\", is shown from its metrics so far: its reporter's bytes)\n");
   });
 }
 

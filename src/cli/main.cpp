@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/version.h"
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -25,9 +26,10 @@ int main(int argc, char** argv) {
   // each (up to 8 per core). loco's threads allocate little, so a few arenas serve them all and
   // a run's address space stays predictable (see require_memory in core/memory.h).
   mallopt(M_ARENA_MAX, 4);
+  loco::set_command_line(argc, argv);
   CLI::App app{"loco: low-communication distributed training of transformer language models"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "loco 0.1");
+  app.set_version_flag("--version", "loco " + loco::loco_version());
   loco::cli::add_init(app);
   loco::cli::add_grad(app);
   loco::cli::add_eval(app);

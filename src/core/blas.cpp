@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "core/gemm_bf16.h"
 #include "core/parallel.h"
+#include "core/precision.h"
 
 namespace loco {
 
@@ -39,7 +41,10 @@ void gemm_split(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const 
 
 void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
              int ldb, float beta, float* c, int ldc) {
-  gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (matmul_precision() == Precision::bf16)
+    gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,

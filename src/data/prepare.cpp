@@ -17,18 +17,51 @@ namespace loco {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> list_input_files(const std::vector<std::string>& inputs) {
+namespace {
+
+bool has_extension(const fs::path& p, const std::vector<std::string>& extensions) {
+  fs::path name = p.filename();
+  if (name.extension() == ".gz") name = name.stem();
+  const std::string ext = name.extension().string();
+  if (ext.size() < 2) return false;
+  return std::find(extensions.begin(), extensions.end(), ext.substr(1)) != extensions.end();
+}
+
+}  // namespace
+
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
+                                          const std::vector<std::string>& extensions,
+                                          std::vector<std::string>* skipped) {
   check(!inputs.empty(), "--input: no input files given");
   std::vector<std::string> files;
   for (const auto& in : inputs) {
     std::error_code ec;
     if (fs::is_directory(in, ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : fs::recursive_directory_iterator(in, ec))
-        if (e.is_regular_file()) found.push_back(e.path().string());
+      std::vector<std::string> found, passed;
+      for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::recursive_directory_iterator();
+           it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        const bool hidden = !name.empty() && name[0] == '.';
+        if (it->is_directory()) {
+          if (hidden) {
+            passed.push_back(it->path().string() + "/");
+            it.disable_recursion_pending();
+          }
+        } else if (it->is_regular_file()) {
+          (!hidden && has_extension(it->path(), extensions) ? found : passed).push_back(it->path().string());
+        }
+      }
       if (ec) fail(in + ": cannot read directory: " + ec.message());
       std::sort(found.begin(), found.end());
-      if (found.empty()) fail(in + ": directory has no files");
+      std::sort(passed.begin(), passed.end());
+      if (skipped) skipped->insert(skipped->end(), passed.begin(), passed.end());
+      if (found.empty()) {
+        std::string exts;
+        for (const auto& e : extensions) exts += (exts.empty() ? "." : ", .") + e;
+        fail(in + ": directory has no files to read (" + exts + ", not hidden" +
+             (passed.empty() ? "" : "; " + std::to_string(passed.size()) + " others skipped, e.g. " + passed.front()) +
+             "); name files directly or choose --extensions");
+      }
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(in, ec)) {
       files.push_back(in);
@@ -55,11 +88,22 @@ double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size) {
 
 namespace {
 
-bool in_validation(const PrepareOptions& o, int64_t line_index) {
-  // Whole blocks of consecutive lines go to one split, chosen by a seeded hash of the block.
-  Rng r(mix_seed(o.seed, uint64_t(line_index / o.block_lines), 0x5a17));
-  return r.uniform() < o.val_fraction;
-}
+// The split: text goes in whole blocks of consecutive lines, JSON Lines in whole documents, each
+// block or document to validation by a seeded hash. When that holds out nothing (a small
+// input), the last lines are validation instead: at least one, about val_fraction of them.
+struct Split {
+  const PrepareOptions& o;
+  bool by_document = false;
+  int64_t tail_from = -1;  // >= 0: lines from this index on are validation
+  bool hashed(int64_t document, int64_t line_index) const {
+    const uint64_t unit = by_document ? uint64_t(document) : uint64_t(line_index / o.block_lines);
+    Rng r(mix_seed(o.seed, unit, by_document ? 0xd0c5 : 0x5a17));
+    return r.uniform() < o.val_fraction;
+  }
+  bool validation(int64_t document, int64_t line_index) const {
+    return tail_from >= 0 ? line_index >= tail_from : hashed(document, line_index);
+  }
+};
 
 }  // namespace
 
@@ -72,8 +116,10 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
   check(o.tokenizer == "bytes" || o.tokenizer == "sentencepiece",
         "--tokenizer must be bytes or sentencepiece, got " + o.tokenizer);
   check(o.model_type == "bpe" || o.model_type == "unigram", "--model-type must be bpe or unigram");
-  const auto files = list_input_files(o.inputs);
   PrepareSummary sum;
+  const auto files = list_input_files(o.inputs, o.extensions, &sum.skipped);
+  Split split{o};
+  split.by_document = std::all_of(files.begin(), files.end(), [&](const std::string& f) { return is_jsonl_input(f, o.input); });
   sum.files = int64_t(files.size());
   make_dirs(o.out_dir);
 
@@ -82,9 +128,18 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
   const std::string spm_input = o.out_dir + "/.tokenizer-train.txt";
   std::unique_ptr<std::ofstream> spm_out;
   if (o.tokenizer == "sentencepiece") spm_out = std::make_unique<std::ofstream>(spm_input, std::ios::binary);
-  sum.bytes = for_each_input_line(files, o.input, true, [&](int64_t, std::string& line, int64_t index) {
-    if (spm_out && !line.empty() && !in_validation(o, index)) *spm_out << line << '\n';
+  int64_t lines = 0, hashed_val = 0;
+  sum.bytes = for_each_input_line(files, o.input, true, [&](int64_t doc, std::string& line, int64_t index) {
+    const bool val = split.hashed(doc, index);
+    hashed_val += val;
+    lines = index + 1;
+    if (spm_out && !line.empty() && !val) *spm_out << line << '\n';
   });
+  if (o.val_fraction > 0 && hashed_val == 0 && lines > 1) {
+    // The tokenizer saw these lines too: harmless for a tokenizer, and the model never trains on them.
+    split.tail_from = lines - std::max<int64_t>(1, int64_t(std::ceil(o.val_fraction * double(lines))));
+    sum.val_tail = true;
+  }
 
   std::unique_ptr<Tokenizer> tok;
   nlohmann::json meta;
@@ -125,7 +180,7 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
   for_each_input_line(files, o.input, false, [&](int64_t doc, std::string& line, int64_t index) {
     if (doc != current_doc && tok->eos_id() >= 0) emit(*last, {tok->eos_id()});
     current_doc = doc;
-    TokenFileWriter& dst = in_validation(o, index) ? val : train;
+    TokenFileWriter& dst = split.validation(doc, index) ? val : train;
     if (o.tokenizer == "bytes") line.push_back('\n');
     emit(dst, tok->encode(line));
     last = &dst;

@@ -10,6 +10,9 @@ namespace loco {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files or directories (searched recursively)
+  // In directories, only files with these extensions (before an optional .gz) are read; files
+  // named on the command line are always read. Hidden files and directories are skipped.
+  std::vector<std::string> extensions = {"txt", "text", "md", "rst", "jsonl"};
   TextInputOptions input;           // text or JSON Lines, gzip-compressed or not
   std::string tokenizer = "sentencepiece";  // or "bytes"
   int vocab_size = 0;  // 0: 4096 for SentencePiece, 256 for bytes
@@ -22,6 +25,8 @@ struct PrepareOptions {
 
 struct PrepareSummary {
   int64_t files = 0, bytes = 0, lines = 0;
+  std::vector<std::string> skipped;  // files in the input directories that were not read
+  bool val_tail = false;  // the hashed split held out nothing: validation is the input's tail
   int64_t train_tokens = 0, val_tokens = 0;
   int vocab_size = 0;
   double unigram_entropy = 0;  // nats per token, of the training tokens
@@ -29,8 +34,11 @@ struct PrepareSummary {
 
 PrepareSummary prepare_data(const PrepareOptions& options);
 
-// Files named by `inputs`, directories expanded recursively, in sorted order.
-std::vector<std::string> list_input_files(const std::vector<std::string>& inputs);
+// Files named by `inputs`, directories expanded recursively, in sorted order: in directories only
+// files with one of `extensions` (before an optional .gz), not hidden; `skipped` gets the others.
+std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
+                                          const std::vector<std::string>& extensions,
+                                          std::vector<std::string>* skipped);
 
 // Entropy (nats) of the unigram distribution of the tokens.
 double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size);

@@ -1,5 +1,6 @@
 #include "io/fs.h"
 
+#include <cstdio>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -74,6 +75,14 @@ void make_dirs(const std::string& path) {
 }
 
 bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
+
+void append_line(const std::string& path, const std::string& line) {
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) fail(path + ": cannot open for appending");
+  const std::string text = line + "\n";
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) fail(path + ": cannot write");
+}
 
 uint64_t checksum64(const void* data, size_t size) {
   const auto* p = static_cast<const unsigned char*>(data);

@@ -17,6 +17,8 @@ nlohmann::json read_json_file(const std::string& path);
 // float such as 1e57 would otherwise convert with undefined behaviour).
 int64_t json_integer(const nlohmann::json& j, const char* key, const std::string& source);
 void make_dirs(const std::string& path);
+// Appends `line` and a newline to `path` (created if missing) in one write.
+void append_line(const std::string& path, const std::string& line);
 bool file_exists(const std::string& path);
 
 // 64-bit FNV-1a over 8-byte little-endian words (tail bytes folded one by one): a fast

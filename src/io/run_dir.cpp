@@ -46,7 +46,7 @@ namespace {
 // What loco writes into a run directory.
 bool is_run_file(const std::string& name) {
   for (const char* f : {"config.toml", "metrics.jsonl", "summary.json", "checkpoints", "tokenizer.json",
-                        "tokenizer.model", "loss.png"})
+                        "tokenizer.model", "loss.png", "invocations.jsonl"})
     if (name == f) return true;
   if (name.rfind("events.out.tfevents.", 0) == 0) return true;  // train.tensorboard
   return name.rfind("outer-state-", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".scratch";

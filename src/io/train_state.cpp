@@ -85,6 +85,10 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step, const Mo
   const std::string root = run_dir + "/checkpoints", name = step_name(step);
   const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
   save_model_checkpoint(tmp_dir, config, layout, eval_params);
+  // The run's tokenizer goes with the model, so that the checkpoint directory can be copied and
+  // used alone (loco generate).
+  for (const char* f : {"tokenizer.json", "tokenizer.model"})
+    if (file_exists(run_dir + "/" + f)) write_file_atomic(tmp_dir + "/" + f, read_file(run_dir + "/" + f));
   write_state_file(tmp_dir + "/state.safetensors", run_state);
   std::error_code ec;
   fs::remove_all(final_dir, ec);

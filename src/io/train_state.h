@@ -1,6 +1,7 @@
 #pragma once
 // Training checkpoints: RUN/checkpoints/step_NNNNNNNN/ holds
 //   config.json + model.safetensors   the evaluation parameters (loadable by PyTorch as is)
+//   tokenizer.json (+ .model)         the run's tokenizer, so that the directory stands alone
 //   state.safetensors                 run-level state (step, elapsed time, ...)
 //   replica-R.safetensors             each worker's own state: its parameters, optimizer
 //   (stage-S-replica-R.safetensors    moments, data position, algorithm state (with a pipeline,

@@ -28,6 +28,7 @@ struct Run {
   json summary;                              // null when the run has not finished a segment
   std::map<std::string, std::string> config;  // flattened "table.key" -> value as in TOML
   std::string config_text;
+  std::vector<json> invocations;  // invocations.jsonl: what trained the run, start and resumes
 };
 
 std::string fixed(double v, int digits) {
@@ -88,6 +89,12 @@ Run load_run(const std::string& dir) {
     r.summary = read_json_file(dir + "/summary.json");
     if (!r.summary.is_object() || !r.summary.contains("workers") || !r.summary["workers"].is_array())
       fail(dir + "/summary.json: not a loco run summary (no workers list)");
+  }
+  if (file_exists(dir + "/invocations.jsonl")) {
+    r.invocations = read_metrics(dir + "/invocations.jsonl");  // JSON Lines, checked line by line
+    for (size_t i = 0; i < r.invocations.size(); ++i)
+      if (!r.invocations[i].is_object())
+        fail(dir + "/invocations.jsonl:" + std::to_string(i + 1) + ": not a JSON object");
   }
   if (file_exists(dir + "/config.toml")) {
     r.config_text = read_file(dir + "/config.toml");
@@ -300,6 +307,24 @@ std::string worker_section(const Run& r) {
   return o;
 }
 
+// Which loco, command, host and CPU trained each run (every start and resume).
+std::string provenance_section(const std::vector<Run>& runs) {
+  std::string rows;
+  auto text = [](const json& j, const char* key) {
+    if (!j.contains(key)) return std::string("-");
+    return j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+  };
+  for (const auto& r : runs)
+    for (const auto& inv : r.invocations)
+      rows += "<tr>" + cell(r.name) + cell(text(inv, "time")) + cell(text(inv, "resume") == "true" ? "resume" : "start") +
+              cell(text(inv, "loco")) + cell(text(inv, "host")) + cell(text(inv, "cpu")) + cell(text(inv, "threads")) +
+              cell(text(inv, "precision")) + "<td><code>" + escape_html(text(inv, "command")) + "</code></td></tr>\n";
+  if (rows.empty()) return "";
+  return "<h2>Provenance</h2>\n<table id=\"provenance\"><tr><th>run</th><th>time (UTC)</th><th></th><th>loco</th>"
+         "<th>host</th><th>CPU</th><th>threads</th><th>precision</th><th>command</th></tr>\n" +
+         rows + "</table>\n";
+}
+
 std::string config_section(const std::vector<Run>& runs) {
   std::set<std::string> keys;
   for (const auto& r : runs)
@@ -405,6 +430,7 @@ std::string build_html_report(const std::vector<std::string>& run_dirs) {
   for (const auto& r : runs)
     if (!r.summary.is_null()) o += worker_section(r);
   o += config_section(runs);
+  o += provenance_section(runs);
   o += "<script>" + std::string(kScript) + "</script>\n</body></html>\n";
   return o;
 }

@@ -152,7 +152,8 @@ expect_error "--input-format" "$loco" data prepare --input ok.jsonl.gz --input-f
 expect_error "norun" "$loco" plot norun
 mkdir -p badrun && echo '{"step": 1, "train_loss":' > badrun/metrics.jsonl
 expect_error "badrun/metrics.jsonl" "$loco" plot badrun --out badrun/loss.svg
-expect_error "norun/summary.json" "$loco" compare norun
+expect_error "norun: not a run directory (no summary.json or metrics.jsonl)" "$loco" compare norun
+expect_error "badrun/metrics.jsonl" "$loco" compare badrun
 mkdir -p badsum && echo '{"workers": [' > badsum/summary.json
 expect_error "badsum/summary.json: invalid JSON" "$loco" compare badsum
 echo '{"workers": 3}' > badsum/summary.json

@@ -93,9 +93,36 @@ fails "of memory; this machine has" "$loco" train "${base[@]}" --set model.hidde
   --set model.num_heads=8 --set train.out_dir=absurd
 fails "of memory; this machine has" "$loco" init --config "$root/configs/tiny.toml" --set model.hidden_size=1048576 \
   --set model.num_heads=8 --seed 1 --out absurd
-mkdir -p text && printf 'one line\nanother line\n' > text/a.txt && printf 'a third\n' > text/b.txt
-"$loco" data prepare --input text --tokenizer bytes --val-fraction 0.1 --out prepared > /dev/null 2> warn.txt
-grep -q "warning: --val-fraction 0.1 held out no validation text" warn.txt
+# data prepare: a tiny input still gets a validation split (its last lines); hidden files, hidden
+# directories and other extensions in an input directory are skipped and listed; a one-line input
+# warns that nothing was held out; JSON Lines documents are never split between train and val.
+mkdir -p text/.git text/sub && printf 'one line\nanother line\n' > text/a.txt && printf 'a third\n' > text/b.txt
+echo hidden > text/.notes.txt && echo git > text/.git/config && echo readme > text/README && echo nested > text/sub/c.md
+"$loco" data prepare --input text --tokenizer bytes --val-fraction 0.1 --out prepared > out.txt
+grep -q "4 lines -> 30 train / 7 val tokens" out.txt  # the last line, "nested\n", is validation
+grep -q "skipped 3 file(s) in the input directories (hidden, or not .txt/.text/.md/.rst/.jsonl): text/.git/, text/.notes.txt, text/README" out.txt
+grep -q "validation is the input's last lines" out.txt
+printf 'only line\n' > one.txt
+"$loco" data prepare --input one.txt --tokenizer bytes --val-fraction 0.1 --out one > /dev/null 2> warn.txt
+grep -q "warning: --val-fraction 0.1 held out no validation text: the input has 1 line(s)" warn.txt
+$py - docs.jsonl <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for d in range(300):
+        f.write(json.dumps({"text": "\n".join(f"doc {d:03d} line {i}" for i in range(5))}) + "\n")
+PY
+"$loco" data prepare --input docs.jsonl --tokenizer bytes --val-fraction 0.2 --out jsonl > /dev/null
+$py - jsonl <<'PY'
+import re, struct, sys
+def docs(split):  # LOCOTOKS (docs/formats.md); with the bytes tokenizer, id = byte
+    raw = open(f"{sys.argv[1]}/{split}.tok", "rb").read()
+    width, n = struct.unpack("<I", raw[12:16])[0], struct.unpack("<Q", raw[24:32])[0]
+    ids = struct.unpack(f"<{n}{'H' if width == 2 else 'I'}", raw[64:64 + n * width])
+    return set(re.findall(r"doc (\d{3})", bytes(ids).decode()))
+train, val = docs("train"), docs("val")
+assert train and val and not (train & val), (len(train), len(val), len(train & val))
+print(f"jsonl: {len(train)} train and {len(val)} val documents, none in both")
+PY
 "$loco" train "${base[@]}" --set train.steps=40 --set train.log_interval=5 --set train.checkpoint_interval=5 \
   --set train.keep_checkpoints=2 --set train.out_dir=pruned
 [ "$(ls pruned/checkpoints | grep -c '^step_')" = 2 ] && [ -d pruned/checkpoints/step_00000040 ]

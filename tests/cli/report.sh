@@ -57,7 +57,7 @@ PY
 "$loco" train "${base[@]}" --set pipeline.stages=2 --set distributed.replicas=2 --set train.out_dir=pipe > /dev/null
 "$loco" report full diloco pipe --out report.html > /dev/null
 $py - report.html full diloco pipe <<'PY'
-import re, sys
+import json, re, sys
 from html.parser import HTMLParser
 html = open(sys.argv[1], encoding="utf-8").read()
 runs = sys.argv[2:]
@@ -95,8 +95,42 @@ for key in ("algorithm", "pipeline.stages", "distributed.replicas", "train.out_d
     assert f"<td>{key}</td>" in html, key
 assert "<td>outer_gradients</td>" in html and "<td>activations</td>" in html
 assert 'id="membership"' not in html, "a membership chart for runs that are not elastic"
+# Provenance: every invocation of every run, with its command as typed (HTML-escaped).
+assert "provenance" in w.tables, w.tables
+for r in runs:
+    for line in open(f"{r}/invocations.jsonl"):
+        inv = json.loads(line)
+        esc = inv["command"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        esc = esc.replace('"', "&quot;").replace("'", "&#39;")
+        assert esc in html, inv["command"]
 print(f"report: {len(runs)} runs, one train and one val curve per run in both loss charts")
 PY
+
+# compare: human units, "-" where nothing was measured, a run without a summary from its metrics,
+# and an error before anything is printed.
+mkdir -p running noval && head -n 3 diloco/metrics.jsonl > running/metrics.jsonl && cp diloco/config.toml running/
+$py - full/summary.json noval/summary.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["final_val_loss"] = -1
+json.dump(s, open(sys.argv[2], "w"))
+PY
+"$loco" compare full running noval > compare.txt
+$py - compare.txt full/summary.json running/metrics.jsonl <<'PY'
+import json, re, sys
+rows = {l.split()[0]: l for l in open(sys.argv[1]) if l.split() and l.split()[0] in ("full", "running", "noval")}
+full = json.load(open(sys.argv[2]))
+cols = rows["full"].split()
+assert cols[4] == f"{full['final_val_loss']:.4f}", rows["full"]
+assert re.fullmatch(r"\d{1,4}|\d+(\.\d+)?[kMGT]", cols[3]), cols[3]  # tokens: 3 significant digits, k/M/G
+assert all(c.endswith("B") for c in cols[5:8]) and cols[8].endswith("B/s"), rows["full"]
+last = json.loads(open(sys.argv[3]).read().splitlines()[-1])
+assert f"(at {last['step']})" in rows["running"] and " diloco " in rows["running"], rows["running"]
+assert rows["noval"].split()[4] == "-", rows["noval"]
+print("compare: units, a running run, no evaluation")
+PY
+if "$loco" compare full norun > out.txt 2> err.txt; then echo "FAIL: compare of a non-run accepted"; exit 1; fi
+[ ! -s out.txt ] && grep -q "norun: not a run directory" err.txt
 
 # An elastic worker's metrics (members per record, membership events): the report draws the
 # members against step and lists the events.

@@ -54,6 +54,15 @@ mkdir -p split/checkpoints/step_00000040.tmp
 head -c 1000 full/checkpoints/step_00000040/model.safetensors > split/checkpoints/step_00000040.tmp/model.safetensors
 "$loco" train --resume split --quiet > /dev/null
 cmp full/checkpoints/step_00000040/model.safetensors split/checkpoints/step_00000040/model.safetensors
+# Each invocation is recorded: the start and the resume, with loco's version, command and host.
+$py - split/invocations.jsonl "$loco" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+assert [l["resume"] for l in lines] == [False, True], lines
+assert "--until 20" in lines[0]["command"] and "--resume split" in lines[1]["command"], lines
+for l in lines:
+    assert l["loco"].startswith("0.1") and l["host"] and l["cpu"] and l["precision"] == "fp32", l
+PY
 # Training state: identical tensors (bitwise) and metadata, except the wall-clock time.
 $py - full/checkpoints/step_00000040/state.safetensors split/checkpoints/step_00000040/state.safetensors <<'PY'
 import json, struct, sys
@@ -98,6 +107,13 @@ assert "val_loss" in recs[-1]
 PY
 "$loco" generate --checkpoint full/checkpoints/step_00000040 --prompt "The cat" --max-tokens 20 --seed 1 > gen.txt
 grep -q "^The cat" gen.txt
+# The run directory stands for its latest checkpoint, and a checkpoint copied elsewhere carries
+# its tokenizer: all three give the same text.
+"$loco" generate --checkpoint full --prompt "The cat" --max-tokens 20 --seed 1 > gen-run.txt
+cp -r full/checkpoints/step_00000040 alone
+"$loco" generate --checkpoint alone --prompt "The cat" --max-tokens 20 --seed 1 > gen-alone.txt
+cmp gen.txt gen-run.txt
+cmp gen.txt gen-alone.txt
 "$loco" plot full split --out loss.svg > /dev/null
 grep -q "<svg" loss.svg
 # --resume of a finished run says so and leaves every file of it as it was (bytes and times).

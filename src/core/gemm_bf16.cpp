@@ -1,0 +1,147 @@
+#include "core/gemm_bf16.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <dnnl.hpp>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/blas.h"
+#include "core/parallel.h"
+#include "core/precision.h"
+
+extern "C" void omp_set_num_threads(int);  // oneDNN's threads are OpenMP's (Debian's libdnnl)
+
+namespace loco {
+
+namespace {
+
+__attribute__((target("avx512f,avx512bf16"))) void to_bf16_avx512(const float* in, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(in + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(h));
+  }
+  for (; i < n; ++i) out[i] = to_bf16(in[i]);
+}
+
+// A (rows x cols, leading dimension ld) into a packed bf16 copy, rows split across the pool.
+void pack_bf16(const float* in, int rows, int cols, int ld, std::vector<uint16_t>& out) {
+  out.resize(size_t(rows) * size_t(cols));
+  uint16_t* dst = out.data();
+  parallel_for(rows, std::max<int64_t>(1, 4096 / std::max(1, cols)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) to_bf16(in + r * ld, dst + r * cols, cols);
+  });
+}
+
+// trans, shape, leading dimensions, alpha, beta
+using Key = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
+
+struct Product {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c, scratch;
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// oneDNN creates a product's kernel once per shape: kept for the process (a model has a few
+// dozen shapes, times the chunks a product is split into).
+const Product& product(bool ta, bool tb, int m, int n, int k, int lda, int ldb, int ldc, float alpha, float beta) {
+  static std::mutex mu;
+  static std::map<Key, Product> cache;
+  const Key key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  // A is m x k (stored k x m when transposed), B is k x n (stored n x k), C is m x n.
+  Product p;
+  p.a = dnnl::memory::desc(dims{m, k}, dt::bf16, ta ? dims{1, lda} : dims{lda, 1});
+  p.b = dnnl::memory::desc(dims{k, n}, dt::bf16, tb ? dims{1, ldb} : dims{ldb, 1});
+  p.c = dnnl::memory::desc(dims{m, n}, dt::f32, dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  // The scratchpad is the caller's: oneDNN's own is shared by the threads that run one primitive
+  // at once (in-process workers), which made their results differ run to run.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, engine());
+  p.prim = dnnl::matmul(pd);
+  p.scratch = pd.scratchpad_desc();
+  return cache.emplace(key, std::move(p)).first->second;
+}
+
+// One product on the calling thread, with one oneDNN (OpenMP) thread: loco's pool supplies the
+// parallelism, as it does for OpenBLAS, so no OpenMP team spins beside it.
+void run_product(bool ta, bool tb, int m, int n, int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+                 int ldb, float beta, float* c, int ldc) {
+  const Product& p = product(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta);
+  omp_set_num_threads(1);
+  thread_local dnnl::stream stream(engine());
+  thread_local std::vector<uint8_t> scratch;
+  scratch.resize(std::max<size_t>(1, p.scratch.get_size()));
+  dnnl::memory am(p.a, engine(), const_cast<uint16_t*>(a)), bm(p.b, engine(), const_cast<uint16_t*>(b)),
+      cm(p.c, engine(), c), sm(p.scratch, engine(), scratch.data());
+  p.prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+  stream.wait();
+}
+
+}  // namespace
+
+void to_bf16(const float* in, uint16_t* out, int64_t n) {
+  if (cpu_features().avx512_bf16) {
+    to_bf16_avx512(in, out, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+               int ldb, float beta, float* c, int ldc) {
+  if (m <= 0 || n <= 0) return;
+  gemm_flop_counter().fetch_add(2 * int64_t(m) * n * k, std::memory_order_relaxed);
+  if (k <= 0) {  // an empty sum: C = beta C, as BLAS
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) c[int64_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[int64_t(i) * ldc + j];
+    return;
+  }
+  thread_local std::vector<uint16_t> a16, b16;
+  const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  pack_bf16(a, a_rows, a_cols, lda, a16);
+  pack_bf16(b, b_rows, b_cols, ldb, b16);
+  const uint16_t* pa = a16.data();
+  const uint16_t* pb = b16.data();
+  const int threads = compute_threads();
+  if (threads == 1 || int64_t(m) * n * k < (int64_t(1) << 20)) {
+    run_product(trans_a, trans_b, m, n, k, alpha, pa, a_cols, pb, b_cols, beta, c, ldc);
+    return;
+  }
+  // As gemm_mt: rows of C (or columns when there are few rows) in chunks of multiples of 16.
+  const bool split_rows = m >= n || m >= 16 * threads;
+  const int extent = split_rows ? m : n;
+  const int chunk = std::max(16, (extent / threads + 15) / 16 * 16);
+  parallel_for((extent + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t ci = begin; ci < end; ++ci) {
+      const int i0 = int(ci) * chunk, len = std::min(extent, i0 + chunk) - i0;
+      if (split_rows)
+        run_product(trans_a, trans_b, len, n, k, alpha, trans_a ? pa + i0 : pa + int64_t(i0) * a_cols, a_cols, pb,
+                    b_cols, beta, c + int64_t(i0) * ldc, ldc);
+      else
+        run_product(trans_a, trans_b, m, len, k, alpha, pa, a_cols, trans_b ? pb + int64_t(i0) * b_cols : pb + i0,
+                    b_cols, beta, c + i0, ldc);
+    }
+  });
+}
+
+}  // namespace loco

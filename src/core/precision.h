@@ -1,0 +1,29 @@
+#pragma once
+// Precision of the matrix products (train.precision): fp32 through OpenBLAS, or bf16 operands
+// with fp32 accumulation through oneDNN on CPUs with bf16 instructions (AVX512-BF16, AMX-BF16).
+// Everything else (master weights, optimizer state, norms, softmax, losses, reductions) stays fp32.
+#include <string>
+
+namespace loco {
+
+enum class Precision { fp32, bf16 };
+
+// The products' precision for every thread of the process (default fp32).
+void set_matmul_precision(Precision p);
+Precision matmul_precision();
+
+struct CpuFeatures {
+  bool avx512 = false, avx512_bf16 = false, amx_bf16 = false;
+  std::string model;  // /proc/cpuinfo's model name
+};
+const CpuFeatures& cpu_features();
+// Whether bf16 products run natively here (AVX512-BF16 or AMX-BF16).
+inline bool cpu_runs_bf16() { return cpu_features().avx512_bf16 || cpu_features().amx_bf16; }
+// e.g. "AMD EPYC (AVX-512, AVX512-BF16)".
+std::string describe_cpu();
+
+// Resolves train.precision ("fp32", "bf16", "auto") on this CPU; `note` gets the line to print
+// at start. bf16 asked for on a CPU without bf16 instructions runs fp32 and says so.
+Precision resolve_precision(const std::string& wanted, std::string* note);
+
+}  // namespace loco
