@@ -39,10 +39,17 @@ namespace {
 std::shared_ptr<const std::vector<int32_t>> load_tokens(const std::string& path, const ModelConfig& m,
                                                         const std::string& key) {
   if (path.empty()) fail("config: " + key + " is not set");
+  if (!std::filesystem::exists(path))
+    fail(key + " = \"" + path + "\": no such file" +
+         (std::filesystem::path(path).is_relative()
+              ? " (relative paths are from the directory loco runs in, " + std::filesystem::current_path().string() +
+                    "; --resume reads them from the run's config.toml)"
+              : ""));
   auto tf = read_token_file(path);
   if (tf.vocab_size > uint64_t(m.vocab_size))
     fail(path + ": vocabulary size " + std::to_string(tf.vocab_size) + " exceeds model.vocab_size " +
-         std::to_string(m.vocab_size));
+         std::to_string(m.vocab_size) + " (set model.vocab_size to at least " + std::to_string(tf.vocab_size) +
+         ", or prepare the data with a smaller --vocab-size)");
   return std::make_shared<const std::vector<int32_t>>(std::move(tf.tokens));
 }
 

@@ -42,12 +42,35 @@ int main(int argc, char** argv) {
   loco::cli::add_info(app);
   loco::cli::add_simulate(app);
   loco::cli::add_estimate(app);
+  // `loco help [COMMAND [SUBCOMMAND]]`: the same text as --help.
+  std::vector<std::string> help_topic;
+  auto* help = app.add_subcommand("help", "Print the help of loco or of a command: loco help train, loco help data prepare");
+  help->add_option("command", help_topic, "command (and subcommand)");
+  help->callback([&] {
+    const CLI::App* target = &app;
+    std::string name = "loco";
+    for (const auto& t : help_topic) {
+      const CLI::App* next = nullptr;
+      for (const auto* s : target->get_subcommands([](const CLI::App*) { return true; }))
+        if (s->get_name() == t) next = s;
+      if (!next) throw CLI::ValidationError(name + " has no command " + t);
+      target = next;
+      name += " " + t;
+    }
+    std::printf("%s", target->get_formatter()->make_help(target, name, CLI::AppFormatMode::Normal).c_str());
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help and --version exit 0 through CLI11; a usage error is one line like every other.
+    // --help and --version exit 0 through CLI11; a usage error is one line like every other,
+    // pointing at the help of the command it was given to.
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "loco: error: %s (see loco --help)\n", e.what());
+    std::string where = "loco";
+    for (const CLI::App* cur = &app; !cur->get_subcommands().empty();) {
+      cur = cur->get_subcommands().front();
+      where += " " + cur->get_name();
+    }
+    std::fprintf(stderr, "loco: error: %s (see %s --help)\n", e.what(), where.c_str());
     return 1;
   } catch (const loco::Error& e) {
     std::fprintf(stderr, "loco: error: %s\n", e.what());

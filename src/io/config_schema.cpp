@@ -1,5 +1,6 @@
 #include "io/config_schema.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,39 @@ const ConfigSchema::Key* ConfigSchema::find(const std::string& key) const {
 
 bool ConfigSchema::has(const std::string& key) const { return find(key) != nullptr; }
 
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string ConfigSchema::unknown_key(const std::string& key) const {
+  // The nearest key by edit distance, if it is close (a typo, a missing or wrong table).
+  const Key* best = nullptr;
+  size_t best_d = 0;
+  for (const auto& k : keys_) {
+    const std::string leaf = k.name.substr(k.name.rfind('.') + 1);
+    const size_t d = std::min(edit_distance(key, k.name), edit_distance(key, leaf) + 1);
+    if (!best || d < best_d) best = &k, best_d = d;
+  }
+  const bool close = best && best_d <= std::max<size_t>(2, key.size() / 4);
+  return "unknown key " + key + (close ? " (did you mean " + best->name + "?)" : "") +
+         " (see loco train --print-config)";
+}
+
 void ConfigSchema::load_toml_string(const std::string& text, const std::string& source) {
   toml::table table;
   try {
@@ -148,7 +182,7 @@ void ConfigSchema::load_toml_string(const std::string& text, const std::string& 
   }
   walk(table, "", [&](const std::string& key, const toml::node& node) {
     const Key* k = find(key);
-    if (!k) fail(source + ": unknown key " + key + " (see loco train --print-config)");
+    if (!k) fail(source + ": " + unknown_key(key));
     k->set(&node, source);
   });
 }
@@ -169,7 +203,7 @@ void ConfigSchema::apply_override(const std::string& assignment) {
   const std::string key = assignment.substr(0, eq);
   std::string value = assignment.substr(eq + 1);
   const Key* k = find(key);
-  if (!k) fail("--set: unknown key " + key + " (see loco train --print-config)");
+  if (!k) fail("--set: " + unknown_key(key));
   if (k->type == "string" && (value.empty() || value.front() != '"')) {
     value = toml_string(value);  // a bare word
   }

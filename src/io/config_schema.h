@@ -39,6 +39,8 @@ class ConfigSchema {
 
  private:
   const Key* find(const std::string& key) const;
+  // "unknown key KEY", with the nearest known key when one is close.
+  std::string unknown_key(const std::string& key) const;
   std::vector<Key> keys_;
 };
 

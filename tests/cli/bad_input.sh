@@ -42,7 +42,7 @@ expect_error "model.num_layers must be an integer" "$loco" init --config "$(mk n
 expect_error "model.num_heads must divide hidden_size" "$loco" init --config "$(mk num_heads 5)" --seed 1 --out x
 expect_error "model.rms_eps must be in" "$loco" init --config "$(mk vocab_size '96\nrms_eps = 2.0')" --seed 1 --out x
 printf '[model]\nhidden_sise = 32\n' > typo.toml
-expect_error "unknown key model.hidden_sise" "$loco" init --config typo.toml --seed 1 --out x
+expect_error "unknown key model.hidden_sise (did you mean model.hidden_size?)" "$loco" init --config typo.toml --seed 1 --out x
 printf '[model\nhidden_size = 32\n' > syntax.toml
 expect_error "syntax.toml:1" "$loco" init --config syntax.toml --seed 1 --out x
 expect_error "cannot open" "$loco" init --config missing.toml --seed 1 --out x
@@ -95,7 +95,17 @@ cat good.toml >> train.toml
 expect_error "data.seq_len (64) exceeds model.max_seq_len (32)" "$loco" train --config train.toml --set data.seq_len=64
 expect_error "optimizer.lr must be a number" "$loco" train --config train.toml --set 'optimizer.lr="fast"'
 expect_error "optimizer.lr must be in" "$loco" train --config train.toml --set optimizer.lr=-1
-expect_error "unknown key train.stepz" "$loco" train --config train.toml --set train.stepz=3
+expect_error "unknown key train.stepz (did you mean train.steps?)" "$loco" train --config train.toml --set train.stepz=3
+expect_error "unknown key zzz.qqq (see loco train --print-config)" "$loco" train --config train.toml --set zzz.qqq=3
+expect_error "--set optimizer.lr: cannot parse value" "$loco" train --config train.toml --set optimizer.lr=abc
+expect_error "data.train = \"nowhere.tok\": no such file (relative paths are from the directory loco runs in, $PWD" \
+  "$loco" train --config train.toml --set data.train=nowhere.tok
+expect_error "(see loco train --help)" "$loco" train --bogus
+expect_error "(see loco data prepare --help)" "$loco" data prepare --bogus
+expect_error "loco has no command nosuch" "$loco" help nosuch
+"$loco" help > help.txt && grep -q "^Usage: loco \[OPTIONS\] SUBCOMMAND" help.txt || { echo "FAIL: loco help"; failures=$((failures + 1)); }
+"$loco" help data prepare > help.txt && grep -q "^Usage: loco data prepare" help.txt ||
+  { echo "FAIL: loco help data prepare"; failures=$((failures + 1)); }
 expect_error "train.checkpoint_interval must be a multiple of train.log_interval" \
   "$loco" train --config train.toml --set train.checkpoint_interval=15
 expect_error "data.batch_size must be in" "$loco" train --config train.toml --set data.batch_size=0
@@ -126,7 +136,7 @@ expect_error "pipeline.schedule must be one of" "$loco" train --config train.tom
 expect_error "give --config FILE or --calibrate RUN_DIR" "$loco" simulate pipeline
 expect_error "--link 9furlongs" "$loco" simulate pipeline --config train.toml --link 9furlongs
 expect_error "not a run directory" "$loco" train --resume nowhere
-expect_error "exceeds model.vocab_size" "$loco" train --config train.toml --set data.train=big_vocab.bin
+expect_error "exceeds model.vocab_size 96 (set model.vocab_size to at least" "$loco" train --config train.toml --set data.train=big_vocab.bin
 
 # Every other subcommand, each kind of bad input it accepts.
 expect_error "checkpoints/latest" "$loco" train --resume "$(mkdir -p emptyrun && touch emptyrun/config.toml && echo emptyrun)"
