@@ -28,6 +28,7 @@ case $parts in all | cu | allreduce) ;; *) echo "bench/network.sh: PARTS must be
 bash scripts/brown-data.sh > /dev/null
 rm -rf "$out"
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the lab's hosts run in other directories
 
 # The ring all-reduce bench in the lab, once per link and worker count: the all-reduce table
 # (item 4 of the lab) and the CU table's "pipe at the lab's TCP rate" both read its log.
@@ -83,7 +84,7 @@ for link in "${all_links[@]}"; do
       margs=(${method_args[$method]})
       NETLAB_STATS="$out/$name-lab.tc" scripts/netlab.sh run "$np" "$rate" "$delay" -- \
         "$PWD/build/loco" train "${common[@]}" "${margs[@]}" --set data.train="$PWD/data/brown/tok4k/train.tok" \
-        --set train.out_dir="$PWD/$out/$name-lab" > "$out/$name-lab.log" 2>&1
+        --set train.out_dir="$out/$name-lab" > "$out/$name-lab.log" 2>&1
       for model in "false false $bw" "true true $bw" "raw false ${raw_bps}bit"; do  # run name, network.tcp, rate
         read -r kind tcp rate_bw <<< "$model"
         build/loco train "${common[@]}" "${margs[@]}" --set distributed.replicas="$np" --set network.bandwidth="$rate_bw" \
