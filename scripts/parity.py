@@ -5,10 +5,11 @@ parameter of the Linux kernel's C sources (scripts/code-data.sh), a fixed global
 every method with the same tuning budget. Started by scripts/reproduce.sh --study parity; see --help.
 
 Tuning, the same protocol for every M (the grids are GRID_* below):
-  1. data-parallel at every inner learning rate of the grid;
+  1. data-parallel at every inner learning rate of the grid, the grid extended by a factor of 2
+     beyond whichever end holds data-parallel's best (so that its optimum is inside the grid);
   2. for each M, DiLoCo at data-parallel's best inner lr over every outer lr x outer momentum;
   3. then DiLoCo at that M's best outer cell over the grid's other inner lrs.
-Each M thus gets 10 + 3 runs, data-parallel 4. Then a second seed of the best data-parallel and
+Each M thus gets 10 runs plus one per other inner lr, as data-parallel gets one per inner lr. Then a second seed of the best data-parallel and
 M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel steps
 (outer.start_step), as the DiLoCo paper started from a pretrained model.
 
@@ -24,7 +25,8 @@ import parity_page
 import study
 from study import load_record, log
 
-GRID_INNER_LR = ["1e-3", "2e-3", "4e-3", "8e-3"]
+GRID_INNER_LR = ["1e-3", "2e-3", "4e-3", "8e-3"]  # extended by factors of 2 while data-parallel's best is at an edge
+MAX_INNER_LRS = 8
 GRID_OUTER_LR = ["0.2", "0.4", "0.6", "0.8", "1.0"]
 GRID_MOMENTUM = ["0.9", "0.4"]
 REPLICAS = [1, 4, 8, 2]  # the order in which they train: M = 1 (the sharpest test) first
@@ -80,13 +82,37 @@ def best(records, runs):
     return min(vals, key=lambda x: x[0])[1]
 
 
+def lr_name(x):
+    """1e-3, 1.6e-2: the shortest mantissa, exponent without padding."""
+    m, e = f"{x:.1e}".split("e")
+    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
+
+
+def inner_grid(records):
+    """The inner-lr grid as far as the records decide it, and whether data-parallel's runs over
+    it are all recorded (its best then lies inside it, or the grid has MAX_INNER_LRS values)."""
+    grid = list(GRID_INNER_LR)
+    while True:
+        b = best(records, [dp_run(lr) for lr in grid])
+        if not b or len(grid) >= MAX_INNER_LRS:
+            return grid, b is not None
+        if b.cell[0] == grid[-1]:
+            grid.append(lr_name(float(grid[-1]) * 2))
+        elif b.cell[0] == grid[0]:
+            grid.insert(0, lr_name(float(grid[0]) / 2))
+        else:
+            return grid, True
+
+
 def plan(records, steps):
     """Every run of the study in training order, as far as the records decide it: the runs after a
-    choice that needs unrecorded results are not listed yet (the returned flag says so)."""
-    runs = [dp_run(lr) for lr in GRID_INNER_LR]
+    choice that needs unrecorded results are not listed yet (the returned flag says so), and the
+    inner-lr grid."""
+    grid, decided = inner_grid(records)
+    runs = [dp_run(lr) for lr in grid]
+    if not decided:
+        return runs, False, grid
     best_dp = best(records, runs)
-    if not best_dp:
-        return runs, False
     dp_lr = best_dp.cell[0]
     best_m = {}
     for m in REPLICAS:
@@ -94,19 +120,19 @@ def plan(records, steps):
         runs += stage_a
         best_a = best(records, stage_a)
         if not best_a:
-            return runs, False
+            return runs, False, grid
         _, olr, mom = best_a.cell
-        stage_b = [diloco_run(m, lr, olr, mom) for lr in GRID_INNER_LR if lr != dp_lr]
+        stage_b = [diloco_run(m, lr, olr, mom) for lr in grid if lr != dp_lr]
         runs += stage_b
         best_m[m] = best(records, stage_a + stage_b)
         if not best_m[m]:
-            return runs, False
+            return runs, False, grid
     runs.append(dp_run(dp_lr, seed1=True))
     runs.append(diloco_run(4, *best_m[4].cell, seed1=True))
     warm = max(1, int(steps * WARM_FRACTION))
     for m in (4, 8):
         runs.append(diloco_run(m, *best_m[m].cell, warm=warm))
-    return runs, True
+    return runs, True, grid
 
 
 def command(args, run):
@@ -146,7 +172,7 @@ def main():
     p.add_argument("--loco", default="build/loco")
     args = p.parse_args()
     if args.list:
-        runs, complete = plan(args.records, args.steps)
+        runs, complete, _ = plan(args.records, args.steps)
         for r in runs:
             print(f"{r.name:34s} {r.group:6s} {'recorded' if load_record(args.records, r.name) else 'pending':9s} "
                   f"{r.label}")
@@ -160,7 +186,7 @@ def main():
         os.makedirs(args.records, exist_ok=True)
         trained = 0
         while True:
-            runs, complete = plan(args.records, args.steps)
+            runs, complete, _ = plan(args.records, args.steps)
             todo = [r for r in runs if not load_record(args.records, r.name)]
             if not todo or (args.max_runs and trained >= args.max_runs):
                 break

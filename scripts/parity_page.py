@@ -8,9 +8,9 @@ from study import fmt_bytes, load_record, pct, totals
 
 
 class Page:
-    def __init__(self, args, runs, complete):
+    def __init__(self, args, runs, complete, grid):
         self.args, self.records = args, args.records
-        self.runs, self.complete = runs, complete
+        self.runs, self.complete, self.grid = runs, complete, grid
         self.rec = {r.name: load_record(self.records, r.name) for r in runs}
         self.lines = []
 
@@ -91,7 +91,9 @@ class Page:
                f"inner AdamW (beta2 {oc.get('beta2', 0.95)}, weight decay {oc['weight_decay']}, clip {oc['clip']}) "
                f"with its state kept across rounds. Every run: warmup {oc['warmup_steps']} steps, cosine to a tenth "
                "of the peak lr.")
-        self.w(f"- Tuning, the same for every M: data-parallel at inner lr {', '.join(P.GRID_INNER_LR)}; DiLoCo at "
+        self.w(f"- Tuning, the same for every M: data-parallel at inner lr {', '.join(self.grid)} (the grid "
+               f"{', '.join(P.GRID_INNER_LR)}, extended by factors of 2 while data-parallel's best was at an end); "
+               "DiLoCo at "
                f"data-parallel's best inner lr over outer lr {', '.join(P.GRID_OUTER_LR)} x momentum "
                f"{', '.join(P.GRID_MOMENTUM)}, then at that M's best outer cell over the other inner lrs.")
         self.w(f"- Wall time: {wall / 3600:.2f} h for the recorded runs ({'; '.join(machines)}), summed over the "
@@ -127,7 +129,7 @@ class Page:
         self.w()
         self.w("| inner lr | val loss (vs best) |")
         self.w("|---|---|")
-        for lr in P.GRID_INNER_LR:
+        for lr in self.grid:
             self.w(f"| {lr} | {self.cell(P.dp_run(lr).name, base)} |")
         self.w()
 
@@ -153,7 +155,7 @@ class Page:
             self.w()
             self.w("| inner lr | val loss (vs best data-parallel) |")
             self.w("|---|---|")
-            for lr in P.GRID_INNER_LR:
+            for lr in self.grid:
                 self.w(f"| {lr} | {self.cell(P.diloco_run(m, lr, olr, mom).name, base)} |")
             self.w()
 
@@ -178,5 +180,4 @@ class Page:
 
 
 def write(args, plan):
-    runs, complete = plan(args.records, args.steps)
-    return Page(args, runs, complete).write()
+    return Page(args, *plan(args.records, args.steps)).write()

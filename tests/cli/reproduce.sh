@@ -115,12 +115,17 @@ rec, page = sys.argv[1], open(sys.argv[2]).read()
 def val(n): return json.load(open(f"{rec}/{n}/summary.json"))["final_val_loss"]
 def cfg(n): return tomllib.load(open(f"{rec}/{n}/config.toml", "rb"))
 names = sorted(os.listdir(rec))
-assert len(names) == 60, len(names)
-dp = min((n for n in names if n.startswith("dp-") and "seed" not in n), key=val)
+dps = [n for n in names if n.startswith("dp-") and "seed" not in n]
+lrs = sorted(cfg(n)["optimizer"]["lr"] for n in dps)
+assert len(lrs) >= 4 and all(abs(b / a - 2) < 1e-9 for a, b in zip(lrs, lrs[1:])), lrs  # factors of 2
+dp = min(dps, key=val)
 dp_lr = cfg(dp)["optimizer"]["lr"]
+# Data-parallel's best is inside the grid, or the grid reached its 8 values.
+assert len(lrs) == 8 or lrs[0] < dp_lr < lrs[-1], (lrs, dp_lr)
+assert len(names) == len(dps) + 4 * (10 + len(dps) - 1) + 4, len(names)
 for m in (1, 2, 4, 8):
     runs = [n for n in names if n.startswith(f"m{m}-") and "seed" not in n and "warm" not in n]
-    assert len(runs) == 13, (m, runs)
+    assert len(runs) == 10 + len(dps) - 1, (m, runs)
     stage_a = [n for n in runs if cfg(n)["optimizer"]["lr"] == dp_lr]
     assert len(stage_a) == 10, (m, stage_a)  # every outer cell at data-parallel's best inner lr
     best_a = min(stage_a, key=val)
