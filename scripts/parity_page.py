@@ -114,7 +114,15 @@ class Page:
                 continue
             v = self.val(b.name)
             target = P.TARGET_GAP.get(m)
-            met = "" if target is None else (f"<= {target:+.0f}%: " + ("met" if pct(v, base) <= target else "NOT met"))
+            planned = [r for r in self.runs if r.group == f"m{m}"]
+            done = sum(1 for r in planned if self.val(r.name) is not None)
+            tuned = done == len(planned) == 10 + len(self.grid) - 1
+            if not tuned:  # the best so far, not yet the tuned one: no verdict
+                met = f"tuning: {done} of {10 + len(self.grid) - 1} runs so far"
+            elif target is None:
+                met = ""
+            else:
+                met = f"<= {target:+.0f}%: " + ("met" if pct(v, base) <= target else "NOT met")
             self.w(f"| DiLoCo M={m} | `{b.name}` | {v:.4f} | {pct(v, base):+.2f}% | {P.PAPER_GAP_35M[m]:+.1f}% | "
                    f"{met} | {fmt_bytes(totals(self.rec[b.name])[0])} |")
         self.w()
