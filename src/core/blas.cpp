@@ -13,28 +13,10 @@ namespace {
 template <class T>
 void gemm_split(bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a, int lda, const T* b, int ldb,
                 T beta, T* c, int ldc) {
-  const int threads = compute_threads();
-  const int64_t work = int64_t(m) * n * k;
-  if (threads == 1 || work < (int64_t(1) << 20)) {
-    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  // Chunks are multiples of 16 rows/columns so that BLAS's packed panels stay whole.
-  const bool split_rows = m >= n || m >= 16 * threads;
-  const int extent = split_rows ? m : n;
-  const int chunk = std::max(16, (extent / threads + 15) / 16 * 16);
-  parallel_for((extent + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t ci = begin; ci < end; ++ci) {
-      const int i0 = int(ci) * chunk, len = std::min(extent, i0 + chunk) - i0;
-      if (split_rows) {
-        const T* a0 = trans_a ? a + i0 : a + int64_t(i0) * lda;
-        gemm(trans_a, trans_b, len, n, k, alpha, a0, lda, b, ldb, beta, c + int64_t(i0) * ldc, ldc);
-      } else {
-        const T* b0 = trans_b ? b + int64_t(i0) * ldb : b + i0;
-        gemm(trans_a, trans_b, m, len, k, alpha, a, lda, b0, ldb, beta, c + i0, ldc);
-      }
-    }
-  });
+  split_product(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                [&](int rows, int cols, const T* a0, const T* b0, T* c0) {
+                  gemm(trans_a, trans_b, rows, cols, k, alpha, a0, lda, b0, ldb, beta, c0, ldc);
+                });
 }
 
 }  // namespace

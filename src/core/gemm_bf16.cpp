@@ -120,28 +120,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
   const int a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   pack_bf16(a, a_rows, a_cols, lda, a16);
   pack_bf16(b, b_rows, b_cols, ldb, b16);
-  const uint16_t* pa = a16.data();
-  const uint16_t* pb = b16.data();
-  const int threads = compute_threads();
-  if (threads == 1 || int64_t(m) * n * k < (int64_t(1) << 20)) {
-    run_product(trans_a, trans_b, m, n, k, alpha, pa, a_cols, pb, b_cols, beta, c, ldc);
-    return;
-  }
-  // As gemm_mt: rows of C (or columns when there are few rows) in chunks of multiples of 16.
-  const bool split_rows = m >= n || m >= 16 * threads;
-  const int extent = split_rows ? m : n;
-  const int chunk = std::max(16, (extent / threads + 15) / 16 * 16);
-  parallel_for((extent + chunk - 1) / chunk, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t ci = begin; ci < end; ++ci) {
-      const int i0 = int(ci) * chunk, len = std::min(extent, i0 + chunk) - i0;
-      if (split_rows)
-        run_product(trans_a, trans_b, len, n, k, alpha, trans_a ? pa + i0 : pa + int64_t(i0) * a_cols, a_cols, pb,
-                    b_cols, beta, c + int64_t(i0) * ldc, ldc);
-      else
-        run_product(trans_a, trans_b, m, len, k, alpha, pa, a_cols, trans_b ? pb + int64_t(i0) * b_cols : pb + i0,
-                    b_cols, beta, c + i0, ldc);
-    }
-  });
+  split_product(trans_a, trans_b, m, n, k, a16.data(), a_cols, b16.data(), b_cols, c, ldc,
+                [&](int rows, int cols, const uint16_t* a0, const uint16_t* b0, float* c0) {
+                  run_product(trans_a, trans_b, rows, cols, k, alpha, a0, a_cols, b0, b_cols, beta, c0, ldc);
+                });
 }
 
 }  // namespace loco
