@@ -37,7 +37,6 @@ class Diloco : public Algorithm {
   }
 
   void after_step(Worker& w, int64_t done, bool last) override {
-    done_ = done;
     if (done <= start_step_) {
       if (done == start_step_) theta_ = w.params;  // identical on every replica after data-parallel steps
       return;
@@ -52,7 +51,8 @@ class Diloco : public Algorithm {
     w.params = theta_;
   }
 
-  const std::vector<float>& eval_params(Worker& w) override { return done_ < start_step_ ? w.params : theta_; }
+  // Called after a step: w.step + 1 steps are done. Before the rounds, the replicas' (equal) parameters.
+  const std::vector<float>& eval_params(Worker& w) override { return w.step + 1 < start_step_ ? w.params : theta_; }
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
   }
@@ -69,7 +69,6 @@ class Diloco : public Algorithm {
  private:
   OuterConfig outer_;
   const int64_t start_step_;
-  int64_t done_ = 0;  // steps completed (after_step's last `done`)
   std::vector<float> theta_, momentum_, avg_;
   CountVectorAverage average_;
   std::vector<Range> whole_;

@@ -408,7 +408,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                                                     {"backend", s.backend},
                                                                     {"unigram_entropy", s.unigram_entropy},
                                                                     {"train_data_tokens", int64_t(s.train_tokens->size())},
-                                                                    {"precision", s.precision == Precision::bf16 ? "bf16" : "fp32"},
+                                                                    {"precision", precision_name(s.precision)},
                                                                     {"seconds", sum.seconds}}
                                                          .dump(2) + "\n");
     return sum;
@@ -440,7 +440,7 @@ void record_invocation(const RunSetup& s) {
                               {"cpu", describe_cpu()},
                               {"cores", int(std::thread::hardware_concurrency())},
                               {"threads", compute_threads()},
-                              {"precision", s.precision == Precision::bf16 ? "bf16" : "fp32"},
+                              {"precision", precision_name(s.precision)},
                               {"backend", s.backend},
                               {"resume", s.resuming}};
   append_line(s.run_dir + "/invocations.jsonl", rec.dump());

@@ -6,11 +6,10 @@
 #include <numeric>
 
 #include "cli/commands.h"
+#include "core/error.h"
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "core/precision.h"
-#include "core/error.h"
-#include "io/train_state.h"
-#include "core/memory.h"
 #include "core/rng.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
@@ -18,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "io/run_config.h"
 #include "io/safetensors.h"
+#include "io/train_state.h"
 #include "model/evaluate.h"
 #include "model/trainable.h"
 #include "model/transformer.h"

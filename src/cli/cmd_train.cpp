@@ -59,14 +59,8 @@ void add_data(CLI::App& app) {
     if (!s.skipped.empty()) {
       std::string names;
       for (size_t i = 0; i < s.skipped.size() && i < 5; ++i) names += (i ? ", " : "") + s.skipped[i];
-      std::printf("skipped %zu file(s) in the input directories (hidden, or not .%s): %s%s\n", s.skipped.size(),
-                  [&] {
-                    std::string e;
-                    for (const auto& x : o->extensions) e += (e.empty() ? "" : "/.") + x;
-                    return e;
-                  }()
-                      .c_str(),
-                  names.c_str(), s.skipped.size() > 5 ? ", ..." : "");
+      std::printf("skipped %zu file(s) in the input directories (hidden, or not %s): %s%s\n", s.skipped.size(),
+                  describe_extensions(o->extensions).c_str(), names.c_str(), s.skipped.size() > 5 ? ", ..." : "");
     }
     if (o->val_fraction > 0 && s.val_tokens == 0)
       std::fprintf(stderr, "loco: warning: --val-fraction %g held out no validation text: the input has %lld line(s)\n",
@@ -198,14 +192,6 @@ namespace loco::cli {
 
 namespace {
 
-std::string fixed_digits(double v, int digits) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", digits, v);
-  return b;
-}
-std::string fixed4(double v) { return fixed_digits(v, 4); }
-std::string fixed1(double v) { return fixed_digits(v, 1); }
-
 // The algorithm of a run from its config.toml text ("?" when it cannot be read).
 std::string config_algorithm(const std::string& text) {
   try {
@@ -223,8 +209,10 @@ void add_compare(CLI::App& app) {
   cmd->add_option("runs", *runs, "run directories (finished: summary.json; running or stopped: metrics.jsonl)")
       ->required();
   cmd->callback([runs] {
-    using report::short_number;
-    auto num = [](double v, const char* unit = "") { return v < 0 || !std::isfinite(v) ? std::string("-") : short_number(v) + unit; };
+    using report::fixed;
+    auto num = [](double v, const char* unit = "") {
+      return v < 0 || !std::isfinite(v) ? std::string("-") : report::short_number(v) + unit;
+    };
     using Row = std::array<std::string, 11>;
     std::vector<Row> rows;  // every run is read before anything is printed
     for (const auto& dir : *runs) {
@@ -236,12 +224,12 @@ void add_compare(CLI::App& app) {
         if (recs.empty()) fail(dir + "/metrics.jsonl: no records yet");
         std::string val = "-";
         for (const auto& r : recs)
-          if (r.contains("val_loss") && r["val_loss"].is_number()) val = fixed4(r["val_loss"].get<double>());
+          if (r.contains("val_loss") && r["val_loss"].is_number()) val = fixed(r["val_loss"].get<double>(), 4);
         const auto& last = recs.back();
         const std::string config = file_exists(dir + "/config.toml") ? read_file(dir + "/config.toml") : "";
         rows.push_back(Row{name + " (at " + std::to_string(last.value("step", int64_t(0))) + ")",
                         config_algorithm(config), "-", num(last.value("tokens", -1.0)), val,
-                        num(last.value("bytes_sent", -1.0), "B"), "-", "-", "-", "-", fixed1(last.value("time", 0.0))});
+                        num(last.value("bytes_sent", -1.0), "B"), "-", "-", "-", "-", fixed(last.value("time", 0.0), 1)});
         continue;
       }
       try {
@@ -254,9 +242,9 @@ void add_compare(CLI::App& app) {
         const double val = j.at("final_val_loss").get<double>();
         rows.push_back(Row{name, j.at("algorithm").get<std::string>(),
                         std::to_string(json_integer(j, "replicas", dir + "/summary.json")), num(j.at("tokens").get<double>()),
-                        val < 0 ? "-" : fixed4(val), num(t.training_bytes_sent / n, "B"),
+                        val < 0 ? "-" : fixed(val, 4), num(t.training_bytes_sent / n, "B"),
                         num(t.training_bytes_sent / n / steps, "B"), num(t.largest_sync, "B"), num(t.peak_send, "B/s"),
-                        fixed1(100 * t.cu_sum / n) + "%", fixed1(j.at("seconds").get<double>())});
+                        fixed(100 * t.cu_sum / n, 1) + "%", fixed(j.at("seconds").get<double>(), 1)});
       } catch (const nlohmann::json::exception& e) {
         fail(dir + "/summary.json: not a loco run summary (" + e.what() + ")");
       }

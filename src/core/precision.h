@@ -11,6 +11,7 @@ enum class Precision { fp32, bf16 };
 // The products' precision for every thread of the process (default fp32).
 void set_matmul_precision(Precision p);
 Precision matmul_precision();
+inline const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
 
 struct CpuFeatures {
   bool avx512 = false, avx512_bf16 = false, amx_bf16 = false;

@@ -29,6 +29,12 @@ bool has_extension(const fs::path& p, const std::vector<std::string>& extensions
 
 }  // namespace
 
+std::string describe_extensions(const std::vector<std::string>& extensions) {
+  std::string text;
+  for (const auto& e : extensions) text += (text.empty() ? "." : ", .") + e;
+  return text;
+}
+
 std::vector<std::string> list_input_files(const std::vector<std::string>& inputs,
                                           const std::vector<std::string>& extensions,
                                           std::vector<std::string>* skipped) {
@@ -55,13 +61,10 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       std::sort(found.begin(), found.end());
       std::sort(passed.begin(), passed.end());
       if (skipped) skipped->insert(skipped->end(), passed.begin(), passed.end());
-      if (found.empty()) {
-        std::string exts;
-        for (const auto& e : extensions) exts += (exts.empty() ? "." : ", .") + e;
-        fail(in + ": directory has no files to read (" + exts + ", not hidden" +
+      if (found.empty())
+        fail(in + ": directory has no files to read (" + describe_extensions(extensions) + ", not hidden" +
              (passed.empty() ? "" : "; " + std::to_string(passed.size()) + " others skipped, e.g. " + passed.front()) +
              "); name files directly or choose --extensions");
-      }
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(in, ec)) {
       files.push_back(in);

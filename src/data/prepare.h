@@ -40,6 +40,9 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
                                           const std::vector<std::string>& extensions,
                                           std::vector<std::string>* skipped);
 
+// ".txt, .md, ..." for messages.
+std::string describe_extensions(const std::vector<std::string>& extensions);
+
 // Entropy (nats) of the unigram distribution of the tokens.
 double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size);
 

@@ -31,13 +31,6 @@ struct Run {
   std::vector<json> invocations;  // invocations.jsonl: what trained the run, start and resumes
 };
 
-std::string fixed(double v, int digits) {
-  if (!std::isfinite(v)) return "-";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", digits, v);
-  return b;
-}
-
 std::string toml_value(const toml::node& n) {
   if (auto s = n.as_string()) {
     std::string o = "\"";

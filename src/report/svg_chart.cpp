@@ -37,6 +37,13 @@ std::string escape_html(const std::string& s) {
   return o;
 }
 
+std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
 std::string short_number(double v) {
   if (!std::isfinite(v)) return v != v ? "nan" : (v > 0 ? "inf" : "-inf");
   const double a = std::fabs(v);

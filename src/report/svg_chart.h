@@ -30,6 +30,8 @@ std::string palette(int i);
 std::string escape_html(const std::string& s);
 // A number for a label: 3 significant digits, k/M/G/T suffixes from 10^4 up.
 std::string short_number(double v);
+// v with `digits` decimals; "-" when it is not finite.
+std::string fixed(double v, int digits);
 // "Nice" tick values covering [lo, hi]: about `target` of them, steps 1, 2 or 5 x 10^k.
 std::vector<double> nice_ticks(double lo, double hi, int target);
 

@@ -100,7 +100,7 @@ mkdir -p text/.git text/sub && printf 'one line\nanother line\n' > text/a.txt &&
 echo hidden > text/.notes.txt && echo git > text/.git/config && echo readme > text/README && echo nested > text/sub/c.md
 "$loco" data prepare --input text --tokenizer bytes --val-fraction 0.1 --out prepared > out.txt
 grep -q "4 lines -> 30 train / 7 val tokens" out.txt  # the last line, "nested\n", is validation
-grep -q "skipped 3 file(s) in the input directories (hidden, or not .txt/.text/.md/.rst/.jsonl): text/.git/, text/.notes.txt, text/README" out.txt
+grep -q "skipped 3 file(s) in the input directories (hidden, or not .txt, .text, .md, .rst, .jsonl): text/.git/, text/.notes.txt, text/README" out.txt
 grep -q "validation is the input's last lines" out.txt
 printf 'only line\n' > one.txt
 "$loco" data prepare --input one.txt --tokenizer bytes --val-fraction 0.1 --out one > /dev/null 2> warn.txt
