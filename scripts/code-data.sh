@@ -13,14 +13,14 @@ scripts/build.sh > /dev/null
 if [ ! -f data/linux/src/.complete ]; then
   rm -rf data/linux/src data/linux/extract
   mkdir -p data/linux/extract
-  echo "code-data: extracting the kernel's C sources (about a minute)"
+  echo "code-data: extracting the kernel's C sources (about a minute)" >&2
   tar -xJf /usr/src/linux-source-6.1.tar.xz -C data/linux/extract --wildcards '*.c' '*.h'
   python3 scripts/code_corpus.py data/linux/extract/linux-source-6.1 data/linux/src
   rm -rf data/linux/extract
   touch data/linux/src/.complete
 fi
 if [ ! -f data/linux/tok1k/train.tok ]; then
-  echo "code-data: tokenizing (several minutes on one core)"
+  echo "code-data: tokenizing (several minutes on one core)" >&2
   build/loco data prepare --input data/linux/src --extensions c,h --tokenizer sentencepiece --vocab-size 1024 \
     --val-fraction 0.005 --out data/linux/tok1k.tmp
   rm -rf data/linux/tok1k

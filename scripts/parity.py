@@ -16,10 +16,8 @@ M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel st
 The plan depends on earlier results, so it is computed from the records every time: a run is
 named by its settings, trains in RUNS/NAME (resumable from its checkpoints, as every run of
 scripts/study.py), and its record in RECORDS/NAME is what the page is written from."""
-import argparse
 import os
 import sys
-import tomllib
 
 import parity_page
 import study
@@ -146,30 +144,18 @@ def command(args, run):
 
 
 def check_args(args):
-    with open(args.config, "rb") as f:
-        cfg = tomllib.load(f)
     for m in REPLICAS:
         if args.global_batch % m:
             sys.exit(f"parity: --global-batch {args.global_batch} must be divisible by every M ({REPLICAS})")
-    return cfg
 
 
 def main():
-    p = argparse.ArgumentParser(description="Run the quality-parity study (resumable) and write its page.")
-    p.add_argument("--report-only", action="store_true", help="only regenerate the page from the records")
-    p.add_argument("--list", action="store_true", help="list the runs decided so far and which are recorded")
+    p = study.arguments("Run the quality-parity study (resumable) and write its page.", "parity", 1350,
+                        "steps per run (default 1350: 20.4 tokens per parameter of configs/parity.toml's model at "
+                        "the default global batch)", "configs/parity.toml")
     p.add_argument("--until", type=int, default=0, help="stop the current run at this step (continue later)")
     p.add_argument("--max-runs", type=int, default=0, help="train at most this many runs, then write the page")
-    p.add_argument("--steps", type=int, default=1350, help="steps per run (default 1350: 20.4 tokens per "
-                   "parameter of configs/parity.toml's model at the default global batch)")
     p.add_argument("--global-batch", type=int, default=64, help="windows per step over all replicas (default 64)")
-    p.add_argument("--config", default="configs/parity.toml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key in every run (repeatable), e.g. data paths")
-    p.add_argument("--out", default="runs/parity", help="run directories (checkpoints)")
-    p.add_argument("--records", default="docs/results/parity", help="finished runs' records")
-    p.add_argument("--page", default="docs/results/parity.md")
-    p.add_argument("--loco", default="build/loco")
     args = p.parse_args()
     if args.list:
         runs, complete, _ = plan(args.records, args.steps)

@@ -1,9 +1,8 @@
 """docs/results/parity.md, written from the quality-parity study's records alone (scripts/parity.py),
 so that --report-only regenerates it byte for byte. Only the section "Reading" is typed by hand,
 in parity-reading.md beside the page."""
-import os
-
 import parity as P
+import study
 from study import fmt_bytes, load_record, pct, totals
 
 
@@ -57,13 +56,7 @@ class Page:
         return self.finish()
 
     def finish(self):
-        reading = os.path.join(os.path.dirname(self.records.rstrip("/")), "parity-reading.md")
-        if os.path.exists(reading):
-            self.w("## Reading")
-            self.w()
-            with open(reading) as f:
-                self.lines += f.read().rstrip("\n").split("\n")
-            self.w()
+        self.lines += study.reading(self.records, "parity-reading.md")
         return "\n".join(self.lines) + "\n"
 
     def setup(self, r):
@@ -129,7 +122,7 @@ class Page:
         self.w("Bytes sent: payload bytes of each method's synchronizations per worker over the run, mean over workers "
                "(data-parallel: one worker with the whole batch sends nothing; with M workers it would all-reduce "
                "its gradients every step). A best run chosen among several cells is favoured by the noise of the "
-               "choice; the seed runs below give its scale.")
+               "choice; the second-seed runs, once recorded, give the scale of that noise.")
         self.w()
 
     def dp_grid(self, base):

@@ -8,7 +8,6 @@ killed study continues run by run from the last checkpoint. A finished run's rec
 (summary.json, metrics.jsonl, config.toml and study.json: its command and the wall time of each
 invocation) is copied to RECORDS/NAME; the page is written from the records alone, so
 --report-only regenerates it byte for byte."""
-import argparse
 import os
 import subprocess
 import sys
@@ -172,13 +171,7 @@ class Page:
         self.references()
         self.claims()
         self.lesson()
-        reading = os.path.join(os.path.dirname(self.records.rstrip("/")), "reproduction-reading.md")
-        if os.path.exists(reading):
-            self.w("## Reading")
-            self.w()
-            with open(reading) as f:
-                self.lines += f.read().rstrip("\n").split("\n")
-            self.w()
+        self.lines += study.reading(self.records, "reproduction-reading.md")
         return "\n".join(self.lines) + "\n"
 
     def setup(self, ddp, cfg):
@@ -355,19 +348,10 @@ def report(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description="Run the reproduction study (resumable) and write its page.")
-    p.add_argument("--report-only", action="store_true", help="only regenerate the page from the records")
+    p = study.arguments("Run the reproduction study (resumable) and write its page.", "reproduction", 1000,
+                        "steps per run (default 1000)", "configs/small.toml")
     p.add_argument("--until", type=int, default=0, help="stop every unfinished run at this step (continue later)")
     p.add_argument("--only", default="", help="comma-separated run names (default: all; --list shows them)")
-    p.add_argument("--list", action="store_true", help="list the runs and whether each is recorded")
-    p.add_argument("--steps", type=int, default=1000, help="steps per run (default 1000)")
-    p.add_argument("--config", default="configs/small.toml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key in every run (repeatable), e.g. data paths")
-    p.add_argument("--out", default="runs/reproduction", help="run directories (checkpoints)")
-    p.add_argument("--records", default="docs/results/reproduction", help="finished runs' records")
-    p.add_argument("--page", default="docs/results/reproduction.md")
-    p.add_argument("--loco", default="build/loco")
     args = p.parse_args()
     names = [n for n in args.only.split(",") if n] if args.only else ORDER
     for n in names:

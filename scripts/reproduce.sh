@@ -14,36 +14,25 @@
 #   scripts/reproduce.sh --study parity [--list | --report-only | --max-runs N ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+study=reproduce data=scripts/brown-data.sh  # the small-batch study, on Brown
 if [ "${1:-}" = --study ]; then
   case ${2:-} in
-    parity) ;;
-    small-batch) shift 2; exec "$0" "$@" ;;
+    parity) study=parity data=scripts/code-data.sh ;;
+    small-batch) ;;
     *) echo "reproduce.sh: --study takes parity or small-batch" >&2; exit 2 ;;
   esac
   shift 2
-  setup=data
-  for a in "$@"; do
-    case $a in
-      --report-only|--list|--help|-h) setup=none ;;
-      --config|--config=*) [[ $setup == data ]] && setup=build ;;
-    esac
-  done
-  case $setup in
-    data) scripts/code-data.sh ;;
-    build) scripts/build.sh > /dev/null ;;
-  esac
-  exec /usr/bin/python3 scripts/parity.py "$@"
 fi
-# Training needs the build and, with the default config, the Brown corpus (brown-data.sh does both).
-mode=brown
+# Training needs the build and, with the default config, the study's corpus (its script does both).
+setup=data
 for a in "$@"; do
   case $a in
-    --report-only|--list|--help|-h) mode=none ;;
-    --config|--config=*) [[ $mode == brown ]] && mode=build ;;
+    --report-only|--list|--help|-h) setup=none ;;
+    --config|--config=*) [[ $setup == data ]] && setup=build ;;
   esac
 done
-case $mode in
-  brown) scripts/brown-data.sh > /dev/null ;;
+case $setup in
+  data) "$data" > /dev/null ;;
   build) scripts/build.sh > /dev/null ;;
 esac
-exec /usr/bin/python3 scripts/reproduce.py "$@"
+exec /usr/bin/python3 "scripts/$study.py" "$@"

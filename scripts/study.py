@@ -2,6 +2,7 @@
 the quality-parity study): training one run resumably into its directory, its record (summary.json,
 metrics.jsonl, config.toml and study.json: its command, machine and the wall time of each
 invocation), and reading records back for the pages."""
+import argparse
 import json
 import os
 import shutil
@@ -148,3 +149,29 @@ def write_page(path, text):
         f.write(text)
     os.replace(tmp, path)
     log(f"wrote {path}")
+
+
+def reading(records, name):
+    """The lines of a page's hand-written "Reading" section: NAME beside the records directory
+    (nothing when it does not exist)."""
+    path = os.path.join(os.path.dirname(records.rstrip("/")), name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return ["## Reading", ""] + f.read().rstrip("\n").split("\n") + [""]
+
+
+def arguments(description, name, steps, steps_help, config):
+    """The options both studies take; NAME is the study's directory and page name."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--report-only", action="store_true", help="only regenerate the page from the records")
+    p.add_argument("--list", action="store_true", help="list the runs and whether each is recorded")
+    p.add_argument("--steps", type=int, default=steps, help=steps_help)
+    p.add_argument("--config", default=config)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run (repeatable), e.g. data paths")
+    p.add_argument("--out", default=f"runs/{name}", help="run directories (checkpoints)")
+    p.add_argument("--records", default=f"docs/results/{name}", help="finished runs' records")
+    p.add_argument("--page", default=f"docs/results/{name}.md")
+    p.add_argument("--loco", default="build/loco")
+    return p

@@ -3,13 +3,7 @@
 # and says which precision it ran in; bf16 on a CPU without bf16 instructions runs fp32 and says
 # so. Skipped (77) on CPUs without bf16 instructions, after checking that last point.
 set -euo pipefail
-loco=$1 work=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-py=/usr/bin/python3
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-$py "$here/../tools/make_tokens.py" train.tok 256 20000 5
-$py "$here/../tools/make_tokens.py" val.tok 256 3000 6
+source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --set train.steps=20
       --set distributed.replicas=2 --set algorithm=diloco --set outer.inner_steps=4)
 "$loco" train "${base[@]}" --set train.precision=bf16 --set train.out_dir=a > a.out
