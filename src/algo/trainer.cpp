@@ -142,18 +142,37 @@ std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w
   return make_algorithm(s.cfg, w);
 }
 
-// Elastic workers: the Redis password from elastic.password_file or $LOCO_REDIS_PASSWORD (never
-// from the command line, where other users of the machine could read it).
+// Elastic workers' secrets come from a file or the environment, never from the command line
+// (where other users of the machine could read them): the file named by config key `key`
+// (trailing newlines dropped), else $`env`; false if neither is set.
+bool read_secret(const std::string& key, const std::string& file, const char* env, std::string& out) {
+  if (!file.empty()) {
+    if (!file_exists(file)) fail(key + ": " + file + " does not exist");
+    out = read_file(file);
+    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+    return true;
+  }
+  if (const char* v = std::getenv(env)) {
+    out = v;
+    return true;
+  }
+  return false;
+}
+
+// The Redis password ("": none).
 std::string redis_password(const ElasticConfig& e) {
   std::string pw;
-  if (!e.password_file.empty()) {
-    if (!file_exists(e.password_file)) fail("elastic.password_file: " + e.password_file + " does not exist");
-    pw = read_file(e.password_file);
-    while (!pw.empty() && (pw.back() == '\n' || pw.back() == '\r')) pw.pop_back();
-  } else if (const char* env = std::getenv("LOCO_REDIS_PASSWORD")) {
-    pw = env;
-  }
+  read_secret("elastic.password_file", e.password_file, "LOCO_REDIS_PASSWORD", pw);
   return pw;
+}
+
+// The run secret, shared by every member: without it nothing reaches the data plane.
+std::string run_secret(const ElasticConfig& e) {
+  std::string secret;
+  if (!read_secret("elastic.secret_file", e.secret_file, "LOCO_RUN_SECRET", secret))
+    fail("elastic: the run needs a secret shared by its members, in elastic.secret_file or $LOCO_RUN_SECRET "
+         "(create one with: head -c 32 /dev/urandom | base64 > run.secret; see docs/security.md)");
+  return secret;
 }
 
 void check_worker_name(const std::string& name) {
@@ -496,6 +515,7 @@ TrainSummary run_training(const TrainOptions& opt) {
     auto& e = s->elastic;
     e.where = parse_join_url(opt.join_url);
     e.password = redis_password(cfg.elastic);
+    e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
     e.name = opt.worker_name;
     e.address = cfg.elastic.address;
     e.min_workers = cfg.elastic.min_workers;

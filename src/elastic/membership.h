@@ -25,14 +25,16 @@
 
 #include "comm/link.h"
 #include "elastic/redis.h"
+#include "elastic/secure_channel.h"
 
 namespace loco {
 
 struct ElasticOptions {
   JoinAddress where;
   std::string password;
+  Key run_key{};              // from the run secret: authenticates the data plane and Redis entries
   std::string name;           // the worker's name (--worker), for the membership log
-  std::string address;        // where peers reach this worker's Gloo transport
+  std::string address;        // where peers reach this worker's data plane
   int min_workers = 1;        // the first round waits for this many members
   double timeout_s = 5;       // heartbeat TTL; longest wait on a peer during a sync
   double start_timeout_s = 300;       // waiting for the first quorum, or for a joiner's state

@@ -6,8 +6,8 @@
 
 #include "comm/inprocess.h"
 #include "core/error.h"
-#include "elastic/gloo_transport.h"
 #include "elastic/methods.h"
+#include "elastic/secure_transport.h"
 #include "io/tensorboard.h"
 
 namespace loco {
@@ -103,10 +103,12 @@ void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
 
 std::unique_ptr<Transport> ElasticSession::connect(const std::string& name, int rank, int size) {
   if (size == 1) return std::move(make_inprocess_transports(1)[0]);
-  GlooTransportOptions o;
+  SecureTransportOptions o;
   o.address = membership_.options().address;
   o.timeout_s = membership_.options().timeout_s;
-  auto t = make_gloo_transport(membership_.redis(), membership_.key("gloo:" + name + ":"), rank, size, o);
+  auto book = redis_address_book(membership_.redis());
+  auto t = make_secure_transport(*book, membership_.key("net:" + name + ":"),
+                                 membership_.options().run_key, name, rank, size, o);
   // Each worker's link is modelled per transport: a round's context starts with its link idle
   // (the previous round's transfers have ended) and, with network.tcp, new connections.
   const auto& link = membership_.options().link;

@@ -3,7 +3,7 @@
 // among the live members of the moment, the state a joiner receives, data under churn and the
 // accounting. A method supplies the round's reduction and what it applies when the round
 // commits; the session runs the attempts: a roster from the membership (elastic/membership.h),
-// a Gloo transport among the round's contributors (elastic/gloo_transport.h), the method's
+// a secure transport among the round's contributors (elastic/secure_transport.h), the method's
 // reduction on a communicator over it, the commit/abort vote, and the redo among the survivors
 // when an attempt fails. The first contributor then sends each joiner the outer state, its own
 // inner AdamW state, the step and where the joiner's data starts (JoinState, CRC-32C), over a

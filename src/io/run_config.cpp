@@ -90,6 +90,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "elastic: the address other workers reach this one at (\"\": the host name)");
   s.add("elastic.password_file", &el.password_file,
         "elastic: file holding the Redis password (\"\": $LOCO_REDIS_PASSWORD, or no password)");
+  s.add("elastic.secret_file", &el.secret_file,
+        "elastic: file holding the run secret that authenticates and encrypts the members' traffic "
+        "(\"\": $LOCO_RUN_SECRET)");
 
   auto& n = cfg.network;
   s.add("network.bandwidth", &n.bandwidth, "emulated outgoing link per worker, e.g. \"100Mbit\" (\"inf\": none)");

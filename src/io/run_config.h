@@ -56,6 +56,7 @@ struct ElasticConfig {
   std::string coordinator_timeout = "60s"; // retrying while Redis is unreachable
   std::string address;                     // address peers reach this worker at ("": the host name)
   std::string password_file;               // Redis password ("": $LOCO_REDIS_PASSWORD, or none)
+  std::string secret_file;                 // the run secret ("": $LOCO_RUN_SECRET; required)
 };
 
 struct NetworkConfig {
