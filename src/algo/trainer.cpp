@@ -23,6 +23,7 @@
 #include "core/version.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "elastic/fingerprint.h"
 #include "elastic/methods.h"
 #include "io/fs.h"
 #include "io/metrics.h"
@@ -516,6 +517,9 @@ TrainSummary run_training(const TrainOptions& opt) {
     e.where = parse_join_url(opt.join_url);
     e.password = redis_password(cfg.elastic);
     e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
+    e.fault = parse_fault(cfg.elastic.fault);
+    if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco")
+      fail("elastic.fault is implemented for algorithm = \"diloco\" only");
     e.name = opt.worker_name;
     e.address = cfg.elastic.address;
     e.min_workers = cfg.elastic.min_workers;
@@ -565,6 +569,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->elastic.link = s->link;
   s->train_tokens = load_tokens(cfg.data.train, cfg.model, "data.train");
   if (!cfg.data.val.empty()) s->val_tokens = load_tokens(cfg.data.val, cfg.model, "data.val");
+  if (backend == "elastic") s->elastic.fingerprint = run_fingerprint(cfg, *s->train_tokens, s->val_tokens.get()).dump();
   s->val_windows =
       s->val_tokens ? std::min<int64_t>(cfg.train.eval_windows, int64_t(s->val_tokens->size() - 1) / cfg.data.seq_len)
                     : 0;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "elastic/fingerprint.h"
 
 namespace loco {
 
@@ -148,7 +149,30 @@ void Membership::heartbeat_loop() {
   }
 }
 
+void Membership::check_fingerprint() {
+  if (opt_.fingerprint.empty()) return;
+  const std::string k = key("config");
+  std::string entry;
+  retry([&] {
+    redis_->set_nx(k, opt_.fingerprint + "\n" + mac_entry(opt_.run_key, k, opt_.fingerprint));
+    entry = redis_->get(k);
+  });
+  const size_t cut = entry.rfind('\n');
+  const std::string text = cut == std::string::npos ? "" : entry.substr(0, cut);
+  if (cut == std::string::npos || !entry_mac_ok(opt_.run_key, k, text, entry.substr(cut + 1)))
+    fail("elastic: the run's configuration in Redis (" + k + ") does not carry this run's MAC: this worker holds "
+         "another run secret than the members (elastic.secret_file or $LOCO_RUN_SECRET), or the entry was forged");
+  const auto run = nlohmann::json::parse(text, nullptr, false);
+  const auto mine = nlohmann::json::parse(opt_.fingerprint);
+  if (!run.is_object()) fail("elastic: the run's configuration in Redis (" + k + ") is malformed");
+  const std::string diff = fingerprint_differences(mine, run);
+  if (!diff.empty())
+    fail("elastic: this worker's configuration differs from the run's, which its members must share (" + diff +
+         "); start it with the run's settings");
+}
+
 void Membership::register_member() {
+  check_fingerprint();
   retry([&] {
     const int64_t id = redis_->incr(key("next_id"));
     redis_->set_px(key("hb:" + std::to_string(id)), opt_.name, int64_t(opt_.timeout_s * 1000));

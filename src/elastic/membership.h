@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/link.h"
+#include "elastic/fault.h"
 #include "elastic/redis.h"
 #include "elastic/secure_channel.h"
 
@@ -33,6 +34,8 @@ struct ElasticOptions {
   JoinAddress where;
   std::string password;
   Key run_key{};              // from the run secret: authenticates the data plane and Redis entries
+  std::string fingerprint;    // what the members must agree on (elastic/fingerprint.h), as JSON
+  Fault fault;                // elastic.fault (elastic/fault.h)
   std::string name;           // the worker's name (--worker), for the membership log
   std::string address;        // where peers reach this worker's data plane
   int min_workers = 1;        // the first round waits for this many members
@@ -67,7 +70,8 @@ class Membership {
   std::string key(const std::string& suffix) const { return prefix_ + suffix; }
 
   // Registers as a new member (a new id) and starts heartbeating; a worker that was dropped
-  // calls it again to rejoin.
+  // calls it again to rejoin. First compares this worker's fingerprint with the run's (the
+  // first member's, published with a MAC) and fails, naming the differing keys, on a mismatch.
   void register_member();
 
   // Round 0 (before training): arrives at the start and returns its roster (contributors:
@@ -106,6 +110,7 @@ class Membership {
   // fails) if the coordinator has forgotten the run.
   bool outage_over(Redis& redis);
   void check_state();
+  void check_fingerprint();
   std::atomic<bool> state_lost_{false};
   // Arrives at the attempt whose keys start with `rk` and polls until its roster is written,
   // calling `try_close` (which may write it) in between; returns the roster's text. Fails with

@@ -93,6 +93,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("elastic.secret_file", &el.secret_file,
         "elastic: file holding the run secret that authenticates and encrypts the members' traffic "
         "(\"\": $LOCO_RUN_SECRET)");
+  s.add("elastic.fault", &el.fault,
+        "elastic, for robustness tests: this member corrupts its DiLoCo contributions: \"\" (none), \"nan\", "
+        "\"inf\" or \"scale:X\" (its outer gradient times X)");
 
   auto& n = cfg.network;
   s.add("network.bandwidth", &n.bandwidth, "emulated outgoing link per worker, e.g. \"100Mbit\" (\"inf\": none)");

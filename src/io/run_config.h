@@ -57,6 +57,7 @@ struct ElasticConfig {
   std::string address;                     // address peers reach this worker at ("": the host name)
   std::string password_file;               // Redis password ("": $LOCO_REDIS_PASSWORD, or none)
   std::string secret_file;                 // the run secret ("": $LOCO_RUN_SECRET; required)
+  std::string fault;                       // a member that misbehaves on purpose (elastic/fault.h)
 };
 
 struct NetworkConfig {

@@ -18,6 +18,11 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     and no round is corrupted;
   - Redis stopped past the timeout, then continued: the workers ride it out; Redis restarted
     without its data: they stop with a clear message;
+  - a worker with another num_heads (same parameter count), other training data, another
+    outer.lr or another run secret is refused at start with the difference named, and the run
+    goes on without it;
+  - a member that sends NaN (elastic.fault): every member stops with an error, and no checkpoint
+    holds a non-finite value;
   - bad input: a malformed --join address, an unsupported method, a missing --worker, an
     unreachable or password-refusing Redis, a missing or short run secret: one clear error each,
     non-zero exit.
@@ -300,6 +305,63 @@ try:
             fail(f"lost/{n}: expected a clear stop, exit {rc}:\n{log[-2000:]}")
     print("Redis restarted without its data: both workers stopped with a clear message")
 
+    # 6b. Members must agree: a worker with another config (same parameter count), other data
+    # or another run secret is refused at start, the differing keys named; the run goes on.
+    args = ["--set", "train.steps=60", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2"]
+    ps = [start("agree", n, "agree", args) for n in ("w0", "w1")]
+    wait_step("agree/w0/metrics.jsonl", 5)
+    subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", "other.tok", "256", "20000", "9"], check=True)
+    for label, extra, env, expect in (
+            ("heads", ["--set", "model.num_heads=4"], ENV, "model.num_heads: this worker 4, the run 2"),
+            ("data", ["--set", "data.train=other.tok"], ENV, "data.train tokens: this worker 20000 tokens"),
+            ("lr", ["--set", "outer.lr=0.5"], ENV, "outer.lr: this worker 0.5, the run 0.7"),
+            ("secret", [], dict(ENV, LOCO_RUN_SECRET="another secret of the same size"), "another run secret")):
+        r = subprocess.run(BASE + args + extra + ["--set", "train.out_dir=agree", "--set", "elastic.address=127.0.0.1",
+                                                  "--join", f"redis://127.0.0.1:{port}/agree", "--worker",
+                                                  "bad-" + label], env=env, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or expect not in r.stderr:
+            fail(f"agree/bad-{label}: expected a refusal naming {expect!r}: exit {r.returncode}, {r.stderr[-1500:]}")
+    wait_all(ps, ["w0", "w1"], "agree")
+    rounds = rounds_by_number("agree", ["w0", "w1"])
+    if any(len(c) != 2 for c, _ in rounds.values()):
+        fail(f"agree: a refused worker entered a round: {rounds}")
+    print("members must agree: another num_heads, other data, another outer.lr and another secret each refused "
+          "at start with the difference named; the run's 2 members went on alone")
+
+    # 6c. A member that sends NaN (elastic.fault = "nan"): no member ends with exit 0, and no
+    # checkpoint holds a non-finite value (the writer's latest stays at the last finite step).
+    args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",
+            "--set", "train.checkpoint_interval=1", "--set", "train.log_interval=1"]
+    names = ["w0", "w1", "w2"]
+    ps = [start("nan", n, "nan", args + (["--set", "elastic.fault=nan"] if n == "w2" else [])) for n in names]
+    codes = []
+    for p, n in zip(ps, names):
+        try:
+            codes.append(p.wait(timeout=120))
+        except subprocess.TimeoutExpired:
+            fail(f"nan/{n} still running after 120 s")
+    if any(c == 0 for c in codes):
+        fail(f"nan: a NaN contribution ended with exit codes {codes}; expected every member to fail")
+    logs = "".join(open(f"nan-{n}.log").read() for n in names)
+    if "no checkpoint written, the latest stays" not in logs:
+        fail("nan: no member refused to checkpoint the non-finite model:\n" + logs[-3000:])
+    import numpy
+    checked = 0
+    for n in names:
+        for d in sorted(os.listdir(f"nan/{n}/checkpoints")) if os.path.isdir(f"nan/{n}/checkpoints") else []:
+            path = f"nan/{n}/checkpoints/{d}/model.safetensors"
+            if not os.path.isfile(path):
+                continue
+            raw = open(path, "rb").read()
+            hn = int.from_bytes(raw[:8], "little")
+            if not numpy.isfinite(numpy.frombuffer(raw[8 + hn:], dtype=numpy.float32)).all():
+                fail(f"{path} holds non-finite values")
+            checked += 1
+    if checked < 3:  # steps 2-4: train.keep_checkpoints = 3
+        fail(f"nan: expected the finite checkpoints of steps 2-4, found {checked}")
+    print(f"a NaN member: all 3 members stopped with an error (exit codes {codes}); {checked} checkpoints, all "
+          "finite; the writer refused the non-finite one")
+
     # 7. Bad input: one clear error each.
     def refuse(args, env, expect):
         r = subprocess.run(BASE + args, env=env, capture_output=True, text=True, timeout=60)
@@ -321,6 +383,10 @@ try:
            "needs a secret shared by its members")
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad4"],
            dict(ENV, LOCO_RUN_SECRET="too short"), "it needs at least 16")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad6",
+            "--set", "elastic.fault=scale:x"], ENV, "scale:X needs a finite number")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad7",
+            "--set", "elastic.fault=nan", "--set", "algorithm=noloco"], ENV, "elastic.fault is implemented for")
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad5",
             "--set", "elastic.secret_file=no-such.secret"], ENV, "elastic.secret_file: no-such.secret does not exist")
     print("bad input refused with clear errors")
