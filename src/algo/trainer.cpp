@@ -518,6 +518,7 @@ TrainSummary run_training(const TrainOptions& opt) {
     e.password = redis_password(cfg.elastic);
     e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
     e.fault = parse_fault(cfg.elastic.fault);
+    e.exclude_after = cfg.elastic.exclude_after;
     if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco")
       fail("elastic.fault is implemented for algorithm = \"diloco\" only");
     e.name = opt.worker_name;

@@ -43,6 +43,7 @@ struct ElasticOptions {
   double start_timeout_s = 300;       // waiting for the first quorum, or for a joiner's state
   double coordinator_timeout_s = 60;  // retrying while Redis is unreachable
   double straggler_timeout_s = 60;    // waiting for a live member to arrive at a round
+  int exclude_after = 3;              // elastic.exclude_after
   LinkConfig link;                    // the link model (network.*) over the data plane
 };
 
@@ -89,6 +90,10 @@ class Membership {
   void leave_joiners();
   // Votes: done (ok) or failed; returns true if the attempt committed.
   bool finish(const Roster& roster, bool ok);
+  // Records, before voting failed, the members this one holds responsible for the attempt's
+  // failure (the peers its transport names). The closer of the next attempt decides from the
+  // blames who is excluded (close_roster).
+  void blame(const Roster& roster, const std::vector<int64_t>& culprits);
   // The run's last round committed: joiners still waiting give up.
   void mark_finished();
 
@@ -111,6 +116,14 @@ class Membership {
   bool outage_over(Redis& redis);
   void check_state();
   void check_fingerprint();
+  // Fails with the reason if this member was excluded from the run (or refused as a joiner).
+  void check_not_excluded();
+  // Who the closer of attempt `attempt` of `round` excludes (member -> reason): joiners blamed
+  // in the previous attempt, and the member of `epoch` blamed in each of the last
+  // exclude_after attempts by more distinct members than any other.
+  std::vector<std::pair<int64_t, std::string>> exclusions(int64_t round, int64_t attempt,
+                                                          const std::vector<int64_t>& epoch,
+                                                          const std::vector<int64_t>& joiners);
   std::atomic<bool> state_lost_{false};
   // Arrives at the attempt whose keys start with `rk` and polls until its roster is written,
   // calling `try_close` (which may write it) in between; returns the roster's text. Fails with

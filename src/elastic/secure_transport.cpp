@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -166,26 +167,26 @@ class SecureTransport : public Transport {
     const auto deadline = after(o.timeout_s);
     Fd listener;
     if (rank < size - 1) listener = listen_and_publish(book, o.address);
-    std::string accept_error;
+    // Failures keep their type (PeerError names the peers to blame).
+    std::exception_ptr accept_error, connect_error;
     std::thread acceptor;
     if (listener.get() >= 0)
       acceptor = std::thread([&] {
         try {
           accept_peers(listener.get(), deadline);
-        } catch (const std::exception& e) {
-          accept_error = e.what();
+        } catch (...) {
+          accept_error = std::current_exception();
         }
       });
-    std::string connect_error;
     try {
       for (int j = 0; j < rank; ++j) connect_to(book, j, deadline);
-    } catch (const std::exception& e) {
-      connect_error = e.what();
+    } catch (...) {
+      connect_error = std::current_exception();
       setup_stop_ = true;
     }
     if (acceptor.joinable()) acceptor.join();
-    if (!connect_error.empty()) fail(connect_error);
-    if (!accept_error.empty()) fail(accept_error);
+    if (connect_error) std::rethrow_exception(connect_error);
+    if (accept_error) std::rethrow_exception(accept_error);
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
       auto& p = peers_[j];
@@ -229,7 +230,7 @@ class SecureTransport : public Transport {
     const double t = clock_->now();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!failed_.empty()) fail(failed_);
+      if (!failed_.empty()) throw_failed();
       peers_[peer].outgoing.emplace_back(channel, std::move(message));
     }
     cv_.notify_all();
@@ -249,25 +250,38 @@ class SecureTransport : public Transport {
       q.pop_front();
       return m;
     }
-    if (!failed_.empty()) fail(failed_);
-    if (ready && p.closed) fail("member " + std::to_string(peer) + " is gone (it closed the connection)");
+    if (!failed_.empty()) throw_failed();
+    if (ready && p.closed) throw PeerError("member " + std::to_string(peer) + " is gone (it closed the connection)", {peer});
     failed_ = "member " + std::to_string(peer) + " did not answer within " + std::to_string(int(limit)) +
               " s (elastic.timeout)";
+    failed_peers_ = {peer};
     lock.unlock();
     cv_.notify_all();
-    fail("member " + std::to_string(peer) + " did not answer within " + std::to_string(int(limit)) +
-         " s (elastic.timeout)");
+    throw PeerError(failed_copy(), {peer});
   }
 
-  void abort(const std::string& reason) override { set_failed(reason); }
+  void abort(const std::string& reason) override { set_failed(reason, {}); }
 
  private:
-  void set_failed(const std::string& why) {
+  // The first failure wins; `peers` are the ranks it is attributed to (none for an abort).
+  void set_failed(const std::string& why, std::vector<int> peers) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (failed_.empty()) failed_ = why;
+      if (failed_.empty()) {
+        failed_ = why;
+        failed_peers_ = std::move(peers);
+      }
     }
     cv_.notify_all();
+  }
+  // With mu_ held.
+  [[noreturn]] void throw_failed() const {
+    if (failed_peers_.empty()) fail(failed_);
+    throw PeerError(failed_, failed_peers_);
+  }
+  std::string failed_copy() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
   }
 
   // A listening socket on an ephemeral port; HOST:PORT and its MAC go to Redis.
@@ -329,10 +343,15 @@ class SecureTransport : public Transport {
       if (setup_stop_) return;
       if (seconds_left(deadline) <= 0) {
         std::string who;
+        std::vector<int> missing_ranks;
         for (int j = rank_ + 1; j < size_; ++j)
-          if (peers_[j].fd.get() < 0) who += (who.empty() ? "" : ", ") + std::to_string(j);
-        fail("elastic: member(s) " + who + " of the quorum did not connect and authenticate within " +
-             std::to_string(int(timeout_s_)) + " s");
+          if (peers_[j].fd.get() < 0) {
+            who += (who.empty() ? "" : ", ") + std::to_string(j);
+            missing_ranks.push_back(j);
+          }
+        throw PeerError("elastic: member(s) " + who + " of the quorum did not connect and authenticate within " +
+                            std::to_string(int(timeout_s_)) + " s",
+                        missing_ranks);
       }
       std::vector<pollfd> fds{{listener, POLLIN, 0}};
       for (auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
@@ -406,8 +425,9 @@ class SecureTransport : public Transport {
     bool warned = false;
     for (;;) {
       if (seconds_left(deadline) <= 0)
-        fail("elastic: " + member + " of the quorum could not be reached and authenticated within " +
-             std::to_string(int(timeout_s_)) + " s");
+        throw PeerError("elastic: " + member + " of the quorum could not be reached and authenticated within " +
+                            std::to_string(int(timeout_s_)) + " s",
+                        {j});
       std::string v, host, port, mac;
       const bool found = book.get(key, &v);
       if (found) {
@@ -457,8 +477,9 @@ class SecureTransport : public Transport {
           !read_full(s.get(), welcome, sizeof welcome, deadline, &setup_stop_))
         continue;
       if (!open_welcome(kt_, welcome, uint32_t(rank_), uint32_t(j), nc, &ns))
-        fail("elastic: member " + std::to_string(j) + " at " + host + ":" + port +
-             " did not authenticate (another run's secret, or not a member)");
+        throw PeerError("elastic: member " + std::to_string(j) + " at " + host + ":" + port +
+                            " did not authenticate (another run's secret, or not a member)",
+                        {j});
       const std::string confirm = make_confirm(kt_, uint32_t(rank_), uint32_t(j), nc, ns);
       if (!write_full(s.get(), confirm.data(), confirm.size(), deadline, &setup_stop_)) continue;
       auto& peer = peers_[j];
@@ -497,9 +518,11 @@ class SecureTransport : public Transport {
       {
         std::lock_guard<std::mutex> lock(mu_);
         p.writing = false;
-        if (!ok && failed_.empty() && !stop_)
+        if (!ok && failed_.empty() && !stop_) {
           failed_ = "member " + std::to_string(j) + " did not take data within " + std::to_string(int(timeout_s_)) +
                     " s, or is gone (elastic.timeout)";
+          failed_peers_ = {j};
+        }
       }
       cv_.notify_all();
       if (!ok) return;
@@ -543,7 +566,7 @@ class SecureTransport : public Transport {
     } catch (const std::exception& e) {
       why = "member " + std::to_string(j) + " sent " + e.what();
     }
-    if (!why.empty()) set_failed(why);
+    if (!why.empty()) set_failed(why, {j});
     cv_.notify_all();
   }
 
@@ -558,6 +581,7 @@ class SecureTransport : public Transport {
   std::mutex mu_;
   std::condition_variable cv_;
   std::string failed_;
+  std::vector<int> failed_peers_;
 };
 
 class RedisAddressBook : public AddressBook {

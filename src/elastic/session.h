@@ -34,6 +34,10 @@ struct JoinState {
 
 class ElasticSession {
  public:
+  // Attempts of one round before the run gives up (each is bounded by the timeouts; a member
+  // blamed for elastic.exclude_after of them in a row is excluded well before).
+  static constexpr int64_t kMaxAttempts = 20;
+
   ElasticSession(const RunConfig& cfg, const ElasticOptions& options, std::shared_ptr<TrafficStats> traffic,
                  std::shared_ptr<TraceRecorder> trace, size_t num_params);
 
@@ -80,7 +84,7 @@ class ElasticSession {
  private:
   std::unique_ptr<Transport> connect(const std::string& name, int rank, int size);
   CommOptions comm_options() const;
-  void note_abort(const Roster& roster, const std::string& error);
+  void note_abort(const Roster& roster, const std::string& error, const std::vector<int64_t>& blamed);
   void rejoin(Worker& w, const std::string& why, const Install& install);
   void join(Worker& w, const std::string& why, const Install& install);
   void assign_data(Worker& w, const DataLoader::Position& at);

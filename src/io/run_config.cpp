@@ -93,6 +93,10 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("elastic.secret_file", &el.secret_file,
         "elastic: file holding the run secret that authenticates and encrypts the members' traffic "
         "(\"\": $LOCO_RUN_SECRET)");
+  s.add("elastic.exclude_after", &el.exclude_after,
+        "elastic: a member blamed by its peers for this many failed attempts of a round in a row, more than any "
+        "other, is excluded from the run (a joiner whose transfer fails is refused at once)",
+        1, 1000);
   s.add("elastic.fault", &el.fault,
         "elastic, for robustness tests: this member corrupts its DiLoCo contributions: \"\" (none), \"nan\", "
         "\"inf\" or \"scale:X\" (its outer gradient times X)");

@@ -23,6 +23,8 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     goes on without it;
   - a member that sends NaN (elastic.fault): every member stops with an error, and no checkpoint
     holds a non-finite value;
+  - a member nobody can reach is excluded after elastic.exclude_after failed attempts and stops
+    with an error; the others finish;
   - bad input: a malformed --join address, an unsupported method, a missing --worker, an
     unreachable or password-refusing Redis, a missing or short run secret: one clear error each,
     non-zero exit.
@@ -361,6 +363,35 @@ try:
         fail(f"nan: expected the finite checkpoints of steps 2-4, found {checked}")
     print(f"a NaN member: all 3 members stopped with an error (exit codes {codes}); {checked} checkpoints, all "
           "finite; the writer refused the non-finite one")
+
+    # 6d. A member nobody can reach (it advertises an unroutable address): the others blame it
+    # for every failed attempt, it is excluded after elastic.exclude_after = 3 of them, stops with
+    # an error saying so, and the other two finish the run.
+    args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",
+            "--set", "elastic.timeout=2s"]
+    bad = subprocess.Popen(BASE + args + ["--set", "train.out_dir=unreach", "--set", "elastic.address=192.0.2.1",
+                                          "--join", f"redis://127.0.0.1:{port}/unreach", "--worker", "wx"],
+                           env=ENV, stdout=open("unreach-wx.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(bad)
+    time.sleep(1.5)  # wx registers first: member 1, rank 0 of every round (the others connect to it)
+    ps = [start("unreach", n, "unreach", args) for n in ("w1", "w2")]
+    wait_all(ps, ["w1", "w2"], "unreach", limit=180)
+    try:
+        rc = bad.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        fail("unreach/wx still running after the others finished")
+    log = open("unreach-wx.log").read()
+    if rc == 0 or "was excluded from the run" not in log:
+        fail(f"unreach/wx: expected a stop saying it was excluded, exit {rc}:\n{log[-2000:]}")
+    events = [e for r in map(json.loads, open("unreach/w1/metrics.jsonl")) for e in r.get("membership", [])]
+    excluded = [e for e in events if e.get("event") == "left" and "excluded" in e.get("why", "")]
+    if len(excluded) != 1:
+        fail(f"unreach: expected one exclusion event, got {events}")
+    rounds = rounds_by_number("unreach", ["w1", "w2"])
+    if sorted(rounds) != [1, 2, 3, 4] or any(len(c) != 2 for c, _ in rounds.values()):
+        fail(f"unreach: expected rounds 1-4 with the 2 reachable members, got {rounds}")
+    print(f"a member nobody can reach: excluded after 3 failed attempts ({excluded[0]['why']}), stopped with "
+          "an error; the other 2 finished all 4 rounds")
 
     # 7. Bad input: one clear error each.
     def refuse(args, env, expect):
