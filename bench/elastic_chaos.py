@@ -38,7 +38,7 @@ with open("redis.conf", "w") as f:
     f.write(f'bind 127.0.0.1\nport {port}\nsave ""\nappendonly no\nrequirepass {password}\n')
 redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis.log", "w"), stderr=subprocess.STDOUT)
 time.sleep(0.5)
-env = dict(os.environ, LOCO_REDIS_PASSWORD=password)
+env = dict(os.environ, LOCO_REDIS_PASSWORD=password, LOCO_RUN_SECRET=os.urandom(24).hex())
 H = 20
 args = [loco, "train", "--config", f"{root}/configs/small.toml", "--quiet",
         "--set", f"data.train={root}/data/brown/tok4k/train.tok", "--set", f"data.val={root}/data/brown/tok4k/val.tok",

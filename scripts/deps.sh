@@ -4,7 +4,7 @@ loco_packages() {
   case $1 in
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
-                libopenmpi-dev openmpi-bin zlib1g-dev libgloo-dev libhiredis-dev libdnnl-dev ;;
+                libopenmpi-dev openmpi-bin zlib1g-dev libhiredis-dev libsodium-dev libdnnl-dev ;;
     test) echo python3 python3-numpy python3-torch python3-protobuf gnuplot-nox iproute2 iputils-ping chromium redis-server redis-tools ;;
     netlab) echo iproute2 iputils-ping ;;
     elastic) echo redis-server redis-tools ;;

@@ -118,10 +118,29 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
   return {step, elapsed};
 }
 
+namespace {
+
+// NaN or Inf anywhere in `v` (x * 0 is 0 for every finite x, NaN otherwise).
+bool all_finite(const std::vector<float>& v) {
+  float s = 0;
+  for (const float x : v) s += x * 0.0f;
+  return s == 0;
+}
+
+}  // namespace
+
 void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
   auto& w = run.w;
   const Clock& clock = run.world.clock();
   const double t0 = clock.now();
+  // A model with a non-finite value is never checkpointed (every worker checks its part and
+  // they agree), so `latest` always points at a finite model the run can be resumed from.
+  const double bad = all_finite(w.params) && all_finite(run.algo->eval_params(w)) ? 0 : 1;
+  if ((run.grid.size() == 1 ? bad : run.world.sum_doubles({bad}, "finite")[0]) > 0) {
+    const std::string latest = latest_checkpoint(run.s.run_dir);
+    fail("step " + std::to_string(step) + ": the model holds non-finite values (NaN or Inf); no checkpoint written" +
+         (latest.empty() ? std::string(" (there is none yet)") : ", the latest stays " + latest));
+  }
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld.tmp", (long long)step);
   const std::string tmp = run.s.run_dir + "/checkpoints/" + name;

@@ -23,6 +23,7 @@
 #include "core/version.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
+#include "elastic/fingerprint.h"
 #include "elastic/methods.h"
 #include "io/fs.h"
 #include "io/metrics.h"
@@ -142,18 +143,37 @@ std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w
   return make_algorithm(s.cfg, w);
 }
 
-// Elastic workers: the Redis password from elastic.password_file or $LOCO_REDIS_PASSWORD (never
-// from the command line, where other users of the machine could read it).
+// Elastic workers' secrets come from a file or the environment, never from the command line
+// (where other users of the machine could read them): the file named by config key `key`
+// (trailing newlines dropped), else $`env`; false if neither is set.
+bool read_secret(const std::string& key, const std::string& file, const char* env, std::string& out) {
+  if (!file.empty()) {
+    if (!file_exists(file)) fail(key + ": " + file + " does not exist");
+    out = read_file(file);
+    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+    return true;
+  }
+  if (const char* v = std::getenv(env)) {
+    out = v;
+    return true;
+  }
+  return false;
+}
+
+// The Redis password ("": none).
 std::string redis_password(const ElasticConfig& e) {
   std::string pw;
-  if (!e.password_file.empty()) {
-    if (!file_exists(e.password_file)) fail("elastic.password_file: " + e.password_file + " does not exist");
-    pw = read_file(e.password_file);
-    while (!pw.empty() && (pw.back() == '\n' || pw.back() == '\r')) pw.pop_back();
-  } else if (const char* env = std::getenv("LOCO_REDIS_PASSWORD")) {
-    pw = env;
-  }
+  read_secret("elastic.password_file", e.password_file, "LOCO_REDIS_PASSWORD", pw);
   return pw;
+}
+
+// The run secret, shared by every member: without it nothing reaches the data plane.
+std::string run_secret(const ElasticConfig& e) {
+  std::string secret;
+  if (!read_secret("elastic.secret_file", e.secret_file, "LOCO_RUN_SECRET", secret))
+    fail("elastic: the run needs a secret shared by its members, in elastic.secret_file or $LOCO_RUN_SECRET "
+         "(create one with: head -c 32 /dev/urandom | base64 > run.secret; see docs/security.md)");
+  return secret;
 }
 
 void check_worker_name(const std::string& name) {
@@ -496,6 +516,11 @@ TrainSummary run_training(const TrainOptions& opt) {
     auto& e = s->elastic;
     e.where = parse_join_url(opt.join_url);
     e.password = redis_password(cfg.elastic);
+    e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
+    e.fault = parse_fault(cfg.elastic.fault);
+    e.exclude_after = cfg.elastic.exclude_after;
+    if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco")
+      fail("elastic.fault is implemented for algorithm = \"diloco\" only");
     e.name = opt.worker_name;
     e.address = cfg.elastic.address;
     e.min_workers = cfg.elastic.min_workers;
@@ -545,6 +570,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->elastic.link = s->link;
   s->train_tokens = load_tokens(cfg.data.train, cfg.model, "data.train");
   if (!cfg.data.val.empty()) s->val_tokens = load_tokens(cfg.data.val, cfg.model, "data.val");
+  if (backend == "elastic") s->elastic.fingerprint = run_fingerprint(cfg, *s->train_tokens, s->val_tokens.get()).dump();
   s->val_windows =
       s->val_tokens ? std::min<int64_t>(cfg.train.eval_windows, int64_t(s->val_tokens->size() - 1) / cfg.data.seq_len)
                     : 0;

@@ -1,5 +1,7 @@
 #include <malloc.h>
 
+#include <csignal>
+
 #include <cstdio>
 #include <exception>
 
@@ -26,6 +28,9 @@ int main(int argc, char** argv) {
   // each (up to 8 per core). loco's threads allocate little, so a few arenas serve them all and
   // a run's address space stays predictable (see require_memory in core/memory.h).
   mallopt(M_ARENA_MAX, 4);
+  // A write to a peer or a coordinator that has gone is an error the caller reports, never a
+  // silent death of the process by SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   loco::set_command_line(argc, argv);
   CLI::App app{"loco: low-communication distributed training of transformer language models"};
   app.require_subcommand(1);

@@ -226,8 +226,10 @@ void Communicator::ring_all_reduce(float* data, int64_t n, ReduceOp op, const st
     for (int64_t j = 0; j < chunks.pieces(c); ++j) {
       const std::string in = recv_msg(label, left);
       if (int64_t(in.size()) != chunks.size(c, j) * int64_t(sizeof(float)))
-        fail("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) + " bytes, expected " +
-             std::to_string(chunks.size(c, j) * 4) + " (mismatched buffers across workers)");
+        throw PeerError("all_reduce: worker " + std::to_string(left) + " sent " + std::to_string(in.size()) +
+                            " bytes, expected " + std::to_string(chunks.size(c, j) * 4) +
+                            " (mismatched buffers across workers)",
+                        {left});
       const char* p = in.data();
       chunks.for_blocks(c, j, [&](int64_t b, int64_t len) {
         float* dst = data + b;

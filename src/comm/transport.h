@@ -13,7 +13,21 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace loco {
+
+// A failure the transport attributes to particular peers (ranks): one that did not answer,
+// closed its end, or sent what breaks the protocol. The elastic session blames them for the
+// failed attempt (elastic/session.h).
+class PeerError : public Error {
+ public:
+  PeerError(const std::string& msg, std::vector<int> peers) : Error(msg), peers_(std::move(peers)) {}
+  const std::vector<int>& peers() const { return peers_; }
+
+ private:
+  std::vector<int> peers_;
+};
 
 // Time source for the link model: real monotonic time, or a manual clock in tests.
 class Clock {

@@ -19,6 +19,7 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
                 std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
       : ElasticMethod(cfg, w, options, std::move(traffic), std::move(trace)),
         outer_(cfg.outer),
+        fault_(options.fault),
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f) {}
 
@@ -38,6 +39,7 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
     r.take_joiners = !last;
     r.reduce = [&](Communicator& comm, int, int) {
       avg = w.params;
+      apply_fault(fault_, theta_, avg);
       auto h = comm.all_reduce_start(avg.data(), n, ReduceOp::Mean, "outer_gradients");
       comm.wait(h);
       theta = theta_;
@@ -82,6 +84,7 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
   }
 
   OuterConfig outer_;
+  Fault fault_;
   std::vector<float> theta_, momentum_;
 };
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 
 #include "core/error.h"
+#include "elastic/fingerprint.h"
 
 namespace loco {
 
@@ -148,7 +150,30 @@ void Membership::heartbeat_loop() {
   }
 }
 
+void Membership::check_fingerprint() {
+  if (opt_.fingerprint.empty()) return;
+  const std::string k = key("config");
+  std::string entry;
+  retry([&] {
+    redis_->set_nx(k, opt_.fingerprint + "\n" + mac_entry(opt_.run_key, k, opt_.fingerprint));
+    entry = redis_->get(k);
+  });
+  const size_t cut = entry.rfind('\n');
+  const std::string text = cut == std::string::npos ? "" : entry.substr(0, cut);
+  if (cut == std::string::npos || !entry_mac_ok(opt_.run_key, k, text, entry.substr(cut + 1)))
+    fail("elastic: the run's configuration in Redis (" + k + ") does not carry this run's MAC: this worker holds "
+         "another run secret than the members (elastic.secret_file or $LOCO_RUN_SECRET), or the entry was forged");
+  const auto run = nlohmann::json::parse(text, nullptr, false);
+  const auto mine = nlohmann::json::parse(opt_.fingerprint);
+  if (!run.is_object()) fail("elastic: the run's configuration in Redis (" + k + ") is malformed");
+  const std::string diff = fingerprint_differences(mine, run);
+  if (!diff.empty())
+    fail("elastic: this worker's configuration differs from the run's, which its members must share (" + diff +
+         "); start it with the run's settings");
+}
+
 void Membership::register_member() {
+  check_fingerprint();
   retry([&] {
     const int64_t id = redis_->incr(key("next_id"));
     redis_->set_px(key("hb:" + std::to_string(id)), opt_.name, int64_t(opt_.timeout_s * 1000));
@@ -235,23 +260,114 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
     Roster r;
     r.round = round;
     r.attempt = attempt;
-    r.contributors = contributors;
+    std::vector<int64_t> joiners;
     if (!last_round)
       for (const int64_t j : ids(redis_->smembers(key("joiners"))))
-        if (!contains(epoch, j) && live(j)) r.joiners.push_back(j);
+        if (!contains(epoch, j) && live(j)) joiners.push_back(j);
+    const auto excluded = exclusions(round, attempt, epoch, joiners);
+    auto reason = [&](int64_t m) {
+      for (const auto& [id, why] : excluded)
+        if (id == m) return why;
+      return std::string();
+    };
+    for (const int64_t m : contributors)
+      if (reason(m).empty()) r.contributors.push_back(m);
+    for (const int64_t j : joiners)
+      if (reason(j).empty()) r.joiners.push_back(j);
     if (!redis_->set_nx(rk + "roster", r.to_json().dump())) return;
     redis_->rpush(key("rosters"), r.key());
+    for (const auto& [m, why] : excluded) {
+      redis_->command({"SET", key("excluded:" + std::to_string(m)), why});
+      if (contains(joiners, m)) {
+        redis_->command({"SREM", key("joiners"), std::to_string(m)});
+        log_event({{"event", "refused"}, {"member", m}, {"round", round}, {"why", why}});
+      } else {
+        missing.push_back(m);
+      }
+    }
     for (const int64_t m : missing) {
       redis_->command({"SET", key("dropped:" + std::to_string(m)), "1"});
+      const std::string why = reason(m);
       log_event({{"event", "left"},
                  {"member", m},
                  {"round", round},
                  {"tokens_lost", round_tokens},
-                 {"why", live(m) ? "did not arrive within elastic.straggler_timeout" : "heartbeat expired"}});
+                 {"why", !why.empty() ? "excluded: " + why
+                         : live(m)    ? "did not arrive within elastic.straggler_timeout"
+                                      : "heartbeat expired"}});
     }
   });
   out = Roster::from_json(round, attempt, text);
-  return contains(out.contributors, id_);
+  const bool in = contains(out.contributors, id_);
+  if (!in) check_not_excluded();
+  return in;
+}
+
+void Membership::blame(const Roster& roster, const std::vector<int64_t>& culprits) {
+  if (culprits.empty()) return;
+  const std::string rk = key("round:" + roster.key() + ":");
+  retry([&] {
+    for (const int64_t c : culprits) redis_->sadd(rk + "blame:" + std::to_string(c), std::to_string(id_));
+  });
+}
+
+void Membership::check_not_excluded() {
+  bool found = false;
+  std::string why;
+  retry([&] { why = redis_->get(key("excluded:" + std::to_string(id_)), &found); });
+  if (found)
+    fail("elastic: this worker (member " + std::to_string(id_) + ") was excluded from the run: " +
+         why.substr(0, 400));
+}
+
+std::vector<std::pair<int64_t, std::string>> Membership::exclusions(int64_t round, int64_t attempt,
+                                                                    const std::vector<int64_t>& epoch,
+                                                                    const std::vector<int64_t>& joiners) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  if (attempt == 0) return out;
+  auto blamers = [&](int64_t a, int64_t m) {
+    return ids(redis_->smembers(key("round:" + std::to_string(round) + ":" + std::to_string(a) + ":blame:" +
+                                    std::to_string(m))));
+  };
+  auto names = [](const std::set<int64_t>& s) {
+    std::string t;
+    for (const int64_t m : s) t += (t.empty() ? "" : ", ") + std::to_string(m);
+    return t;
+  };
+  for (const int64_t j : joiners) {
+    const auto b = blamers(attempt - 1, j);
+    if (!b.empty())
+      out.emplace_back(j, "refused as a joiner: its state transfer in round " + std::to_string(round) +
+                              " failed (member " + names({b.begin(), b.end()}) + ")");
+  }
+  const int k = opt_.exclude_after;
+  if (attempt < k) return out;
+  std::map<int64_t, std::set<int64_t>> by;  // member -> its distinct blamers over the last k attempts
+  std::map<int64_t, int> times;             // member -> attempts it was blamed in
+  for (int64_t a = attempt - k; a < attempt; ++a)
+    for (const int64_t m : epoch) {
+      const auto b = blamers(a, m);
+      if (b.empty()) continue;
+      ++times[m];
+      by[m].insert(b.begin(), b.end());
+    }
+  int64_t worst = -1;
+  size_t most = 0, second = 0;
+  for (const int64_t m : epoch) {
+    const size_t n = by[m].size();
+    if (n > most) {
+      second = most;
+      most = n;
+      worst = m;
+    } else if (n > second) {
+      second = n;
+    }
+  }
+  // A tie (two members blaming each other) excludes nobody: the round's attempts are bounded.
+  if (worst >= 0 && times[worst] == k && most > second)
+    out.emplace_back(worst, "blamed by member(s) " + names(by[worst]) + " in " + std::to_string(k) +
+                                " failed attempts of round " + std::to_string(round) + " in a row");
+  return out;
 }
 
 bool Membership::wait_for_join_roster(Roster& out) {
@@ -277,6 +393,7 @@ bool Membership::wait_for_join_roster(Roster& out) {
       }
       done = redis_->exists(key("finished"));
     });
+    if (!found) check_not_excluded();
     if (found) return true;
     if (done) return false;
     if (seconds_since(t0) > opt_.start_timeout_s)

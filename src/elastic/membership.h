@@ -24,20 +24,26 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/link.h"
+#include "elastic/fault.h"
 #include "elastic/redis.h"
+#include "elastic/secure_channel.h"
 
 namespace loco {
 
 struct ElasticOptions {
   JoinAddress where;
   std::string password;
+  Key run_key{};              // from the run secret: authenticates the data plane and Redis entries
+  std::string fingerprint;    // what the members must agree on (elastic/fingerprint.h), as JSON
+  Fault fault;                // elastic.fault (elastic/fault.h)
   std::string name;           // the worker's name (--worker), for the membership log
-  std::string address;        // where peers reach this worker's Gloo transport
+  std::string address;        // where peers reach this worker's data plane
   int min_workers = 1;        // the first round waits for this many members
   double timeout_s = 5;       // heartbeat TTL; longest wait on a peer during a sync
   double start_timeout_s = 300;       // waiting for the first quorum, or for a joiner's state
   double coordinator_timeout_s = 60;  // retrying while Redis is unreachable
   double straggler_timeout_s = 60;    // waiting for a live member to arrive at a round
+  int exclude_after = 3;              // elastic.exclude_after
   LinkConfig link;                    // the link model (network.*) over the data plane
 };
 
@@ -65,7 +71,8 @@ class Membership {
   std::string key(const std::string& suffix) const { return prefix_ + suffix; }
 
   // Registers as a new member (a new id) and starts heartbeating; a worker that was dropped
-  // calls it again to rejoin.
+  // calls it again to rejoin. First compares this worker's fingerprint with the run's (the
+  // first member's, published with a MAC) and fails, naming the differing keys, on a mismatch.
   void register_member();
 
   // Round 0 (before training): arrives at the start and returns its roster (contributors:
@@ -83,6 +90,10 @@ class Membership {
   void leave_joiners();
   // Votes: done (ok) or failed; returns true if the attempt committed.
   bool finish(const Roster& roster, bool ok);
+  // Records, before voting failed, the members this one holds responsible for the attempt's
+  // failure (the peers its transport names). The closer of the next attempt decides from the
+  // blames who is excluded (close_roster).
+  void blame(const Roster& roster, const std::vector<int64_t>& culprits);
   // The run's last round committed: joiners still waiting give up.
   void mark_finished();
 
@@ -104,6 +115,15 @@ class Membership {
   // fails) if the coordinator has forgotten the run.
   bool outage_over(Redis& redis);
   void check_state();
+  void check_fingerprint();
+  // Fails with the reason if this member was excluded from the run (or refused as a joiner).
+  void check_not_excluded();
+  // Who the closer of attempt `attempt` of `round` excludes (member -> reason): joiners blamed
+  // in the previous attempt, and the member of `epoch` blamed in each of the last
+  // exclude_after attempts by more distinct members than any other.
+  std::vector<std::pair<int64_t, std::string>> exclusions(int64_t round, int64_t attempt,
+                                                          const std::vector<int64_t>& epoch,
+                                                          const std::vector<int64_t>& joiners);
   std::atomic<bool> state_lost_{false};
   // Arrives at the attempt whose keys start with `rk` and polls until its roster is written,
   // calling `try_close` (which may write it) in between; returns the roster's text. Fails with

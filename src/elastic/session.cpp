@@ -6,8 +6,8 @@
 
 #include "comm/inprocess.h"
 #include "core/error.h"
-#include "elastic/gloo_transport.h"
 #include "elastic/methods.h"
+#include "elastic/secure_transport.h"
 #include "io/tensorboard.h"
 
 namespace loco {
@@ -103,10 +103,12 @@ void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
 
 std::unique_ptr<Transport> ElasticSession::connect(const std::string& name, int rank, int size) {
   if (size == 1) return std::move(make_inprocess_transports(1)[0]);
-  GlooTransportOptions o;
+  SecureTransportOptions o;
   o.address = membership_.options().address;
   o.timeout_s = membership_.options().timeout_s;
-  auto t = make_gloo_transport(membership_.redis(), membership_.key("gloo:" + name + ":"), rank, size, o);
+  auto book = redis_address_book(membership_.redis());
+  auto t = make_secure_transport(*book, membership_.key("net:" + name + ":"),
+                                 membership_.options().run_key, name, rank, size, o);
   // Each worker's link is modelled per transport: a round's context starts with its link idle
   // (the previous round's transfers have ended) and, with network.tcp, new connections.
   const auto& link = membership_.options().link;
@@ -126,7 +128,11 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
   const int64_t round_tokens =
       (round.step - last_round_step_) * int64_t(cfg_.data.batch_size) * cfg_.data.seq_len;
   bool committed = false;
+  std::string last_error;
   for (int64_t attempt = 0;; ++attempt) {
+    if (attempt >= kMaxAttempts)
+      fail("elastic: round " + std::to_string(round.id) + " failed " + std::to_string(kMaxAttempts) +
+           " attempts in a row without a member to exclude; the last error: " + last_error);
     Roster roster;
     if (!membership_.close_roster(round.id, attempt, epoch_, !round.take_joiners, round_tokens, roster)) {
       rejoin(w, "dropped at round " + std::to_string(round.id), install);
@@ -139,9 +145,11 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
     std::sort(next_epoch.begin(), next_epoch.end());
     const DataLoader::Position next_data = w.loader.next_start();
     std::string error;
+    std::vector<int64_t> blamed;  // members this one holds responsible for a failure
     {
       // Declared before the communicators, which write into it and are shut down first.
       std::string state;
+      bool joining = false;
       std::shared_ptr<Transport> transport, join_transport;
       std::unique_ptr<Communicator> comm, join_comm;
       try {
@@ -157,20 +165,35 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
           round_compute_s_ += seconds_since(t_outer);
           state = encode(s);
           const int J = int(roster.joiners.size());
+          joining = true;
           join_transport = connect(roster.key() + ":join", 0, 1 + J);
           join_comm = std::make_unique<Communicator>(join_transport, comm_options(), trace_, kDataChannel, traffic_);
           std::vector<Communicator::Handle> sends;
           for (int j = 1; j <= J; ++j) sends.push_back(join_comm->send_start(j, state, "join_state"));
           for (auto& h : sends) join_comm->wait(h);
         }
+      } catch (const PeerError& e) {
+        error = e.what();
+        // Ranks of the reduction's transport are contributors; of the joiners', 0 is this member
+        // and j the joiner j - 1.
+        for (const int r : e.peers())
+          if (!joining && r >= 0 && r < C)
+            blamed.push_back(roster.contributors[size_t(r)]);
+          else if (joining && r >= 1 && r <= int(roster.joiners.size()))
+            blamed.push_back(roster.joiners[size_t(r - 1)]);
       } catch (const std::exception& e) {
         error = e.what();
+      }
+      if (!error.empty()) {
         if (transport) transport->abort(error);
         if (join_transport) join_transport->abort(error);
       }
       if (join_comm) join_comm->shutdown();
       if (comm) comm->shutdown();
-      if (!error.empty()) note_abort(roster, error);
+      if (!error.empty()) {
+        note_abort(roster, error, blamed);
+        last_error = error;
+      }
       if (!membership_.finish(roster, error.empty())) {
         ++aborted_;
         continue;
@@ -226,11 +249,12 @@ void ElasticSession::report(nlohmann::json& out) const {
                     {"events", events_}};
 }
 
-// A member whose part of an attempt failed says why in the membership log.
-void ElasticSession::note_abort(const Roster& roster, const std::string& error) {
+// A member whose part of an attempt failed says why in the membership log, and whom it blames.
+void ElasticSession::note_abort(const Roster& roster, const std::string& error, const std::vector<int64_t>& blamed) {
   try {
+    membership_.blame(roster, blamed);
     membership_.log_event({{"event", "attempt_failed"}, {"member", membership_.id()}, {"round", roster.round},
-                           {"attempt", roster.attempt}, {"why", error}});
+                           {"attempt", roster.attempt}, {"blamed", blamed}, {"why", error}});
   } catch (const std::exception&) {
     // the log is informative; the outcome vote that follows is what counts
   }
@@ -272,7 +296,8 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         if (transport) transport->abort(error);
       }
       if (comm) comm->shutdown();
-      if (!error.empty()) note_abort(roster, error);
+      // A joiner blames nobody: when its transfer fails, the contributors' blame decides.
+      if (!error.empty()) note_abort(roster, error, {});
       if (!membership_.finish(roster, error.empty())) {
         ++aborted_;
         continue;

@@ -3,7 +3,7 @@
 // among the live members of the moment, the state a joiner receives, data under churn and the
 // accounting. A method supplies the round's reduction and what it applies when the round
 // commits; the session runs the attempts: a roster from the membership (elastic/membership.h),
-// a Gloo transport among the round's contributors (elastic/gloo_transport.h), the method's
+// a secure transport among the round's contributors (elastic/secure_transport.h), the method's
 // reduction on a communicator over it, the commit/abort vote, and the redo among the survivors
 // when an attempt fails. The first contributor then sends each joiner the outer state, its own
 // inner AdamW state, the step and where the joiner's data starts (JoinState, CRC-32C), over a
@@ -34,6 +34,10 @@ struct JoinState {
 
 class ElasticSession {
  public:
+  // Attempts of one round before the run gives up (each is bounded by the timeouts; a member
+  // blamed for elastic.exclude_after of them in a row is excluded well before).
+  static constexpr int64_t kMaxAttempts = 20;
+
   ElasticSession(const RunConfig& cfg, const ElasticOptions& options, std::shared_ptr<TrafficStats> traffic,
                  std::shared_ptr<TraceRecorder> trace, size_t num_params);
 
@@ -80,7 +84,7 @@ class ElasticSession {
  private:
   std::unique_ptr<Transport> connect(const std::string& name, int rank, int size);
   CommOptions comm_options() const;
-  void note_abort(const Roster& roster, const std::string& error);
+  void note_abort(const Roster& roster, const std::string& error, const std::vector<int64_t>& blamed);
   void rejoin(Worker& w, const std::string& why, const Install& install);
   void join(Worker& w, const std::string& why, const Install& install);
   void assign_data(Worker& w, const DataLoader::Position& at);

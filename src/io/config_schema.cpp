@@ -232,6 +232,12 @@ std::string ConfigSchema::print() const {
   return out.str();
 }
 
+std::vector<std::pair<std::string, std::string>> ConfigSchema::values() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& k : keys_) out.emplace_back(k.name, k.show());
+  return out;
+}
+
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& key, int64_t min,
                                     const std::string& what) {
   std::vector<int64_t> values;

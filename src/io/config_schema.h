@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loco {
@@ -28,6 +29,8 @@ class ConfigSchema {
   void apply_override(const std::string& assignment);
   // Every key with its current value and meaning, as TOML with comments.
   std::string print() const;
+  // Every key with its current value as printed (TOML syntax), in schema order.
+  std::vector<std::pair<std::string, std::string>> values() const;
   bool has(const std::string& key) const;
 
   struct Key {

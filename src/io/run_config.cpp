@@ -90,6 +90,16 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "elastic: the address other workers reach this one at (\"\": the host name)");
   s.add("elastic.password_file", &el.password_file,
         "elastic: file holding the Redis password (\"\": $LOCO_REDIS_PASSWORD, or no password)");
+  s.add("elastic.secret_file", &el.secret_file,
+        "elastic: file holding the run secret that authenticates and encrypts the members' traffic "
+        "(\"\": $LOCO_RUN_SECRET)");
+  s.add("elastic.exclude_after", &el.exclude_after,
+        "elastic: a member blamed by its peers for this many failed attempts of a round in a row, more than any "
+        "other, is excluded from the run (a joiner whose transfer fails is refused at once)",
+        1, 1000);
+  s.add("elastic.fault", &el.fault,
+        "elastic, for robustness tests: this member corrupts its DiLoCo contributions: \"\" (none), \"nan\", "
+        "\"inf\" or \"scale:X\" (its outer gradient times X)");
 
   auto& n = cfg.network;
   s.add("network.bandwidth", &n.bandwidth, "emulated outgoing link per worker, e.g. \"100Mbit\" (\"inf\": none)");

@@ -56,6 +56,9 @@ struct ElasticConfig {
   std::string coordinator_timeout = "60s"; // retrying while Redis is unreachable
   std::string address;                     // address peers reach this worker at ("": the host name)
   std::string password_file;               // Redis password ("": $LOCO_REDIS_PASSWORD, or none)
+  std::string secret_file;                 // the run secret ("": $LOCO_RUN_SECRET; required)
+  std::string fault;                       // a member that misbehaves on purpose (elastic/fault.h)
+  int exclude_after = 3;                   // attempts in a row a member may be blamed for before exclusion
 };
 
 struct NetworkConfig {

@@ -18,160 +18,21 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     and no round is corrupted;
   - Redis stopped past the timeout, then continued: the workers ride it out; Redis restarted
     without its data: they stop with a clear message;
+  - a worker with another num_heads (same parameter count), other training data, another
+    outer.lr or another run secret is refused at start with the difference named, and the run
+    goes on without it;
+  - a member that sends NaN (elastic.fault): every member stops with an error, and no checkpoint
+    holds a non-finite value;
+  - a member nobody can reach is excluded after elastic.exclude_after failed attempts and stops
+    with an error; the others finish;
   - bad input: a malformed --join address, an unsupported method, a missing --worker, an
-    unreachable or password-refusing Redis: one clear error each, non-zero exit.
+    unreachable or password-refusing Redis, a missing or short run secret: one clear error each,
+    non-zero exit.
 Usage: elastic_test.py LOCO WORK_DIR"""
-import json, math, os, random, shutil, signal, socket, subprocess, sys, time
+import json, math, os, random, signal, socket, subprocess, sys, time
 
-loco, work = os.path.abspath(sys.argv[1]), sys.argv[2]
-here = os.path.dirname(os.path.abspath(__file__))
-root = os.path.dirname(os.path.dirname(here))
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-os.chdir(work)
-for name, n, seed in (("train.tok", 20000, 5), ("val.tok", 3000, 6)):
-    subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", name, "256", str(n), str(seed)], check=True)
-
-if not shutil.which("redis-server"):
-    sys.exit("FAIL: redis-server is not installed (scripts/deps.sh installs it with the test packages)")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-PASSWORD = "loco-test-" + os.urandom(6).hex()
-port = free_port()
-with open("redis.conf", "w") as f:
-    f.write(f'bind 127.0.0.1\nport {port}\nsave ""\nappendonly no\nrequirepass {PASSWORD}\n')
-redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis.log", "w"), stderr=subprocess.STDOUT)
-procs = []
-
-
-def cleanup():
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    redis.kill()
-
-
-for _ in range(200):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        break
-    except OSError:
-        time.sleep(0.05)
-
-BASE = [loco, "train", "--config", f"{root}/configs/tiny.toml", "--set", "data.train=train.tok", "--set",
-        "data.val=val.tok", "--set", "algorithm=diloco", "--quiet", "--set", "train.checkpoint_interval=0"]
-ENV = dict(os.environ, LOCO_REDIS_PASSWORD=PASSWORD)
-
-
-def fail(msg):
-    cleanup()
-    sys.exit("FAIL: " + msg)
-
-
-def start(run, name, out, extra):
-    args = BASE + extra + ["--set", f"train.out_dir={out}", "--set", "elastic.address=127.0.0.1",
-                           "--join", f"redis://127.0.0.1:{port}/{run}", "--worker", name]
-    p = subprocess.Popen(args, env=ENV, stdout=open(f"{out}-{name}.log", "w"), stderr=subprocess.STDOUT)
-    procs.append(p)
-    return p
-
-
-def wait_all(ps, names, out, limit=120):
-    deadline = time.time() + limit
-    for p, n in zip(ps, names):
-        try:
-            rc = p.wait(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            fail(f"{out}/{n} still running after {limit} s:\n" + open(f"{out}-{n}.log").read())
-        if rc != 0:
-            fail(f"{out}/{n} exited {rc}:\n" + open(f"{out}-{n}.log").read())
-
-
-def step_of(path):
-    try:
-        lines = open(path).read().splitlines()
-        return json.loads(lines[-1])["step"] if lines else 0
-    except (OSError, ValueError, KeyError, IndexError):
-        return 0
-
-
-def wait_step(path, step, limit=60):
-    deadline = time.time() + limit
-    while step_of(path) < step:
-        if time.time() > deadline:
-            fail(f"{path} did not reach step {step}")
-        time.sleep(0.01)
-
-
-def wait_dropped(path, limit=30):
-    """Until the worker whose metrics are at `path` has logged a member leaving."""
-    deadline = time.time() + limit
-    while "left" not in open(path).read():
-        if time.time() > deadline:
-            fail(f"{path}: no member was dropped within {limit} s")
-        time.sleep(0.02)
-
-
-def kill_then_join(out, args, victim, kill_step):
-    """Workers w0-w3; kill -9 `victim` past `kill_step`; once the others dropped it, a new worker
-    "late" joins; waits for all to finish and returns the survivors' names."""
-    names = ["w0", "w1", "w2", "w3"]
-    ps = [start(out, n, out, args + ["--set", "elastic.min_workers=4"]) for n in names]
-    wait_step(f"{out}/{victim}/metrics.jsonl", kill_step)
-    k = names.index(victim)
-    ps[k].send_signal(signal.SIGKILL)
-    ps[k].wait()
-    survivors = [n for n in names if n != victim]
-    wait_dropped(f"{out}/{survivors[0]}/metrics.jsonl")
-    wait_all([p for j, p in enumerate(ps) if j != k] + [start(out, "late", out, args)], survivors + ["late"], out)
-    return survivors
-
-
-def elastic(out, name):
-    s = json.load(open(f"{out}/{name}/summary.json"))
-    return s, s["workers"][0]["elastic"]
-
-
-def rounds_by_number(out, names):
-    """round -> (contributors, crc) from every worker, checking that they agree."""
-    seen = {}
-    for n in names:
-        for r in elastic(out, n)[1]["rounds"]:
-            if "contributors" not in r:
-                continue
-            key = r["round"]
-            val = (tuple(r["contributors"]), r["params_crc32c"])
-            if key in seen and seen[key] != val:
-                fail(f"{out}: workers disagree on round {key}: {seen[key]} vs {val}")
-            seen[key] = val
-    return seen
-
-
-def model_bytes(path):
-    return open(path, "rb").read()
-
-
-def writer_model(out, names, step=12):
-    """The model written by the run's first member (lowest id); the others must have written none."""
-    first = min(names, key=lambda n: elastic(out, n)[1]["member_ids"][0])
-    for n in names:
-        has = os.path.exists(f"{out}/{n}/checkpoints/step_{step:08d}/model.safetensors")
-        if has != (n == first):
-            fail(f"{out}/{n}: {'wrote' if has else 'did not write'} a model checkpoint (the writer is {first})")
-    return model_bytes(f"{out}/{first}/checkpoints/step_{step:08d}/model.safetensors"), first
-
-
-def val_loss(path):
-    return json.load(open(path))["final_val_loss"]
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic_env import *  # noqa: E402,F401,F403
 
 try:
     # 1. Fixed membership == in-process, bitwise.
@@ -435,6 +296,7 @@ try:
     redis.wait()
     time.sleep(1)
     redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis2.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(redis)  # the restarted server: cleanup() stops it with the workers
     for p, n in zip(ps, ["w0", "w1"]):
         try:
             rc = p.wait(timeout=60)
@@ -444,6 +306,92 @@ try:
         if rc == 0 or "lost this run's state" not in log:
             fail(f"lost/{n}: expected a clear stop, exit {rc}:\n{log[-2000:]}")
     print("Redis restarted without its data: both workers stopped with a clear message")
+
+    # 6b. Members must agree: a worker with another config (same parameter count), other data
+    # or another run secret is refused at start, the differing keys named; the run goes on.
+    args = ["--set", "train.steps=60", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2"]
+    ps = [start("agree", n, "agree", args) for n in ("w0", "w1")]
+    wait_step("agree/w0/metrics.jsonl", 5)
+    subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", "other.tok", "256", "20000", "9"], check=True)
+    for label, extra, env, expect in (
+            ("heads", ["--set", "model.num_heads=4"], ENV, "model.num_heads: this worker 4, the run 2"),
+            ("data", ["--set", "data.train=other.tok"], ENV, "data.train tokens: this worker 20000 tokens"),
+            ("lr", ["--set", "outer.lr=0.5"], ENV, "outer.lr: this worker 0.5, the run 0.7"),
+            ("secret", [], dict(ENV, LOCO_RUN_SECRET="another secret of the same size"), "another run secret")):
+        r = subprocess.run(BASE + args + extra + ["--set", "train.out_dir=agree", "--set", "elastic.address=127.0.0.1",
+                                                  "--join", f"redis://127.0.0.1:{port}/agree", "--worker",
+                                                  "bad-" + label], env=env, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or expect not in r.stderr:
+            fail(f"agree/bad-{label}: expected a refusal naming {expect!r}: exit {r.returncode}, {r.stderr[-1500:]}")
+    wait_all(ps, ["w0", "w1"], "agree")
+    rounds = rounds_by_number("agree", ["w0", "w1"])
+    if any(len(c) != 2 for c, _ in rounds.values()):
+        fail(f"agree: a refused worker entered a round: {rounds}")
+    print("members must agree: another num_heads, other data, another outer.lr and another secret each refused "
+          "at start with the difference named; the run's 2 members went on alone")
+
+    # 6c. A member that sends NaN (elastic.fault = "nan"): no member ends with exit 0, and no
+    # checkpoint holds a non-finite value (the writer's latest stays at the last finite step).
+    args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",
+            "--set", "train.checkpoint_interval=1", "--set", "train.log_interval=1"]
+    names = ["w0", "w1", "w2"]
+    ps = [start("nan", n, "nan", args + (["--set", "elastic.fault=nan"] if n == "w2" else [])) for n in names]
+    codes = []
+    for p, n in zip(ps, names):
+        try:
+            codes.append(p.wait(timeout=120))
+        except subprocess.TimeoutExpired:
+            fail(f"nan/{n} still running after 120 s")
+    if any(c == 0 for c in codes):
+        fail(f"nan: a NaN contribution ended with exit codes {codes}; expected every member to fail")
+    logs = "".join(open(f"nan-{n}.log").read() for n in names)
+    if "no checkpoint written, the latest stays" not in logs:
+        fail("nan: no member refused to checkpoint the non-finite model:\n" + logs[-3000:])
+    import numpy
+    checked = 0
+    for n in names:
+        for d in sorted(os.listdir(f"nan/{n}/checkpoints")) if os.path.isdir(f"nan/{n}/checkpoints") else []:
+            path = f"nan/{n}/checkpoints/{d}/model.safetensors"
+            if not os.path.isfile(path):
+                continue
+            raw = open(path, "rb").read()
+            hn = int.from_bytes(raw[:8], "little")
+            if not numpy.isfinite(numpy.frombuffer(raw[8 + hn:], dtype=numpy.float32)).all():
+                fail(f"{path} holds non-finite values")
+            checked += 1
+    if checked < 3:  # steps 2-4: train.keep_checkpoints = 3
+        fail(f"nan: expected the finite checkpoints of steps 2-4, found {checked}")
+    print(f"a NaN member: all 3 members stopped with an error (exit codes {codes}); {checked} checkpoints, all "
+          "finite; the writer refused the non-finite one")
+
+    # 6d. A member nobody can reach (it advertises an unroutable address): the others blame it
+    # for every failed attempt, it is excluded after elastic.exclude_after = 3 of them, stops with
+    # an error saying so, and the other two finish the run.
+    args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",
+            "--set", "elastic.timeout=2s"]
+    bad = subprocess.Popen(BASE + args + ["--set", "train.out_dir=unreach", "--set", "elastic.address=192.0.2.1",
+                                          "--join", f"redis://127.0.0.1:{port}/unreach", "--worker", "wx"],
+                           env=ENV, stdout=open("unreach-wx.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(bad)
+    time.sleep(1.5)  # wx registers first: member 1, rank 0 of every round (the others connect to it)
+    ps = [start("unreach", n, "unreach", args) for n in ("w1", "w2")]
+    wait_all(ps, ["w1", "w2"], "unreach", limit=180)
+    try:
+        rc = bad.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        fail("unreach/wx still running after the others finished")
+    log = open("unreach-wx.log").read()
+    if rc == 0 or "was excluded from the run" not in log:
+        fail(f"unreach/wx: expected a stop saying it was excluded, exit {rc}:\n{log[-2000:]}")
+    events = [e for r in map(json.loads, open("unreach/w1/metrics.jsonl")) for e in r.get("membership", [])]
+    excluded = [e for e in events if e.get("event") == "left" and "excluded" in e.get("why", "")]
+    if len(excluded) != 1:
+        fail(f"unreach: expected one exclusion event, got {events}")
+    rounds = rounds_by_number("unreach", ["w1", "w2"])
+    if sorted(rounds) != [1, 2, 3, 4] or any(len(c) != 2 for c, _ in rounds.values()):
+        fail(f"unreach: expected rounds 1-4 with the 2 reachable members, got {rounds}")
+    print(f"a member nobody can reach: excluded after 3 failed attempts ({excluded[0]['why']}), stopped with "
+          "an error; the other 2 finished all 4 rounds")
 
     # 7. Bad input: one clear error each.
     def refuse(args, env, expect):
@@ -461,6 +409,17 @@ try:
            dict(ENV, LOCO_REDIS_PASSWORD="wrong"), "refused the password")
     refuse(["--join", f"redis://127.0.0.1:{free_port()}/r", "--worker", "a", "--set", "train.out_dir=bad2",
             "--set", "elastic.coordinator_timeout=1s"], ENV, "unreachable")
+    no_secret = {k: v for k, v in ENV.items() if k != "LOCO_RUN_SECRET"}
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad3"], no_secret,
+           "needs a secret shared by its members")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad4"],
+           dict(ENV, LOCO_RUN_SECRET="too short"), "it needs at least 16")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad6",
+            "--set", "elastic.fault=scale:x"], ENV, "scale:X needs a finite number")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad7",
+            "--set", "elastic.fault=nan", "--set", "algorithm=noloco"], ENV, "elastic.fault is implemented for")
+    refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad5",
+            "--set", "elastic.secret_file=no-such.secret"], ENV, "elastic.secret_file: no-such.secret does not exist")
     print("bad input refused with clear errors")
 finally:
     cleanup()

@@ -10,7 +10,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 c=$here/corpus
-rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages,text_input}
+rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages,text_input,secure_frames}
 cat > small.toml <<'TOML'
 [model]
 vocab_size = 16
@@ -48,6 +48,16 @@ w("allreduce", b"\x01" + bytes([2, 7]) + struct.pack("<14f", *([1.0] * 14)))
 w("link", b"\x02" + struct.pack("<d", 0.5) + b"payload")
 w("boundary", b"\x03" + struct.pack("<32f", *([0.1] * 32)) + struct.pack("<5i", 1, 2, 3, 4, 5))
 w("norm", b"\x04" + bytes([16]) + struct.pack("<4d", 0, 1.5, 3, 2.0))
+PY
+# Data-plane bytes: selector byte, then the bytes (see fuzz_secure_frames.cpp).
+$py - "$c/secure_frames" <<'PY'
+import os, struct, sys
+d = sys.argv[1]
+def w(name, data): open(os.path.join(d, name), "wb").write(data)
+w("hello", b"\x00" + b"LOCOSEC1" + struct.pack("<II", 1, 0) + bytes(64) + bytes(32))
+w("welcome", b"\x01" + bytes(range(64)))
+w("frames", b"\x02" + struct.pack("<III", 1, 4, 1) + b"abcd" + bytes(16) + struct.pack("<III", 9, 0, 0) + bytes(16))
+w("altered", b"\x03" + bytes([5, 7, 0]) + bytes([1, 6]) + b"payload" + bytes([2, 0]) + bytes([0, 3]) + b"end")
 PY
 # Text inputs: format byte (0 text, 1 JSON Lines), then the file, plain or gzip.
 { printf '\x00'; printf 'One line caf\xc3\xa9.\nTwo lines.\n'; } > "$c/text_input/text"

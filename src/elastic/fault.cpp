@@ -1,0 +1,45 @@
+#include "elastic/fault.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace loco {
+
+Fault parse_fault(const std::string& text) {
+  Fault f;
+  if (text.empty()) return f;
+  if (text == "nan") {
+    f.kind = Fault::Kind::Nan;
+  } else if (text == "inf") {
+    f.kind = Fault::Kind::Inf;
+  } else if (text.rfind("scale:", 0) == 0) {
+    size_t used = 0;
+    try {
+      f.scale = std::stod(text.substr(6), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() - 6 || !std::isfinite(f.scale))
+      fail("elastic.fault = \"" + text + "\": scale:X needs a finite number X, e.g. scale:-10");
+    f.kind = Fault::Kind::Scale;
+  } else {
+    fail("elastic.fault = \"" + text + "\": use \"\" (none), \"nan\", \"inf\" or \"scale:X\"");
+  }
+  return f;
+}
+
+void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution) {
+  if (f.kind == Fault::Kind::None || contribution.empty()) return;
+  if (f.kind == Fault::Kind::Nan) {
+    contribution[0] = std::numeric_limits<float>::quiet_NaN();
+  } else if (f.kind == Fault::Kind::Inf) {
+    contribution[0] = -std::numeric_limits<float>::infinity();  // delta = +Inf
+  } else {
+    for (size_t i = 0; i < contribution.size(); ++i)
+      contribution[i] = float(theta[i] - f.scale * double(theta[i] - contribution[i]));
+  }
+}
+
+}  // namespace loco

@@ -1,0 +1,25 @@
+#pragma once
+// A member that misbehaves on purpose (elastic.fault), for testing and measuring what a bad
+// member does to a run: it corrupts its own contribution to every DiLoCo round before sending
+// it. Its outer gradient is delta = theta - params (theta: the outer parameters); it sends
+// theta - f(delta) in place of its parameters, with f:
+//   "nan"      the first entry of delta made NaN
+//   "inf"      the first entry made +Inf
+//   "scale:X"  delta times X (X = -10: a sign-flipped outer gradient ten times too large)
+// Every run records the setting in its config.toml; "" (the default) is an honest member.
+#include <string>
+#include <vector>
+
+namespace loco {
+
+struct Fault {
+  enum class Kind { None, Nan, Inf, Scale } kind = Kind::None;
+  double scale = 1;
+};
+
+// Fails, naming elastic.fault, for anything but the forms above.
+Fault parse_fault(const std::string& text);
+// Rewrites `contribution` (this member's parameters) as described above.
+void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution);
+
+}  // namespace loco

@@ -1,0 +1,27 @@
+#pragma once
+// What the members of an elastic run must agree on, compared when a worker registers: every key
+// of the run config except those that only concern the worker itself (where it writes, how it
+// logs, its threads and precision, its timeouts, address and secrets, its emulated link), with
+// the data files compared by content (a BLAKE2b digest of their tokens), not by path. The first
+// member to register publishes its fingerprint in Redis with a MAC under the run key; every
+// later one compares its own with it and is refused, the differing keys named, on a mismatch.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/run_config.h"
+
+namespace loco {
+
+// Keys (or "section." prefixes) whose values may differ between the members of a run.
+const std::vector<std::string>& per_worker_keys();
+
+// key -> value as printed, plus "data.train tokens" / "data.val tokens" (digests).
+nlohmann::json run_fingerprint(const RunConfig& cfg, const std::vector<int32_t>& train_tokens,
+                               const std::vector<int32_t>* val_tokens);
+
+// The keys on which `mine` and `run` differ, each with both values, "; "-separated ("" if none).
+std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::json& run);
+
+}  // namespace loco
