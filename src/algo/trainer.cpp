@@ -512,7 +512,7 @@ TrainSummary run_training(const TrainOptions& opt) {
     if (opt.join_url.empty()) fail("distributed.backend = \"elastic\" needs --join redis://HOST:PORT/RUN and --worker NAME");
     check_worker_name(opt.worker_name);
     s->cfg.distributed.backend = "elastic";  // recorded in config.toml; its checks apply
-    validate_run_config(s->cfg, s->config_path);
+    validate_run_config(s->cfg, config_source(s->config_path, opt.overrides));
     auto& e = s->elastic;
     e.where = parse_join_url(opt.join_url);
     e.password = redis_password(cfg.elastic);

@@ -289,8 +289,14 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   if (!path.empty()) schema.load_toml_file(path);
   for (const auto& o : overrides) schema.apply_override(o);
   if (cfg.outer.lr < 0) cfg.outer.lr = cfg.algorithm == "streaming" ? 0.4 : 0.7;  // the papers' defaults
-  validate_run_config(cfg, path.empty() ? "config" : path);
+  validate_run_config(cfg, config_source(path, overrides));
   return cfg;
+}
+
+std::string config_source(const std::string& path, const std::vector<std::string>& overrides) {
+  std::string s = path.empty() ? "config" : path;
+  for (size_t i = 0; i < overrides.size(); ++i) s += (i == 0 ? " with --set " : ", ") + overrides[i];
+  return s;
 }
 
 std::string run_config_to_toml(RunConfig cfg) { return run_config_schema(cfg).print(); }

@@ -152,6 +152,9 @@ ConfigSchema run_config_schema(RunConfig& cfg);
 // Loads a TOML run config (only defaults if path is empty), applies "key=value" overrides and
 // validates the whole configuration (errors name the key).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// How errors name a configuration: "PATH", or "PATH with --set k=v, ..." when overrides were
+// applied (a cross-key error may come from either).
+std::string config_source(const std::string& path, const std::vector<std::string>& overrides);
 // Cross-key checks not expressible as ranges of single keys.
 void validate_run_config(const RunConfig& cfg, const std::string& source);
 // The effective configuration as TOML (loadable by load_run_config).

@@ -43,8 +43,11 @@ double ModelConfig::parameter_count() const { return stage_parameter_count(num_l
 
 nlohmann::json model_config_to_hf_json(const ModelConfig& c) {
   nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  // With QK-norm the model is Qwen3's architecture (Llama's, plus an RMSNorm over each head's q
+  // and k before RoPE, weights shared by the heads), and says so: Llama's loader would drop the
+  // q_norm/k_norm tensors without a word.
+  j["architectures"] = {c.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = c.qk_norm ? "qwen3" : "llama";
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["num_hidden_layers"] = c.num_layers;
@@ -108,7 +111,9 @@ ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string
   c.rms_eps = get_key<double>(j, "rms_norm_eps", source, false, c.rms_eps);
   c.rope_theta = get_key<double>(j, "rope_theta", source, false, c.rope_theta);
   c.tie_embeddings = get_key<bool>(j, "tie_word_embeddings", source, false, c.tie_embeddings);
-  c.qk_norm = get_key<bool>(j, "qk_norm", source, false, c.qk_norm);
+  // Qwen3's configs have QK-norm without a key for it; loco's say "qk_norm" too.
+  const bool qwen3 = j.contains("model_type") && j["model_type"] == "qwen3";
+  c.qk_norm = get_key<bool>(j, "qk_norm", source, false, qwen3);
   c.z_loss = get_key<double>(j, "loco_z_loss", source, false, c.z_loss);
   c.init_std = get_key<double>(j, "initializer_range", source, false, c.init_std);
   c.scale_residual_init = get_key<bool>(j, "loco_scale_residual_init", source, false, c.scale_residual_init);

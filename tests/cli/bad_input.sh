@@ -106,7 +106,7 @@ expect_error "loco has no command nosuch" "$loco" help nosuch
 "$loco" help > help.txt && grep -q "^Usage: loco \[OPTIONS\] SUBCOMMAND" help.txt || { echo "FAIL: loco help"; failures=$((failures + 1)); }
 "$loco" help data prepare > help.txt && grep -q "^Usage: loco data prepare" help.txt ||
   { echo "FAIL: loco help data prepare"; failures=$((failures + 1)); }
-expect_error "train.checkpoint_interval must be a multiple of train.log_interval" \
+expect_error "train.toml with --set train.checkpoint_interval=15: train.checkpoint_interval must be a multiple of train.log_interval" \
   "$loco" train --config train.toml --set train.checkpoint_interval=15
 expect_error "data.batch_size must be in" "$loco" train --config train.toml --set data.batch_size=0
 expect_error "noloco.pull must be >= 0" "$loco" train --config train.toml --set algorithm=noloco --set noloco.pull=-0.5
