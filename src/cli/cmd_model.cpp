@@ -241,7 +241,9 @@ void add_info(CLI::App& app) {
                 (long long)embedding, (long long)(n - embedding));
     std::printf("FLOPs per token       forward %.3g, training (x3) %.3g  (sequence %d, full attention)\n", fwd,
                 3 * fwd, seq);
-    std::printf("memory (float32)      parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB\n", mib(4.0 * n),
+    std::printf("memory (loco's engine: float32 state, activations kept for the backward; `loco estimate` models "
+                "the papers' bf16 accelerator setup instead)\n");
+    std::printf("                      parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB\n", mib(4.0 * n),
                 mib(4.0 * n), mib(8.0 * n));
     std::printf("                      activations %.1f MiB for micro-batch %d x %d\n", mib(act_bytes), micro, seq);
     std::printf("                      total %.1f MiB per replica (DiLoCo adds outer parameters and momentum: %.1f MiB)\n",

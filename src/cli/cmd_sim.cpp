@@ -372,13 +372,17 @@ void print_estimate(const sim::Arch& arch, double batch, double seq, const sim::
               " full backward)\n",
               f.forward, f.backward(), f.backward_input, f.backward_params, f.total(),
               100 * f.backward() / full.backward());
-  std::printf("  memory per node (GB)  %-10s %9s %9s %9s %9s %9s %11s %9s\n", "method", "weights", "grads", "master",
+  std::printf("  memory per node (MiB) for the papers' accelerator setup, not loco's engine (`loco info`): bf16 weights\n"
+              "  and gradients, fp32 master weights and AdamW moments of trainable parameters, fp32 outer state,\n"
+              "  checkpointed activations\n");
+  std::printf("                        %-10s %9s %9s %9s %9s %9s %11s %9s\n", "method", "weights", "grads", "master",
               "adam", "outer", "activations", "total");
   for (const std::string method : {"ddp", "diloco", "streaming", "partial"}) {
     const auto m = sim::memory_per_node(arch, method, batch, seq, fragment_layers, s);
-    std::printf("                        %-10s %9.3f %9.3f %9.3f %9.3f %9.3f %11.3f %9.3f\n", method.c_str(),
-                m.weights / 1e9, m.grads / 1e9, m.master / 1e9, m.adam / 1e9, m.outer / 1e9, m.activations / 1e9,
-                m.total() / 1e9);
+    const double MiB = 1024.0 * 1024.0;
+    std::printf("                        %-10s %9.1f %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f\n", method.c_str(),
+                m.weights / MiB, m.grads / MiB, m.master / MiB, m.adam / MiB, m.outer / MiB, m.activations / MiB,
+                m.total() / MiB);
   }
 }
 

@@ -171,7 +171,9 @@ void add_plot(CLI::App& app) {
       for (const auto& r : recs) {
         const double x = r.value(a->x, 0.0);
         train += std::to_string(x) + " " + std::to_string(r.value("train_loss", 0.0)) + "\n";
-        if (r.contains("val_loss")) val += std::to_string(x) + " " + std::to_string(r["val_loss"].get<double>()) + "\n";
+        // A non-finite evaluation is written as null; gnuplot skips "nan" points.
+        if (r.contains("val_loss"))
+          val += std::to_string(x) + " " + (r["val_loss"].is_number() ? std::to_string(r["val_loss"].get<double>()) : "nan") + "\n";
       }
       const std::string name = std::filesystem::path(a->runs[i]).filename().string();
       const std::string tf = job.data("train" + std::to_string(i), train), vf = job.data("val" + std::to_string(i), val);
@@ -224,7 +226,8 @@ void add_compare(CLI::App& app) {
         if (recs.empty()) fail(dir + "/metrics.jsonl: no records yet");
         std::string val = "-";
         for (const auto& r : recs)
-          if (r.contains("val_loss") && r["val_loss"].is_number()) val = fixed(r["val_loss"].get<double>(), 4);
+          if (r.contains("val_loss"))  // null: a non-finite evaluation
+            val = r["val_loss"].is_number() ? fixed(r["val_loss"].get<double>(), 4) : "nan";
         const auto& last = recs.back();
         const std::string config = file_exists(dir + "/config.toml") ? read_file(dir + "/config.toml") : "";
         rows.push_back(Row{name + " (at " + std::to_string(last.value("step", int64_t(0))) + ")",
@@ -239,7 +242,7 @@ void add_compare(CLI::App& app) {
         const auto t = report::run_totals(j);
         const double n = double(std::max<size_t>(1, t.workers));
         const double steps = std::max(1.0, j.at("steps").get<double>());
-        const double val = j.at("final_val_loss").get<double>();
+        const double val = j.at("final_val_loss").is_number() ? j["final_val_loss"].get<double>() : NAN;
         rows.push_back(Row{name, j.at("algorithm").get<std::string>(),
                         std::to_string(json_integer(j, "replicas", dir + "/summary.json")), num(j.at("tokens").get<double>()),
                         val < 0 ? "-" : fixed(val, 4), num(t.training_bytes_sent / n, "B"),

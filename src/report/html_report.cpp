@@ -131,7 +131,7 @@ std::string runs_table(const std::vector<Run>& runs) {
     const json& last = r.metrics.empty() ? json::object() : r.metrics.back();
     double val = -1;
     for (const auto& m : r.metrics)
-      if (m.contains("val_loss")) val = m["val_loss"].get<double>();
+      if (m.contains("val_loss")) val = num_or(m, "val_loss", NAN);  // null: a non-finite evaluation
     const RunTotals tot = s.is_null() ? RunTotals{} : run_totals(s);
     const double sent = tot.training_bytes_sent, largest = tot.largest_sync, cu = tot.cu_sum;
     const size_t n = tot.workers;

@@ -129,6 +129,21 @@ assert f"(at {last['step']})" in rows["running"] and " diloco " in rows["running
 assert rows["noval"].split()[4] == "-", rows["noval"]
 print("compare: units, a running run, no evaluation")
 PY
+# A non-finite evaluation is written as null (JSON has no NaN): report, compare and plot read
+# it and show "nan" where they show the loss.
+mkdir -p nanval && cp diloco/config.toml nanval/
+$py - diloco/metrics.jsonl nanval/metrics.jsonl <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+recs[-1]["val_loss"] = None
+open(sys.argv[2], "w").write("".join(json.dumps(r) + "\n" for r in recs))
+PY
+"$loco" report nanval full --out nanval.html > /dev/null
+grep -q ">nan<" nanval.html || { echo "FAIL: report of a null val_loss does not show nan"; exit 1; }
+"$loco" compare nanval full > nanval.txt
+grep -q "^nanval (at [0-9]*) .* nan " nanval.txt || { echo "FAIL: compare of a null val_loss:"; cat nanval.txt; exit 1; }
+"$loco" plot nanval full --out nanval.png > /dev/null
+echo "a null (non-finite) val_loss: report shows nan, compare and plot read it"
 if "$loco" compare full norun > out.txt 2> err.txt; then echo "FAIL: compare of a non-run accepted"; exit 1; fi
 [ ! -s out.txt ] && grep -q "norun: not a run directory" err.txt
 

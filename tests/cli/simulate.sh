@@ -33,6 +33,20 @@ grep -q "global barrier" lat.txt && [ -s lat.svg ]
 "$loco" estimate --paper-table | grep -q "1/4 MLPs + heads"
 "$loco" estimate --config "$root/configs/small.toml" --slices 4 --strategy mlp+heads --nodes 8 --bandwidth 1Gbit |
   grep -q "ring all-reduce"
+# info (loco's engine) and estimate (the papers' setup) say what they count, in the same unit,
+# and agree where they count the same thing: fp32 AdamW moments, 8 bytes per parameter.
+"$loco" info --config "$root/configs/small.toml" > info.txt
+"$loco" estimate --config "$root/configs/small.toml" > estimate.txt
+grep -q "loco's engine" info.txt && grep -q "papers' accelerator setup" estimate.txt
+$py - info.txt estimate.txt <<'PY'
+import re, sys
+info, est = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+adam_info = float(re.search(r"AdamW ([0-9.]+) MiB", info).group(1))
+row = re.search(r"^ +ddp +([0-9. ]+)$", est, re.M).group(1).split()
+assert "memory per node (MiB)" in est, est
+assert abs(float(row[3]) - adam_info) <= 0.1, (row, adam_info)
+print(f"info and estimate agree on AdamW: {adam_info} MiB")
+PY
 
 # Calibration on a real DiLoCo run over an emulated link.
 $py "$here/../tools/make_tokens.py" train.tok 256 20000 5
