@@ -245,7 +245,7 @@ void add_compare(CLI::App& app) {
         const double val = j.at("final_val_loss").is_number() ? j["final_val_loss"].get<double>() : NAN;
         rows.push_back(Row{name, j.at("algorithm").get<std::string>(),
                         std::to_string(json_integer(j, "replicas", dir + "/summary.json")), num(j.at("tokens").get<double>()),
-                        val < 0 ? "-" : fixed(val, 4), num(t.training_bytes_sent / n, "B"),
+                        std::isnan(val) ? "nan" : val < 0 ? "-" : fixed(val, 4), num(t.training_bytes_sent / n, "B"),
                         num(t.training_bytes_sent / n / steps, "B"), num(t.largest_sync, "B"), num(t.peak_send, "B/s"),
                         fixed(100 * t.cu_sum / n, 1) + "%", fixed(j.at("seconds").get<double>(), 1)});
       } catch (const nlohmann::json::exception& e) {

@@ -148,7 +148,7 @@ std::string runs_table(const std::vector<Run>& runs) {
                        : "-") +
          cell(done ? str_or(s, "backend", "?") : "-") + num_cell(std::to_string(int64_t(num_or(last, "step", 0)))) +
          num_cell(short_number(num_or(last, "tokens", 0))) + num_cell(fixed(num_or(last, "train_loss", NAN), 4)) +
-         num_cell(val >= 0 ? fixed(val, 4) : "-") + num_cell(fixed(num_or(last, "time", NAN), 1)) +
+         num_cell(std::isnan(val) ? "nan" : val >= 0 ? fixed(val, 4) : "-") + num_cell(fixed(num_or(last, "time", NAN), 1)) +
          num_cell(n ? fixed(100 * cu / double(n), 1) + "%" : "-") + num_cell(n ? short_number(sent / double(n)) + "B" : "-") +
          num_cell(n ? short_number(largest) + "B" : "-") + "</tr>\n";
   }
