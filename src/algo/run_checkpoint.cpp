@@ -135,7 +135,8 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
   const double t0 = clock.now();
   // A model with a non-finite value is never checkpointed (every worker checks its part and
   // they agree), so `latest` always points at a finite model the run can be resumed from.
-  const double bad = all_finite(w.params) && all_finite(run.algo->eval_params(w)) ? 0 : 1;
+  const std::vector<float>& eval_params = run.algo->eval_params(w);
+  const double bad = all_finite(w.params) && all_finite(eval_params) ? 0 : 1;
   if ((run.grid.size() == 1 ? bad : run.world.sum_doubles({bad}, "finite")[0]) > 0) {
     const std::string latest = latest_checkpoint(run.s.run_dir);
     fail("step " + std::to_string(step) + ": the model holds non-finite values (NaN or Inf); no checkpoint written" +
@@ -157,7 +158,6 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
   if (pos.offset != 0) rep.meta["data.offset"] = std::to_string(pos.offset);
   run.algo->save_state(rep);
   protocol_save(run, rep);
-  const std::vector<float>& eval_params = run.algo->eval_params(w);
   write_state_file(worker_state_path(tmp, run.stage, run.replica, run.grid.stages), rep);
   write_file_atomic(traffic_path(tmp, run), run.traffic->to_json().dump() + "\n");
   const std::vector<float> model = assemble_model(run, eval_params);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "elastic/secure_channel.h"
 
 namespace loco {
 
@@ -15,13 +16,7 @@ std::string digest(const std::vector<int32_t>& tokens) {
   unsigned char h[16];
   crypto_generichash(h, sizeof h, reinterpret_cast<const unsigned char*>(tokens.data()),
                      tokens.size() * sizeof(int32_t), nullptr, 0);
-  static const char* hex = "0123456789abcdef";
-  std::string out = std::to_string(tokens.size()) + " tokens, blake2b ";
-  for (unsigned char b : h) {
-    out.push_back(hex[b >> 4]);
-    out.push_back(hex[b & 15]);
-  }
-  return out;
+  return std::to_string(tokens.size()) + " tokens, blake2b " + to_hex(h, sizeof h);
 }
 
 bool per_worker(const std::string& key) {

@@ -72,12 +72,13 @@ Key derive_transport_key(const Key& run_key, const std::string& transport_id) {
 
 std::string mac_entry(const Key& run_key, const std::string& name, const std::string& value) {
   const Key m = mac(run_key, {"entry", name, value});
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : m) {
-    out.push_back(hex[b >> 4]);
-    out.push_back(hex[b & 15]);
-  }
+  return to_hex(m.data(), m.size());
+}
+
+std::string to_hex(const uint8_t* bytes, size_t n) {
+  std::string out(2 * n + 1, '\0');
+  sodium_bin2hex(out.data(), out.size(), bytes, n);
+  out.pop_back();
   return out;
 }
 

@@ -49,6 +49,8 @@ std::string mac_entry(const Key& run_key, const std::string& name, const std::st
 bool entry_mac_ok(const Key& run_key, const std::string& name, const std::string& value, const std::string& mac);
 
 Nonce random_nonce();
+// Lower-case hex of n bytes.
+std::string to_hex(const uint8_t* bytes, size_t n);
 
 constexpr size_t kHelloBytes = 8 + 4 + 4 + 32 + 32;
 constexpr size_t kWelcomeBytes = 32 + 32;

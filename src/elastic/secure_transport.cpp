@@ -252,12 +252,11 @@ class SecureTransport : public Transport {
     }
     if (!failed_.empty()) throw_failed();
     if (ready && p.closed) throw PeerError("member " + std::to_string(peer) + " is gone (it closed the connection)", {peer});
-    failed_ = "member " + std::to_string(peer) + " did not answer within " + std::to_string(int(limit)) +
-              " s (elastic.timeout)";
-    failed_peers_ = {peer};
+    const std::string why =
+        "member " + std::to_string(peer) + " did not answer within " + std::to_string(int(limit)) + " s (elastic.timeout)";
     lock.unlock();
-    cv_.notify_all();
-    throw PeerError(failed_copy(), {peer});
+    set_failed(why, {peer});
+    throw PeerError(why, {peer});
   }
 
   void abort(const std::string& reason) override { set_failed(reason, {}); }
@@ -278,10 +277,6 @@ class SecureTransport : public Transport {
   [[noreturn]] void throw_failed() const {
     if (failed_peers_.empty()) fail(failed_);
     throw PeerError(failed_, failed_peers_);
-  }
-  std::string failed_copy() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return failed_;
   }
 
   // A listening socket on an ephemeral port; HOST:PORT and its MAC go to Redis.
