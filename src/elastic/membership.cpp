@@ -191,6 +191,18 @@ bool Membership::live(int64_t id) {
   return redis_->exists(key("hb:" + m)) && !redis_->exists(key("dropped:" + m));
 }
 
+bool Membership::gone(int64_t id, std::map<int64_t, double>& missing_since) {
+  const std::string m = std::to_string(id);
+  if (redis_->exists(key("dropped:" + m))) return true;
+  // The grace check comes after the read: a read that stalled (Redis stopped) starts the grace.
+  if (redis_->exists(key("hb:" + m)) || in_outage_grace()) {
+    missing_since.erase(id);
+    return false;
+  }
+  const double now = now_s();
+  return now - missing_since.emplace(id, now).first->second >= opt_.timeout_s / 4;
+}
+
 std::vector<int64_t> Membership::ids(const std::vector<std::string>& members) {
   std::vector<int64_t> out;
   for (const auto& m : members) out.push_back(std::stoll(m));
@@ -243,6 +255,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
                               int64_t round_tokens, Roster& out) {
   const std::string rk = key("round:" + std::to_string(round) + ":" + std::to_string(attempt) + ":");
   const auto t0 = SteadyClock::now();
+  std::map<int64_t, double> missing_since;
   // Bounded without a bound of its own: a member that does not come is dropped once its
   // heartbeat expires or elastic.straggler_timeout passes, and then the roster closes.
   const std::string text = await_roster(rk, 1e300, "", [&] {
@@ -250,7 +263,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
     const auto arrived = ids(redis_->smembers(rk + "arrived"));
     std::vector<int64_t> contributors, missing;
     for (const int64_t m : epoch) {
-      const bool is_live = live(m), came = contains(arrived, m);
+      const bool is_live = !gone(m, missing_since), came = contains(arrived, m);
       if (is_live && came)
         contributors.push_back(m);
       else if (!is_live || seconds_since(t0) > opt_.straggler_timeout_s)
@@ -417,6 +430,7 @@ bool Membership::finish(const Roster& roster, bool ok) {
   retry([&] { redis_->sadd(rk + "done", std::to_string(id_)); });
   std::vector<int64_t> all = roster.contributors;
   all.insert(all.end(), roster.joiners.begin(), roster.joiners.end());
+  std::map<int64_t, double> missing_since;
   for (;;) {
     std::string o;
     retry([&] {
@@ -429,7 +443,7 @@ bool Membership::finish(const Roster& roster, bool ok) {
       }
       if (in_outage_grace()) return;
       for (const int64_t m : all)
-        if (!contains(done, m) && !live(m)) redis_->set_nx(rk + "outcome", "abort");
+        if (!contains(done, m) && gone(m, missing_since)) redis_->set_nx(rk + "outcome", "abort");
       if (seconds_since(t0) > opt_.straggler_timeout_s) redis_->set_nx(rk + "outcome", "abort");
     });
     if (!o.empty()) return o == "commit";

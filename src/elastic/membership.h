@@ -14,6 +14,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -106,7 +107,14 @@ class Membership {
   // Runs `fn` (Redis commands), retrying while the coordinator is unreachable, at most
   // elastic.coordinator_timeout; then fails with a clear message.
   void retry(const std::function<void()>& fn);
+  // Heartbeat present and not dropped (for taking a member in).
   bool live(int64_t id);
+  // Dropped, or its heartbeat missing in every check over elastic.timeout / 4 while the
+  // coordinator answered promptly (for dropping a member). `missing_since` is the caller's record
+  // of when each member was first seen missing, kept for one wait: a heartbeat that expired
+  // while Redis was stopped is missing only until the member's next beat, and the stall that
+  // proves the outage may be seen by this member's heartbeat thread a moment later.
+  bool gone(int64_t id, std::map<int64_t, double>& missing_since);
   static double now_s();
   // Within elastic.timeout of the end of an outage of the coordinator (seen by the main thread
   // or the heartbeat): expired heartbeats may be the outage's, so nobody is dropped for them.
