@@ -11,7 +11,8 @@ Tuning, the same protocol for every M (the grids are GRID_* below):
   3. then DiLoCo at that M's best outer cell over the grid's other inner lrs.
 Each M thus gets 10 runs plus one per other inner lr, as data-parallel gets one per inner lr. Then a second seed of the best data-parallel and
 M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel steps
-(outer.start_step), as the DiLoCo paper started from a pretrained model.
+(outer.start_step), as the DiLoCo paper started from a pretrained model. Three diagnoses of
+M = 4's gap (diagnoses() below) run right after data-parallel's grid.
 
 The plan depends on earlier results, so it is computed from the records every time: a run is
 named by its settings, trains in RUNS/NAME (resumable from its checkpoints, as every run of
@@ -38,9 +39,10 @@ TARGET_GAP = {1: 0.0, 4: 3.0, 8: 6.0}  # the study's targets (issue 30): the pap
 
 
 class Run:
-    def __init__(self, name, sets, label, group, replicas=1, cell=None):
+    def __init__(self, name, sets, label, group, replicas=1, cell=None, batch_share=None):
         self.name, self.sets, self.label, self.group, self.replicas = name, sets, label, group, replicas
         self.cell = cell  # DiLoCo: (inner lr, outer lr, momentum); data-parallel: (inner lr,)
+        self.batch_share = batch_share or replicas  # each replica trains on global batch / batch_share
 
 
 def dp_run(lr, seed1=False):
@@ -60,6 +62,23 @@ def diloco_run(m, lr, olr, mom, seed1=False, warm=0):
              (f", after {warm} data-parallel steps" if warm else "") + (", seed 1" if seed1 else ""))
     return Run(name, sets + (SEED1 if seed1 else []), label, "warm" if warm else "seed" if seed1 else f"m{m}", m,
                cell=(lr, olr, mom))
+
+
+def diagnoses(lr):
+    """Runs that say where DiLoCo M = 4's gap to data-parallel comes from, at data-parallel's best
+    inner lr: a lone worker with M = 4's per-replica batch (the DiLoCo paper's baseline: DiLoCo
+    should beat it), and M = 4 replicas whose parameters are only averaged (outer lr 1, no
+    momentum) every H steps and every step (what is left with no outer optimizer and no
+    infrequency: the replicas' own AdamW on a quarter of the batch)."""
+    lone = Run(f"diag-lone-quarter-batch-lr{lr}", lr_sets(lr) + ["algorithm=ddp"],
+               f"a lone worker with M=4's per-replica batch (a quarter of the global batch), inner lr {lr}",
+               "diag", cell=(lr,), batch_share=4)
+    avg = [Run(f"diag-m4-average-h{h}-lr{lr}",
+               lr_sets(lr) + ["distributed.replicas=4", "algorithm=diloco", f"outer.inner_steps={h}",
+                              "outer.lr=1.0", "outer.momentum=0"],
+               f"M=4 parameter averaging every {f'{h} steps' if h > 1 else 'step'} (outer lr 1, momentum 0), inner lr {lr}",
+               "diag", 4, cell=(lr, "1.0", "0")) for h in (H, 1)]
+    return [lone] + avg
 
 
 def lr_sets(lr):
@@ -112,6 +131,7 @@ def plan(records, steps):
         return runs, False, grid
     best_dp = best(records, runs)
     dp_lr = best_dp.cell[0]
+    runs += diagnoses(dp_lr)
     best_m = {}
     for m in REPLICAS:
         stage_a = [diloco_run(m, dp_lr, olr, mom) for mom in GRID_MOMENTUM for olr in GRID_OUTER_LR]
@@ -134,7 +154,7 @@ def plan(records, steps):
 
 
 def command(args, run):
-    windows = args.global_batch // run.replicas
+    windows = args.global_batch // run.batch_share
     cmd = [args.loco, "train", "--config", args.config, "--quiet"]
     for s in [f"data.batch_size={windows}", f"train.steps={args.steps}", "train.keep_checkpoints=1",
               f"train.eval_interval={study.round10(args.steps / 9)}",

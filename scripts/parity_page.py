@@ -52,6 +52,7 @@ class Page:
         self.dp_grid(base)
         for m in sorted(P.REPLICAS):
             self.m_grid(m, base)
+        self.diagnoses(base)
         self.extras(dp, base)
         return self.finish()
 
@@ -159,6 +160,25 @@ class Page:
             for lr in self.grid:
                 self.w(f"| {lr} | {self.cell(P.diloco_run(m, lr, olr, mom).name, base)} |")
             self.w()
+
+    def diagnoses(self, base):
+        rows = [r for r in self.runs if r.group == "diag"]
+        if not rows:
+            return
+        m4 = self.best_of("m4")
+        self.w("## Diagnoses of M = 4's gap")
+        self.w()
+        self.w("| run | what | val loss | vs best data-parallel | vs " +
+               (f"the best M=4 run so far (`{m4.name}`)" if m4 else "the best M=4 run (none yet)") + " |")
+        self.w("|---|---|---|---|---|")
+        for r in rows:
+            v = self.val(r.name)
+            if v is None:
+                self.w(f"| `{r.name}` | {r.label} | not run yet | | |")
+            else:
+                self.w(f"| `{r.name}` | {r.label} | {v:.4f} | {pct(v, base):+.2f}% | "
+                       f"{f'{pct(v, self.val(m4.name)):+.2f}%' if m4 else ''} |")
+        self.w()
 
     def extras(self, dp, base):
         rows = [r for r in self.runs if r.group in ("seed", "warm")]
