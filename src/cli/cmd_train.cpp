@@ -165,11 +165,14 @@ void add_plot(CLI::App& app) {
     std::string script = GnuplotJob::terminal(out, 900, 540) + "set xlabel '" + a->x +
                          "'\nset ylabel 'loss (nats)'\nset grid\nset key top right\nplot ";
     bool first = true;
+    double x_lo = INFINITY, x_hi = -INFINITY;
+    std::string plots;
     for (size_t i = 0; i < a->runs.size(); ++i) {
       const auto recs = read_metrics(a->runs[i] + "/metrics.jsonl");
       std::string train, val;
       for (const auto& r : recs) {
         const double x = r.value(a->x, 0.0);
+        x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x);
         train += std::to_string(x) + " " + std::to_string(r.value("train_loss", 0.0)) + "\n";
         // A non-finite evaluation is written as null; gnuplot skips "nan" points.
         if (r.contains("val_loss"))
@@ -177,13 +180,20 @@ void add_plot(CLI::App& app) {
       }
       const std::string name = std::filesystem::path(a->runs[i]).filename().string();
       const std::string tf = job.data("train" + std::to_string(i), train), vf = job.data("val" + std::to_string(i), val);
-      script += std::string(first ? "" : ", ") + "'" + tf + "' with lines lw 1 lc " + std::to_string(i + 1) +
-                " title '" + name + " train'";
-      if (!val.empty())
-        script += ", '" + vf + "' with linespoints lw 2 pt 7 lc " + std::to_string(i + 1) + " title '" + name + " val'";
+      // Each run in the colour `loco report` gives it (the runs in the same order).
+      const std::string color = " lc rgb '" + report::palette(int(i)) + "'";
+      plots += std::string(first ? "" : ", ") + "'" + tf + "' with lines lw 1" + color + " title '" + name + " train'";
+      if (!val.empty()) plots += ", '" + vf + "' with linespoints lw 2 pt 7" + color + " title '" + name + " val'";
       first = false;
     }
-    job.run(script);
+    // Tick labels as the report writes numbers (350k, 1.5M), not 350000.
+    if (x_hi > x_lo) {
+      std::string tics;
+      for (const double t : report::nice_ticks(std::min(0.0, x_lo), x_hi, 6))
+        tics += std::string(tics.empty() ? "" : ", ") + "\"" + report::short_number(t) + "\" " + std::to_string(t);
+      script = "set xtics (" + tics + ")\n" + script;
+    }
+    job.run(script + plots);
     std::printf("wrote %s\n", out.c_str());
   });
 }

@@ -1,7 +1,5 @@
 #include "report/html_report.h"
 
-#include <toml++/toml.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,100 +11,15 @@
 #include "core/error.h"
 #include "io/fs.h"
 #include "io/metrics.h"
+#include "report/run_data.h"
 #include "report/svg_chart.h"
+#include "report/verdict.h"
 
 namespace loco::report {
 
 namespace {
 
 using nlohmann::json;
-
-struct Run {
-  std::string dir, name;
-  int color = 0;
-  std::vector<json> metrics;
-  json summary;                              // null when the run has not finished a segment
-  std::map<std::string, std::string> config;  // flattened "table.key" -> value as in TOML
-  std::string config_text;
-  std::vector<json> invocations;  // invocations.jsonl: what trained the run, start and resumes
-};
-
-std::string toml_value(const toml::node& n) {
-  if (auto s = n.as_string()) {
-    std::string o = "\"";
-    for (char c : s->get()) o += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-    return o + "\"";
-  }
-  if (auto i = n.as_integer()) return std::to_string(i->get());
-  if (auto f = n.as_floating_point()) {
-    char b[64];
-    std::snprintf(b, sizeof b, "%.17g", f->get());
-    return b;
-  }
-  if (auto b = n.as_boolean()) return b->get() ? "true" : "false";
-  if (auto a = n.as_array()) {
-    std::string o = "[";
-    for (size_t i = 0; i < a->size(); ++i) o += (i ? ", " : "") + toml_value(*a->get(i));
-    return o + "]";
-  }
-  return "?";
-}
-
-void flatten(const toml::table& t, const std::string& prefix, std::map<std::string, std::string>& out) {
-  for (const auto& [k, v] : t) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
-    if (auto sub = v.as_table())
-      flatten(*sub, key, out);
-    else
-      out[key] = toml_value(v);
-  }
-}
-
-Run load_run(const std::string& dir) {
-  Run r;
-  r.dir = dir;
-  std::string trimmed = dir;
-  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-  r.name = std::filesystem::path(trimmed).filename().string();
-  if (r.name.empty() || r.name == "." || r.name == "..") r.name = trimmed;
-  const std::string mpath = dir + "/metrics.jsonl";
-  if (!file_exists(mpath)) fail(dir + ": not a loco run directory (no metrics.jsonl)");
-  r.metrics = read_metrics(mpath);
-  for (size_t i = 0; i < r.metrics.size(); ++i) {
-    const auto& m = r.metrics[i];
-    if (!m.is_object() || !m.contains("step") || !m["step"].is_number() || !m.contains("tokens") ||
-        !m["tokens"].is_number() || !m.contains("train_loss") || !m["train_loss"].is_number())
-      fail(mpath + ":" + std::to_string(i + 1) + ": not a loco metrics record (step, tokens, train_loss)");
-  }
-  if (file_exists(dir + "/summary.json")) {
-    r.summary = read_json_file(dir + "/summary.json");
-    if (!r.summary.is_object() || !r.summary.contains("workers") || !r.summary["workers"].is_array())
-      fail(dir + "/summary.json: not a loco run summary (no workers list)");
-  }
-  if (file_exists(dir + "/invocations.jsonl")) {
-    r.invocations = read_metrics(dir + "/invocations.jsonl");  // JSON Lines, checked line by line
-    for (size_t i = 0; i < r.invocations.size(); ++i)
-      if (!r.invocations[i].is_object())
-        fail(dir + "/invocations.jsonl:" + std::to_string(i + 1) + ": not a JSON object");
-  }
-  if (file_exists(dir + "/config.toml")) {
-    r.config_text = read_file(dir + "/config.toml");
-    try {
-      flatten(toml::parse(r.config_text, dir + "/config.toml"), "", r.config);
-    } catch (const toml::parse_error& e) {
-      fail(dir + "/config.toml: " + std::string(e.description()));
-    }
-  }
-  return r;
-}
-
-double num_or(const json& j, const char* key, double fallback) {
-  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
-}
-
-std::string str_or(const json& j, const char* key, const std::string& fallback) {
-  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
-}
 
 std::string cell(const std::string& s) { return "<td>" + escape_html(s) + "</td>"; }
 std::string num_cell(const std::string& s) { return "<td class=\"n\">" + escape_html(s) + "</td>"; }
@@ -123,7 +36,8 @@ std::string worker_name(const json& w) {
 
 std::string runs_table(const std::vector<Run>& runs) {
   std::string o =
-      "<table id=\"runs\"><tr><th>run</th><th>method</th><th>replicas x stages</th><th>backend</th><th>steps</th>"
+      "<table id=\"runs\"><tr><th>run</th><th>method</th><th>replicas x stages</th><th>backend</th><th>network</th>"
+      "<th>steps</th>"
       "<th>tokens</th><th>final train loss</th><th>final val loss</th><th>wall s</th><th>mean CU</th>"
       "<th>training bytes sent / worker</th><th>largest sync</th></tr>\n";
   for (const auto& r : runs) {
@@ -136,17 +50,14 @@ std::string runs_table(const std::vector<Run>& runs) {
     const double sent = tot.training_bytes_sent, largest = tot.largest_sync, cu = tot.cu_sum;
     const size_t n = tot.workers;
     const bool done = !s.is_null();
-    auto cfg = [&](const char* k, const std::string& d) {
-      const auto it = r.config.find(k);
-      return it == r.config.end() ? d : it->second;
-    };
-    std::string method = done ? str_or(s, "algorithm", "?") : cfg("algorithm", "?");
-    if (method.size() > 1 && method.front() == '"') method = method.substr(1, method.size() - 2);
+    std::string method = done ? str_or(s, "algorithm", "?") : r.setting("algorithm");
+    if (method.empty()) method = "?";
+    const std::string backend = r.backend();
     o += "<tr data-run=\"" + escape_html(r.name) + "\"><td>" + swatch(r.color) + escape_html(r.name) + "</td>" +
          cell(method) +
          num_cell(done ? std::to_string(int(num_or(s, "replicas", 1))) + " x " + std::to_string(int(num_or(s, "stages", 1)))
                        : "-") +
-         cell(done ? str_or(s, "backend", "?") : "-") + num_cell(std::to_string(int64_t(num_or(last, "step", 0)))) +
+         cell(backend.empty() ? "-" : backend) + cell(network_text(r)) + num_cell(std::to_string(int64_t(num_or(last, "step", 0)))) +
          num_cell(short_number(num_or(last, "tokens", 0))) + num_cell(fixed(num_or(last, "train_loss", NAN), 4)) +
          num_cell(std::isnan(val) ? "nan" : val >= 0 ? fixed(val, 4) : "-") + num_cell(fixed(num_or(last, "time", NAN), 1)) +
          num_cell(n ? fixed(100 * cu / double(n), 1) + "%" : "-") + num_cell(n ? short_number(sent / double(n)) + "B" : "-") +
@@ -163,6 +74,7 @@ std::string runs_table(const std::vector<Run>& runs) {
 
 std::string loss_charts(const std::vector<Run>& runs) {
   std::string o;
+  bool noted = false;
   for (const char* axis : {"tokens", "time"}) {
     Chart c;
     c.id = std::string("loss-vs-") + axis;
@@ -175,7 +87,10 @@ std::string loss_charts(const std::vector<Run>& runs) {
       for (const auto& m : r.metrics) {
         const double x = num_or(m, axis, NAN);
         train.points.push_back({x, m["train_loss"].get<double>()});
-        if (m.contains("val_loss")) val.points.push_back({x, num_or(m, "val_loss", NAN)});
+        if (!m.contains("val_loss")) continue;
+        val.points.push_back({x, num_or(m, "val_loss", NAN)});
+        val.notes.push_back(str_or(m, "val_note", ""));
+        noted |= !val.notes.back().empty();
       }
       c.series.push_back(std::move(train));
       if (!val.points.empty()) c.series.push_back(std::move(val));
@@ -183,7 +98,11 @@ std::string loss_charts(const std::vector<Run>& runs) {
     o += render_chart(c);
   }
   return "<div class=\"charts\">" + o + "</div>\n<p class=\"note\">Solid: training loss (mean since the previous "
-         "record); dashed with points: validation loss.</p>\n";
+         "record); dashed with points: validation loss." +
+         std::string(noted ? " Hollow points: evaluations with a note (hover for it; for Streaming DiLoCo, outer "
+                             "parameters whose fragments were last synchronized at different steps)."
+                           : "") +
+         "</p>\n";
 }
 
 std::string spread_chart(const std::vector<Run>& runs) {
@@ -236,8 +155,10 @@ std::string worker_section(const Run& r) {
   for (const auto& w : workers) have_series |= w.contains("series") && w["series"].is_array() && !w["series"].empty();
   if (have_series) {
     Chart cu{"cu-" + r.name, "Compute utilization per worker", "wall time (s)", "CU (per logging interval)", false, {}};
+    cu.y_from_zero = true;
     Chart bytes{"bytes-" + r.name, "Bytes sent per worker", "wall time (s)", "bytes sent (cumulative)", false, {}};
     Chart bubble{"bubble-" + r.name, "Pipeline bubble share per worker", "wall time (s)", "bubble / interval", false, {}};
+    bytes.y_from_zero = bubble.y_from_zero = true;
     int k = 0;
     for (const auto& w : workers) {
       const std::string label = worker_name(w);
@@ -319,32 +240,35 @@ std::string provenance_section(const std::vector<Run>& runs) {
 }
 
 std::string config_section(const std::vector<Run>& runs) {
-  std::set<std::string> keys;
+  std::set<std::string> keys;  // keys that can change what at least one run computes or measures
   for (const auto& r : runs)
-    for (const auto& [k, v] : r.config) keys.insert(k);
+    for (const auto& [k, v] : r.config)
+      if (key_applies(k, r)) keys.insert(k);
   std::string o = "<h2>Configuration</h2>\n";
   if (runs.size() > 1) {
     std::string rows;
     for (const auto& k : keys) {
-      std::set<std::string> values;
-      for (const auto& r : runs) {
+      // A run whose method does not use the key shows "(unused)" and does not make a difference.
+      auto shown = [&](const Run& r) {
         const auto it = r.config.find(k);
-        values.insert(it == r.config.end() ? "(not set)" : it->second);
-      }
+        return it == r.config.end() ? std::string("(not set)") : key_applies(k, r) ? it->second : "(unused)";
+      };
+      std::set<std::string> values;
+      for (const auto& r : runs)
+        if (shown(r) != "(unused)") values.insert(shown(r));
       if (values.size() < 2) continue;
       rows += "<tr>" + cell(k);
-      for (const auto& r : runs) {
-        const auto it = r.config.find(k);
-        rows += cell(it == r.config.end() ? "(not set)" : it->second);
-      }
+      for (const auto& r : runs) rows += cell(shown(r));
       rows += "</tr>\n";
     }
     if (rows.empty()) {
-      o += "<p>The runs' configs are identical.</p>\n";
+      o += "<p>The runs' configs are identical in every key their methods use.</p>\n";
     } else {
       o += "<table id=\"config-diff\"><tr><th>key</th>";
       for (const auto& r : runs) o += "<th>" + swatch(r.color) + escape_html(r.name) + "</th>";
-      o += "</tr>\n" + rows + "</table>\n";
+      o += "</tr>\n" + rows + "</table>\n<p class=\"note\">Keys whose values differ among the runs that use them, "
+           "as written in each run's config.toml; \"(unused)\": the run's method, backend or layout does not read "
+           "the key.</p>\n";
     }
   }
   for (const auto& r : runs)
@@ -361,7 +285,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f4f4f4}
 .charts{display:flex;flex-wrap:wrap;gap:12px}svg.chart{background:#fff;font-size:11px}
 .chart .grid{stroke:#e5e5e5}.chart .frame{fill:none;stroke:#999}.chart-title{font-weight:600;font-size:13px}
 .legend span.run{cursor:pointer;margin-right:16px;user-select:none}.legend span.off{opacity:.35;text-decoration:line-through}
-.note{color:#555;font-size:12px}pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:400px})";
+.note{color:#555;font-size:12px}.warning{color:#a40;font-weight:600}pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:400px})";
 
 // Clicking a run in the legend hides or shows its series and rows everywhere on the page.
 const char* kScript = R"(
@@ -415,7 +339,7 @@ std::string build_html_report(const std::vector<std::string>& run_dirs) {
   for (const auto& r : runs)
     o += "<span class=\"run\" data-toggle=\"" + escape_html(r.name) + "\" title=\"" + escape_html(r.dir) +
          " (click to hide or show)\">" + swatch(r.color) + escape_html(r.name) + "</span>";
-  o += "</p>\n<h2>Runs</h2>\n" + runs_table(runs) + "<h2>Loss</h2>\n" + loss_charts(runs) + spread_chart(runs) +
+  o += "</p>\n" + verdict_section(runs) + "<h2>Runs</h2>\n" + runs_table(runs) + "<h2>Loss</h2>\n" + loss_charts(runs) + spread_chart(runs) +
        membership_section(runs);
   o += "<h2>Workers: compute utilization, bytes and traffic by operation</h2>\n<p class=\"note\">CU: compute time / "
        "(interval - evaluation - checkpoint time) over each logging interval; bytes: payload sent (docs/metrics.md)."

@@ -91,6 +91,7 @@ std::string render_chart(const Chart& c, int width, int height) {
       x0 = std::min(x0, tx(x)), x1 = std::max(x1, tx(x)), y0 = std::min(y0, y), y1 = std::max(y1, y);
       any = true;
     }
+  if (c.y_from_zero) y0 = std::min(y0, 0.0);
   std::string o = "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"" + escape_html(c.id) +
                   "\" width=\"" + std::to_string(width) + "\" height=\"" + std::to_string(height) + "\" viewBox=\"0 0 " +
                   std::to_string(width) + " " + std::to_string(height) + "\" role=\"img\">\n<title>" +
@@ -127,12 +128,16 @@ std::string render_chart(const Chart& c, int width, int height) {
   for (const auto& s : c.series) {
     std::string d;
     std::string marks;
-    for (const auto& [x, y] : s.points) {
+    for (size_t i = 0; i < s.points.size(); ++i) {
+      const auto [x, y] = s.points[i];
       if (!std::isfinite(x) || !std::isfinite(y) || (c.log_x && x <= 0)) continue;
       d += (d.empty() ? "M" : " L") + num(px(x)) + " " + num(py(y));
+      const std::string note = i < s.notes.size() ? s.notes[i] : "";
       if (s.markers)
-        marks += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\"><title>" +
-                 escape_html(s.label) + ": " + short_number(y) + " at " + short_number(x) + "</title></circle>";
+        marks += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) +
+                 (note.empty() ? "\" r=\"3\">" : "\" r=\"4\" class=\"noted\" fill=\"#fff\" stroke=\"" + palette(s.color) + "\">") +
+                 "<title>" + escape_html(s.label) + ": " + short_number(y) + " at " + short_number(x) +
+                 (note.empty() ? "" : " (" + escape_html(note) + ")") + "</title></circle>";
     }
     if (d.empty()) continue;
     const std::string color = palette(s.color);

@@ -16,12 +16,15 @@ struct ChartSeries {
   bool markers = false;  // a circle at every point (sparse series, e.g. validation loss)
   bool dashed = false;
   std::vector<std::pair<double, double>> points;
+  // Optional, one per point: a non-empty note draws that point hollow with the note in its title.
+  std::vector<std::string> notes;
 };
 
 struct Chart {
   std::string id, title, x_label, y_label;
   bool log_x = false;
   std::vector<ChartSeries> series;
+  bool y_from_zero = false;  // the y axis starts at 0 (shares, counts), not at the lowest point
 };
 
 // The palette's colour `i` (cycled), as a CSS colour.

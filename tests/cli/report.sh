@@ -113,6 +113,66 @@ for r in runs:
         assert esc in html, inv["command"]
 print(f"report: {len(runs)} runs, one train and one val curve per run in both loss charts")
 PY
+# The summary first: the best run at equal tokens, computed here from the metrics (validation loss
+# interpolated linearly at the budget where the shortest run ends), and the short-budget warning.
+$py - report.html full diloco pipe <<'PY'
+import json, re, sys
+html = open(sys.argv[1], encoding="utf-8").read()
+runs = sys.argv[2:]
+assert html.index('id="verdict"') < html.index('id="runs"'), "the summary is not the first section"
+curves = {r: [(m["tokens"], m["val_loss"]) for m in map(json.loads, open(f"{r}/metrics.jsonl")) if "val_loss" in m]
+          for r in runs}
+budget = min(c[-1][0] for c in curves.values())
+def at(c):
+    for (x0, y0), (x1, y1) in zip([(0, None)] + c, c):
+        if x1 >= budget:
+            return y1 if x1 == budget else y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
+loss = {r: at(c) for r, c in curves.items()}
+best = min(loss, key=loss.get)
+item = re.search(r'<li data-axis="tokens">(.*?)</li>', html).group(1)
+assert f'data-run="{best}"' in item and f"{loss[best]:.4f}" in item, (best, loss, item)
+for r in runs:
+    if r != best:
+        assert f"<b>{r}</b> {100 * (loss[r] / loss[best] - 1):+.2f}%" in item, (r, item)
+assert 'data-axis="time"' in html
+assert 'id="budget-warning"' in html and "too short to rank methods" in html
+# The network of each run in the runs table; a key a run's method does not read is "(unused)",
+# values as written in config.toml (no 0.69999999999999996).
+assert "<th>network</th>" in html
+diff = html[html.index('id="config-diff"'):]
+diff = diff[:diff.index("</table>")]
+row = re.search(r"<tr><td>outer.lr</td>(.*?)</tr>", diff)
+assert row is None or "(unused)" in row.group(1), row
+assert not re.search(r"\d\.\d{12,}", diff), "a value not as written"
+# Shares start at zero: the CU charts have a tick at 0.
+for r in runs:
+    chart = html[html.index(f'id="cu-{r}"'):]
+    assert re.search(r'text-anchor="end">0</text>', chart[:chart.index("</svg>")]), r
+print("report: the summary names the best run at equal tokens and warns of the short budget; network, config, CU axes")
+PY
+# An evaluation with a note (Streaming DiLoCo's partly synchronized outer parameters) is a hollow
+# point whose title carries the note; plot uses the report's colours and writes 350k, not 350000.
+mkdir -p noted && cp full/summary.json full/config.toml noted/
+$py - full/metrics.jsonl noted/metrics.jsonl <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+for r in recs:
+    r["tokens"] *= 100  # token counts past 10^4, written 100k by report and plot
+    if "val_loss" in r and r["step"] == 20:
+        r["val_note"] = "fragments synced at steps 10 and 20"
+open(sys.argv[2], "w").write("".join(json.dumps(r) + "\n" for r in recs))
+PY
+"$loco" report noted full --out noted.html > /dev/null
+grep -q 'class="noted"[^>]*><title>noted val: .* (fragments synced at steps 10 and 20)</title>' noted.html ||
+  { echo "FAIL: an evaluation with a note is not marked"; exit 1; }
+[ "$(grep -o 'class="noted"' noted.html | wc -l)" -eq 2 ]  # one point, in both loss charts
+"$loco" plot noted full --out plot.svg > /dev/null
+# gnuplot's SVG writes colours as rgb(r, g, b): the report's first two, #1f77b4 and #d62728.
+grep -q 'stroke="rgb( *31, *119, *180)' plot.svg && grep -q 'stroke="rgb( *214, *39, *40)' plot.svg ||
+  { echo "FAIL: plot does not use the report's colours"; exit 1; }
+grep -q '>[0-9.]*k</tspan>' plot.svg && ! grep -q '>[0-9]\{5,\}</tspan>' plot.svg ||
+  { echo "FAIL: plot's token ticks are not written as 100k"; exit 1; }
+echo "report and plot: a noted evaluation marked; plot in the report's colours with 350k-style ticks"
 
 # compare: human units, "-" where nothing was measured, a run without a summary from its metrics,
 # and an error before anything is printed.
