@@ -17,7 +17,7 @@ struct ChartSeries {
   bool dashed = false;
   std::vector<std::pair<double, double>> points;
   // Optional, one per point: a non-empty note draws that point hollow with the note in its title.
-  std::vector<std::string> notes;
+  std::vector<std::string> notes = {};
 };
 
 struct Chart {
