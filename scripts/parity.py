@@ -11,7 +11,7 @@ Tuning, the same protocol for every M (the grids are GRID_* below):
   3. then DiLoCo at that M's best outer cell over the grid's other inner lrs.
 Each M thus gets 10 runs plus one per other inner lr, as data-parallel gets one per inner lr. Then a second seed of the best data-parallel and
 M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel steps
-(outer.start_step), as the DiLoCo paper started from a pretrained model. Three diagnoses of
+(outer.start_step), as the DiLoCo paper started from a pretrained model. Four diagnoses of
 M = 4's gap (diagnoses() below) run right after data-parallel's grid.
 
 The plan depends on earlier results, so it is computed from the records every time: a run is
@@ -69,7 +69,8 @@ def diagnoses(lr):
     inner lr: a lone worker with M = 4's per-replica batch (the DiLoCo paper's baseline: DiLoCo
     should beat it), and M = 4 replicas whose parameters are only averaged (outer lr 1, no
     momentum) every H steps and every step (what is left with no outer optimizer and no
-    infrequency: the replicas' own AdamW on a quarter of the batch)."""
+    infrequency: the replicas' own AdamW on a quarter of the batch), and every H steps with
+    outer lr 2."""
     lone = Run(f"diag-lone-quarter-batch-lr{lr}", lr_sets(lr) + ["algorithm=ddp"],
                f"a lone worker with M=4's per-replica batch (a quarter of the global batch), inner lr {lr}",
                "diag", cell=(lr,), batch_share=4)
@@ -78,7 +79,15 @@ def diagnoses(lr):
                               "outer.lr=1.0", "outer.momentum=0"],
                f"M=4 parameter averaging every {f'{h} steps' if h > 1 else 'step'} (outer lr 1, momentum 0), inner lr {lr}",
                "diag", 4, cell=(lr, "1.0", "0")) for h in (H, 1)]
-    return [lone] + avg
+    # The averaged replicas move as far as one of them; outer lr 2 doubles that move (the same step
+    # in the direction the replicas agree on as an outer lr of 0.2 with momentum 0.9 reaches in
+    # steady state), without momentum's memory of earlier rounds.
+    double = Run(f"diag-m4-olr2-mom0-h{H}-lr{lr}",
+                 lr_sets(lr) + ["distributed.replicas=4", "algorithm=diloco", f"outer.inner_steps={H}",
+                                "outer.lr=2.0", "outer.momentum=0"],
+                 f"M=4, outer lr 2, momentum 0 every {H} steps (the averaged replicas' move doubled), inner lr {lr}",
+                 "diag", 4, cell=(lr, "2.0", "0"))
+    return [lone] + avg + [double]
 
 
 def lr_sets(lr):

@@ -122,16 +122,17 @@ dp = min(dps, key=val)
 dp_lr = cfg(dp)["optimizer"]["lr"]
 # Data-parallel's best is inside the grid, or the grid reached its 8 values.
 assert len(lrs) == 8 or lrs[0] < dp_lr < lrs[-1], (lrs, dp_lr)
-assert len(names) == len(dps) + 4 * (10 + len(dps) - 1) + 4 + 3, len(names)
+assert len(names) == len(dps) + 4 * (10 + len(dps) - 1) + 4 + 4, len(names)
 # The diagnoses of M = 4's gap, at data-parallel's best inner lr: a lone worker on a quarter of the
-# batch, and 4 replicas that only average their parameters every 30 steps and every step.
+# batch, and 4 replicas that only average their parameters every 30 steps and every step, or
+# double the averaged move every 30 steps.
 diag = {n: cfg(n) for n in names if n.startswith("diag-")}
 assert all(c["optimizer"]["lr"] == dp_lr for c in diag.values()), diag
 lone = [c for c in diag.values() if c["algorithm"] == "ddp"]
 assert len(lone) == 1 and lone[0]["distributed"]["replicas"] == 1 and lone[0]["data"]["batch_size"] == 2, lone
-avg = sorted(c["outer"]["inner_steps"] for c in diag.values() if c["algorithm"] == "diloco"
-             and c["outer"]["lr"] == 1 and c["outer"]["momentum"] == 0 and c["distributed"]["replicas"] == 4)
-assert avg == [1, 30], avg
+avg = sorted((c["outer"]["inner_steps"], c["outer"]["lr"]) for c in diag.values() if c["algorithm"] == "diloco"
+             and c["outer"]["momentum"] == 0 and c["distributed"]["replicas"] == 4)
+assert avg == [(1, 1), (30, 1), (30, 2)], avg
 assert "## Diagnoses of M = 4's gap" in page
 for m in (1, 2, 4, 8):
     runs = [n for n in names if n.startswith(f"m{m}-") and "seed" not in n and "warm" not in n]
