@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "algo/regime.h"
 #include "algo/run.h"
 #include "comm/inprocess.h"
 #include "comm/mpi_transport.h"
@@ -313,6 +314,12 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                    " nats");
     if (s.grid.stages > 1 && !s.resuming) progress.note(describe_layout(s));
     progress.note(s.precision_note);
+    if (run.reporter && !s.resuming) {
+      // An elastic run counts the members its first round waits for (at least 2 make it distributed).
+      const int replicas = s.backend == "elastic" ? std::max(2, cfg.elastic.min_workers) : s.grid.replicas;
+      for (const auto& line : regime_warnings(cfg, replicas, ParamLayout(cfg.model).size()))
+        std::fprintf(stderr, "loco: warning: %s\n", line.c_str());
+    }
 
     std::unique_ptr<TensorBoardWriter> board;
     if (run.reporter && cfg.train.tensorboard)

@@ -61,7 +61,13 @@ PY
 
 # Two more methods for the report: DiLoCo with 2 replicas, a 2-stage pipeline with 2 replicas.
 "$loco" train "${base[@]}" --set algorithm=diloco --set outer.inner_steps=10 --set distributed.replicas=2 \
-  --set train.out_dir=diloco > /dev/null
+  --set train.out_dir=diloco > /dev/null 2> diloco.err
+# Its settings are where the parity study found DiLoCo trailing: the run says so at start (and a
+# lone data-parallel worker gets no such warning).
+grep -q "^loco: warning: diloco with 128 tokens per replica per step (fewer than 8,192): docs/results/parity.md" diloco.err
+grep -q "^loco: warning: a budget of .* tokens per parameter (fewer than 20" diloco.err
+"$loco" train "${base[@]}" --set train.out_dir=lone > /dev/null 2> lone.err
+! grep -q warning lone.err
 "$loco" train "${base[@]}" --set pipeline.stages=2 --set distributed.replicas=2 --set train.out_dir=pipe > /dev/null
 "$loco" report full diloco pipe --out report.html > /dev/null
 $py - report.html full diloco pipe <<'PY'
