@@ -69,12 +69,16 @@ static double onednn_peak_gflops(dnnl::memory::data_type dt, int threads) {
 
 int main(int argc, char** argv) {
   if (argc != 10 && argc != 11) {
-    std::fprintf(stderr, "usage: %s D LAYERS HEADS FFN VOCAB SEQ BATCH THREADS ITERS [fp32|bf16]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s D LAYERS HEADS FFN VOCAB SEQ BATCH THREADS ITERS [fp32|fp32-onednn|bf16]\n",
+                 argv[0]);
     return 2;
   }
-  const std::string precision = argc == 11 ? argv[10] : "fp32";
+  // fp32: OpenBLAS; fp32-onednn: fp32 products through oneDNN; bf16: bf16 products (oneDNN).
+  const std::string mode = argc == 11 ? argv[10] : "fp32";
+  const std::string precision = mode == "bf16" ? "bf16" : "fp32";
+  loco::set_fp32_library(mode == "fp32-onednn" ? loco::Fp32Library::onednn : loco::Fp32Library::openblas);
   std::string note;
-  loco::set_matmul_precision(loco::resolve_precision(precision, &note));
+  loco::set_matmul_precision(loco::resolve_precision(precision, loco::fp32_library(), &note));
   if (precision == "bf16" && loco::matmul_precision() != loco::Precision::bf16) {
     std::fprintf(stderr, "%s\n", note.c_str());
     return 3;

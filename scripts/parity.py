@@ -165,7 +165,10 @@ def plan(records, steps):
 def command(args, run):
     windows = args.global_batch // run.batch_share
     cmd = [args.loco, "train", "--config", args.config, "--quiet"]
+    # fp32 products through OpenBLAS in every run: the library of the study's first runs, before
+    # train.matmul_library existed (auto would pick oneDNN on AVX-512 CPUs: other rounding).
     for s in [f"data.batch_size={windows}", f"train.steps={args.steps}", "train.keep_checkpoints=1",
+              "train.matmul_library=openblas",
               f"train.eval_interval={study.round10(args.steps / 9)}",
               f"train.checkpoint_interval={study.round10(args.steps / 9)}"] + run.sets + args.set:
         cmd += ["--set", s]

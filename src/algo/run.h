@@ -43,6 +43,7 @@ struct RunSetup {
   int reporter_rank = 0;  // the last stage of replica 0: it has the loss and writes the run's files
   Precision precision = Precision::fp32;  // of the matrix products (train.precision, resolved)
   std::string precision_note;             // what was chosen and why, said at start
+  Fp32Library library = Fp32Library::openblas;  // of the fp32 products (train.matmul_library, resolved)
   std::mutex error_mu;
   std::string first_error;  // the failure that stopped the run (in-process)
   StopAgreement stop;       // in-process workers' step to stop after, on SIGTERM/SIGINT

@@ -436,6 +436,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                                                                     {"unigram_entropy", s.unigram_entropy},
                                                                     {"train_data_tokens", int64_t(s.train_tokens->size())},
                                                                     {"precision", precision_name(s.precision)},
+                                                                    {"matmul_library", library_name(s.library)},
                                                                     {"seconds", sum.seconds}}
                                                          .dump(2) + "\n");
     return sum;
@@ -468,6 +469,7 @@ void record_invocation(const RunSetup& s) {
                               {"cores", int(std::thread::hardware_concurrency())},
                               {"threads", compute_threads()},
                               {"precision", precision_name(s.precision)},
+                              {"matmul_library", library_name(s.library)},
                               {"backend", s.backend},
                               {"resume", s.resuming}};
   append_line(s.run_dir + "/invocations.jsonl", rec.dump());
@@ -567,7 +569,9 @@ TrainSummary run_training(const TrainOptions& opt) {
   const int local_workers = backend == "mpi" ? mpi_env_local_size() : backend == "elastic" ? 1 : s->grid.size();
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   set_compute_threads(cfg.train.threads > 0 ? cfg.train.threads : std::max(1, cores / local_workers));
-  s->precision = resolve_precision(cfg.train.precision, &s->precision_note);
+  s->library = resolve_fp32_library(cfg.train.matmul_library);
+  set_fp32_library(s->library);
+  s->precision = resolve_precision(cfg.train.precision, s->library, &s->precision_note);
   set_matmul_precision(s->precision);
 
   s->comm.timeout_s = parse_duration(cfg.network.timeout, "network.timeout");

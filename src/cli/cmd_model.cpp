@@ -34,6 +34,7 @@ struct WindowArgs {
   int batch = 8;
   int threads = 0;
   std::string precision = "fp32";
+  std::string library = "auto";
 };
 
 void add_window_options(CLI::App* cmd, WindowArgs& a) {
@@ -48,6 +49,8 @@ void add_window_options(CLI::App* cmd, WindowArgs& a) {
   cmd->add_option("--threads", a.threads, "compute threads (0: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--precision", a.precision, "matrix products: fp32, bf16 or auto (as train.precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+  cmd->add_option("--matmul-library", a.library, "fp32 products: auto, openblas or onednn (as train.matmul_library)")
+      ->check(CLI::IsMember({"auto", "openblas", "onednn"}));
 }
 
 struct Loaded {
@@ -58,7 +61,9 @@ struct Loaded {
 Loaded load_inputs(const WindowArgs& a) {
   if (a.threads > 0) set_compute_threads(a.threads);
   std::string note;
-  set_matmul_precision(resolve_precision(a.precision, &note));
+  const Fp32Library library = resolve_fp32_library(a.library);
+  set_fp32_library(library);
+  set_matmul_precision(resolve_precision(a.precision, library, &note));
   if (a.precision != "fp32") std::fprintf(stderr, "%s\n", note.c_str());
   Loaded l{load_model_checkpoint(a.checkpoint), read_token_file(a.data)};
   if (l.data.vocab_size > uint64_t(l.model.config.vocab_size))

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "core/gemm_bf16.h"
+#include "core/gemm_onednn.h"
 #include "core/parallel.h"
 #include "core/precision.h"
 
@@ -25,6 +25,8 @@ void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const
              int ldb, float beta, float* c, int ldc) {
   if (matmul_precision() == Precision::bf16)
     gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else if (fp32_library() == Fp32Library::onednn)
+    gemm_onednn_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else
     gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

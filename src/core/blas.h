@@ -34,8 +34,9 @@ inline void gemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, 
 // As gemm, with the rows (or, when there are few rows, the columns) of C split across the
 // compute threads of core/parallel.h, each chunk a single-threaded BLAS call. loco keeps BLAS
 // itself at one thread: its idle threads spin and would compete with the pool for the cores.
-// The float version runs with bf16 operands (core/gemm_bf16.h) when matmul_precision() is bf16
-// (core/precision.h): the model's linear layers, not attention's per-head products.
+// The float version runs with bf16 operands (core/gemm_onednn.h) when matmul_precision() is bf16
+// (core/precision.h), and through oneDNN in fp32 when fp32_library() is oneDNN: the model's
+// linear layers, not attention's per-head products.
 void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
              int ldb, float beta, float* c, int ldc);
 void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,

@@ -11,10 +11,20 @@ namespace loco {
 
 namespace {
 std::atomic<Precision> g_precision{Precision::fp32};
+std::atomic<Fp32Library> g_library{Fp32Library::openblas};
 }
 
 void set_matmul_precision(Precision p) { g_precision.store(p); }
 Precision matmul_precision() { return g_precision.load(); }
+void set_fp32_library(Fp32Library l) { g_library.store(l); }
+Fp32Library fp32_library() { return g_library.load(); }
+
+Fp32Library resolve_fp32_library(const std::string& wanted) {
+  if (wanted == "openblas") return Fp32Library::openblas;
+  if (wanted == "onednn") return Fp32Library::onednn;
+  if (wanted != "auto") fail("train.matmul_library must be auto, openblas or onednn, got " + wanted);
+  return cpu_features().avx512 ? Fp32Library::onednn : Fp32Library::openblas;
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
@@ -50,10 +60,11 @@ std::string describe_cpu() {
   return f.model + " (" + (isa.empty() ? "no AVX-512" : isa) + ")";
 }
 
-Precision resolve_precision(const std::string& wanted, std::string* note) {
+Precision resolve_precision(const std::string& wanted, Fp32Library library, std::string* note) {
   const bool native = cpu_runs_bf16();
+  const std::string fp32_products = std::string("products through ") + library_name(library);
   if (wanted == "fp32") {
-    *note = "precision fp32: products through OpenBLAS";
+    *note = "precision fp32: " + fp32_products + " on " + describe_cpu();
     return Precision::fp32;
   }
   if (wanted != "bf16" && wanted != "auto") fail("train.precision must be fp32, bf16 or auto, got " + wanted);
@@ -62,10 +73,10 @@ Precision resolve_precision(const std::string& wanted, std::string* note) {
             "products with bf16 operands and fp32 accumulation through oneDNN on " + describe_cpu() + ")";
     return Precision::bf16;
   }
-  *note = wanted == "auto" ? "precision fp32 (auto: " + describe_cpu() + " has no bf16 instructions)"
+  *note = wanted == "auto" ? "precision fp32 (auto: " + describe_cpu() + " has no bf16 instructions): " + fp32_products
                            : "precision fp32: bf16 was asked for, but " + describe_cpu() +
                                  " has no bf16 instructions (AVX512-BF16 or AMX-BF16), where it would be slower "
-                                 "than fp32";
+                                 "than fp32; " + fp32_products;
   return Precision::fp32;
 }
 

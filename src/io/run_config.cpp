@@ -67,6 +67,10 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "optimizer state, norms, softmax and losses stay fp32), or auto (bf16 where the CPU has AVX512-BF16 or "
         "AMX-BF16, else fp32)",
         {"fp32", "bf16", "auto"});
+  s.add("train.matmul_library", &t.matmul_library,
+        "library of the model's fp32 matrix products: openblas, onednn, or auto (oneDNN where the CPU has "
+        "AVX-512, where it measured faster, else OpenBLAS); bf16 products always run through oneDNN",
+        {"auto", "openblas", "onednn"});
   s.add("train.micro_batch_size", &t.micro_batch_size,
         "gradient accumulation: windows per forward/backward, dividing data.batch_size (0: the whole batch)", 0);
 

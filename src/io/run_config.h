@@ -40,6 +40,7 @@ struct TrainConfig {
   int threads = 0;           // compute threads (0: all cores)
   int micro_batch_size = 0;  // gradient accumulation: windows per forward/backward (0: the whole batch)
   std::string precision = "fp32";  // matrix products: fp32, bf16, auto (core/precision.h)
+  std::string matmul_library = "auto";  // fp32 products: auto, openblas, onednn (core/precision.h)
 };
 
 struct DistributedConfig {

@@ -1,7 +1,8 @@
 #pragma once
-// Matrix products with bf16 operands and fp32 accumulation through oneDNN (train.precision =
-// bf16). The operands are rounded to bf16 (nearest even) into per-thread scratch; the result is
-// fp32, with the same alpha/beta contract as gemm() in core/blas.h.
+// Matrix products through oneDNN: with bf16 operands and fp32 accumulation (train.precision =
+// bf16; the operands are rounded to bf16, nearest even, into per-thread scratch), and fp32 ones
+// (train.matmul_library = onednn). The result is fp32, with the same alpha/beta contract as
+// gemm() in core/blas.h.
 #include <cstdint>
 
 namespace loco {
@@ -28,5 +29,8 @@ void to_bf16(const float* in, uint16_t* out, int64_t n);
 // oneDNN thread, as gemm_mt does with OpenBLAS.
 void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
                int ldb, float beta, float* c, int ldc);
+// The same in fp32: operands read in place, products split over the pool as gemm_bf16's.
+void gemm_onednn_f32(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                     const float* b, int ldb, float beta, float* c, int ldc);
 
 }  // namespace loco
