@@ -3,14 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <set>
 
 #include "comm/stats.h"
 #include "core/error.h"
-#include "io/fs.h"
-#include "io/metrics.h"
 #include "report/run_data.h"
 #include "report/svg_chart.h"
 #include "report/verdict.h"
