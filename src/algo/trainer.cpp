@@ -494,6 +494,10 @@ TrainSummary run_training(const TrainOptions& opt) {
          "--config " + s->config_path + " and the --set instead");
   }
   s->cfg = load_run_config(s->config_path, opt.overrides);
+  // A run started before train.matmul_library existed ran its fp32 products through OpenBLAS:
+  // it continues there (auto could pick another library and round differently mid-run).
+  if (s->resuming && read_file(s->config_path).find("matmul_library") == std::string::npos)
+    s->cfg.train.matmul_library = "openblas";
   // An elastic worker resumed without a checkpoint of its own (another member wrote the model)
   // rejoins from a peer's state like a new one; any other resume needs a checkpoint.
   const bool elastic_resume = s->resuming && s->cfg.distributed.backend == "elastic";

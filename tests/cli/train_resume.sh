@@ -128,5 +128,12 @@ if "$loco" train --resume full --set train.steps=80 2> err.txt; then exit 1; fi
 [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "^loco: error: .*--set train.steps=80" err.txt
 snapshot > full.after
 cmp full.before full.after
+# A run whose config.toml predates train.matmul_library (its products ran through OpenBLAS) is
+# continued through OpenBLAS; a new run records the library auto chose.
+"$loco" train --config "$root/configs/tiny.toml" "${sets[@]}" --set train.out_dir=old --until 20 --quiet > /dev/null
+tail -n 1 old/invocations.jsonl | grep -q '"matmul_library":"\(oneDNN\|OpenBLAS\)"'
+sed -i '/matmul_library/d' old/config.toml
+"$loco" train --resume old --quiet > /dev/null
+tail -n 1 old/invocations.jsonl | grep -q '"matmul_library":"OpenBLAS"'
 
 echo "train_resume: OK"
