@@ -63,9 +63,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "also write TensorBoard event files (loss, lr, grad norm, tokens/s, bytes sent, CU) into the run directory");
   s.add("train.threads", &t.threads, "compute threads per worker (0: cores / workers on this host)", 0, 1024);
   s.add("train.precision", &t.precision,
-        "matrix products: fp32 (OpenBLAS), bf16 (bf16 operands, fp32 accumulation, through oneDNN; weights, "
-        "optimizer state, norms, softmax and losses stay fp32), or auto (bf16 where the CPU has AVX512-BF16 or "
-        "AMX-BF16, else fp32)",
+        "matrix products: fp32 (through train.matmul_library), bf16 (bf16 operands, fp32 accumulation, "
+        "through oneDNN; weights, optimizer state, norms, softmax and losses stay fp32), or auto (bf16 where the "
+        "CPU has AVX512-BF16 or AMX-BF16, else fp32)",
         {"fp32", "bf16", "auto"});
   s.add("train.matmul_library", &t.matmul_library,
         "library of the model's fp32 matrix products: openblas, onednn, or auto (oneDNN where the CPU has "
