@@ -10,6 +10,11 @@
 // so this is the same information as Delta_m in the same bytes, and it keeps the outer step
 // exact (see outer_sgd_step). With partial updates each entry is averaged over the replicas
 // that train it (algo/partial.h).
+// Each metrics record carries the last round's outer-gradient norm ||Delta|| and this replica's
+// ||Delta_m|| (docs/metrics.md): their ratio says how much of a replica's move survives averaging
+// (1: the replicas moved alike; about 1/sqrt(M): their moves were unrelated).
+#include <cmath>
+
 #include "algo/algorithm.h"
 #include "algo/partial.h"
 
@@ -47,12 +52,24 @@ class Diloco : public Algorithm {
     CountVectorAverage::Op op;
     average_.start(w.comm, w.params.data(), whole_, op);
     average_.finish(w.comm, op, whole_, avg_);
+    double outer = 0, own = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = double(theta_[i]) - avg_[i], m = double(theta_[i]) - w.params[i];
+      outer += d * d;
+      own += m * m;
+    }
+    outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
     outer_sgd_step(theta_.data(), momentum_.data(), avg_.data(), n, outer_);
     w.params = theta_;
   }
 
   // Called after a step: w.step + 1 steps are done. Before the rounds, the replicas' (equal) parameters.
   const std::vector<float>& eval_params(Worker& w) override { return w.step + 1 < start_step_ ? w.params : theta_; }
+  void annotate(nlohmann::json& rec) override {
+    if (outer_norm_ < 0) return;  // no round ended yet in this segment
+    rec["outer_delta_norm"] = outer_norm_;
+    rec["replica_delta_norm"] = replica_norm_;
+  }
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
   }
@@ -70,6 +87,7 @@ class Diloco : public Algorithm {
   OuterConfig outer_;
   const int64_t start_step_;
   std::vector<float> theta_, momentum_, avg_;
+  double outer_norm_ = -1, replica_norm_ = -1;  // of the last round: ||Delta||, ||Delta_m||
   CountVectorAverage average_;
   std::vector<Range> whole_;
 };

@@ -40,14 +40,21 @@ TEST(Diloco, OuterStepMatchesTheFormulaOverTwoRounds) {
   };
 
   std::vector<std::vector<float>> round_inputs[2];
+  double outer_norm[M], replica_norm[M];  // the last round's ||Delta|| and ||Delta_m||, as recorded
   for (int round = 0; round < 2; ++round) {
     for (int rank = 0; rank < M; ++rank) round_inputs[round].push_back(inner(rank, round));
+    double outer = 0, own[M] = {};
     for (size_t i = 0; i < n; ++i) {
       double delta = 0;
-      for (int rank = 0; rank < M; ++rank) delta += (theta[i] - round_inputs[round][rank][i]) / M;
+      for (int rank = 0; rank < M; ++rank) {
+        delta += (theta[i] - round_inputs[round][rank][i]) / M;
+        own[rank] += std::pow(theta[i] - round_inputs[round][rank][i], 2);
+      }
+      outer += delta * delta;
       v[i] = 0.9 * v[i] + delta;
       theta[i] -= 0.7 * (delta + 0.9 * v[i]);
     }
+    for (int rank = 0; rank < M; ++rank) outer_norm[rank] = std::sqrt(outer), replica_norm[rank] = std::sqrt(own[rank]);
   }
 
   auto transports = make_inprocess_transports(M);
@@ -66,6 +73,12 @@ TEST(Diloco, OuterStepMatchesTheFormulaOverTwoRounds) {
       }
       after[size_t(rank)] = w.params;
       EXPECT_EQ(algo->eval_params(w), w.params) << "replicas restart from the outer parameters";
+      nlohmann::json rec = nlohmann::json::object();
+      algo->annotate(rec);
+      EXPECT_NEAR(rec.value("outer_delta_norm", -1.0), outer_norm[rank], 1e-4 * outer_norm[rank]);
+      EXPECT_NEAR(rec.value("replica_delta_norm", -1.0), replica_norm[rank], 1e-4 * replica_norm[rank]);
+      // Two replicas with independent moves of equal size: about 1/sqrt(2) of a move survives.
+      EXPECT_NEAR(outer_norm[rank] / replica_norm[rank], 1 / std::sqrt(2.0), 0.05);
     });
   for (auto& t : threads) t.join();
   EXPECT_EQ(after[0], after[1]);
