@@ -23,8 +23,8 @@ std::vector<std::string> regime_warnings(const RunConfig& cfg, int replicas, int
                   grouped(kParityTokensPerReplica) +
                   "): docs/results/parity.md found DiLoCo on par with data-parallel training with " +
                   grouped(kParityTokensPerReplica) +
-                  " tokens per replica per step, but 4 replicas of 2,048 ended no better than one worker on "
-                  "2,048; expect the method to trail data-parallel training here");
+                  " tokens per replica per step (one replica), and far behind it with 4 replicas of 2,048; expect "
+                  "the method to trail data-parallel training here");
   const double planned = double(cfg.train.steps) * double(per_replica) * replicas / double(params);
   if (replicas > 1 && params > 0 && planned < kParityTokensPerParam) {
     char b[64];

@@ -10,9 +10,8 @@
 
 namespace loco {
 
-// Per-replica batch (tokens per step) from which the study found DiLoCo on par with
-// data-parallel training (one replica of 8,192 tokens); with 4 replicas of 2,048 it ended no
-// better than one worker on 2,048.
+// Per-replica batch (tokens per step) at which the study found DiLoCo on par with data-parallel
+// training (one replica of 8,192 tokens); with 4 replicas of 2,048 it trailed far behind.
 constexpr int64_t kParityTokensPerReplica = 8192;
 // Tokens per parameter at which the papers and the study compare methods.
 constexpr double kParityTokensPerParam = 20;
