@@ -170,14 +170,19 @@ class Page:
         self.w()
         self.w("| run | what | val loss | vs best data-parallel | vs " +
                (f"the best M=4 run so far (`{m4.name}`)" if m4 else "the best M=4 run (none yet)") + " |")
+        self.run_rows(rows, base, lambda r: self.val(m4.name) if m4 else None)
+
+    def run_rows(self, rows, base, reference):
+        """A table's rows, one per run: its val loss against data-parallel's best and against
+        reference(run) (blank when None), then a blank line."""
         self.w("|---|---|---|---|---|")
         for r in rows:
-            v = self.val(r.name)
+            v, ref = self.val(r.name), reference(r)
             if v is None:
                 self.w(f"| `{r.name}` | {r.label} | not run yet | | |")
             else:
                 self.w(f"| `{r.name}` | {r.label} | {v:.4f} | {pct(v, base):+.2f}% | "
-                       f"{f'{pct(v, self.val(m4.name)):+.2f}%' if m4 else ''} |")
+                       f"{'' if ref is None else f'{pct(v, ref):+.2f}%'} |")
         self.w()
 
     def extras(self, dp, base):
@@ -187,17 +192,7 @@ class Page:
         self.w("## Seeds and warm starts")
         self.w()
         self.w("| run | what | val loss | vs best data-parallel | vs the same settings from scratch, seed 0 |")
-        self.w("|---|---|---|---|---|")
-        for r in rows:
-            v = self.val(r.name)
-            same = r.name.replace("-seed1", "").split("-warm")[0]
-            ref = self.val(same)
-            if v is None:
-                self.w(f"| `{r.name}` | {r.label} | not run yet | | |")
-            else:
-                self.w(f"| `{r.name}` | {r.label} | {v:.4f} | {pct(v, base):+.2f}% | "
-                       f"{'' if ref is None else f'{pct(v, ref):+.2f}%'} |")
-        self.w()
+        self.run_rows(rows, base, lambda r: self.val(r.name.replace("-seed1", "").split("-warm")[0]))
 
 
 def write(args, plan):
