@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include <toml++/toml.h>
+
 #include "algo/regime.h"
 #include "algo/run.h"
 #include "comm/inprocess.h"
@@ -496,7 +498,7 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->cfg = load_run_config(s->config_path, opt.overrides);
   // A run started before train.matmul_library existed ran its fp32 products through OpenBLAS:
   // it continues there (auto could pick another library and round differently mid-run).
-  if (s->resuming && read_file(s->config_path).find("matmul_library") == std::string::npos)
+  if (s->resuming && !toml::parse_file(s->config_path)["train"]["matmul_library"])
     s->cfg.train.matmul_library = "openblas";
   // An elastic worker resumed without a checkpoint of its own (another member wrote the model)
   // rejoins from a peer's state like a new one; any other resume needs a checkpoint.

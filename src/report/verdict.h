@@ -5,14 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "algo/regime.h"
 #include "report/run_data.h"
 
 namespace loco::report {
 
 // Tokens per parameter below which a ranking of methods is not to be trusted: the papers
 // compared methods at about 20 (compute-optimal budgets), and short runs favour whatever learns
-// fastest at first.
-constexpr double kRankableTokensPerParam = 20;
+// fastest at first. The threshold `loco train` warns at (algo/regime.h).
+constexpr double kRankableTokensPerParam = kParityTokensPerParam;
 
 // The model's parameter count from a run summary (the stages of replica 0), if it has one.
 std::optional<double> model_params(const nlohmann::json& summary);
