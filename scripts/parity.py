@@ -2,7 +2,7 @@
 """The quality-parity study (docs/results/parity.md): Scaling Laws for DiLoCo's Table 4 at loco's
 scale. Data-parallel training and DiLoCo with M = 1, 2, 4, 8 replicas on one model, 20 tokens per
 parameter of the Linux kernel's C sources (scripts/code-data.sh), a fixed global batch and H = 30,
-every method with the same tuning budget. Started by scripts/reproduce.sh --study parity; see --help.
+every method with the same tuning budget. Started by scripts/reproduce.sh --study parity [--phase 32k]; see --help and PHASES.
 
 Tuning, the same protocol for every M (the grids are GRID_* below):
   1. data-parallel at every inner learning rate of the grid, the grid extended by a factor of 2
@@ -12,11 +12,12 @@ Tuning, the same protocol for every M (the grids are GRID_* below):
 Each M thus gets 10 runs plus one per other inner lr, as data-parallel gets one per inner lr. Then a second seed of the best data-parallel and
 M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel steps
 (outer.start_step), as the DiLoCo paper started from a pretrained model. Four diagnoses of
-M = 4's gap (diagnoses() below) run right after data-parallel's grid.
+M = 4's gap (diagnoses() below) run after the first M's tuning.
 
 The plan depends on earlier results, so it is computed from the records every time: a run is
 named by its settings, trains in RUNS/NAME (resumable from its checkpoints, as every run of
 scripts/study.py), and its record in RECORDS/NAME is what the page is written from."""
+import argparse
 import os
 import sys
 
@@ -28,7 +29,17 @@ GRID_INNER_LR = ["1e-3", "2e-3", "4e-3", "8e-3"]  # extended by factors of 2 whi
 MAX_INNER_LRS = 8
 GRID_OUTER_LR = ["0.2", "0.4", "0.6", "0.8", "1.0"]
 GRID_MOMENTUM = ["0.9", "0.4"]
-REPLICAS = [1, 4, 8, 2]  # the order in which they train: M = 1 (the sharpest test) first
+REPLICAS = [1, 4, 8, 2]  # the 8k phase's training order: M = 1 (the sharpest test) first
+# Two phases of the study, each with its own records and page. "8k", the first: a global batch of
+# 64 windows (8,192 tokens), 1,024 tokens per replica at M = 8, 45 outer rounds. "32k": 256
+# windows (32,768 tokens), so that each replica gets 4,096 tokens at M = 8 as issue 30 asks; the
+# same 20 tokens per parameter then take 337 steps (11 rounds), the warmup the same 5.2% of them
+# (the same tokens), and M = 4 trains first (M = 1 already matched data-parallel in the 8k phase).
+PHASES = {
+    "8k": dict(global_batch=64, steps=1350, order=REPLICAS, sets=[], name="parity"),
+    "32k": dict(global_batch=256, steps=337, order=[4, 8, 1, 2], sets=["optimizer.warmup_steps=18"],
+                name="parity-32k"),
+}
 H = 30
 WARM_FRACTION = 0.2  # outer.start_step of the warm-started runs, as a fraction of the steps
 SEED1 = ["train.seed=1", "data.seed=1235"]
@@ -130,7 +141,7 @@ def inner_grid(records):
             return grid, True
 
 
-def plan(records, steps):
+def plan(records, steps, order=REPLICAS):
     """Every run of the study in training order, as far as the records decide it: the runs after a
     choice that needs unrecorded results are not listed yet (the returned flag says so), and the
     inner-lr grid."""
@@ -140,9 +151,10 @@ def plan(records, steps):
         return runs, False, grid
     best_dp = best(records, runs)
     dp_lr = best_dp.cell[0]
-    runs += diagnoses(dp_lr)
     best_m = {}
-    for m in REPLICAS:
+    for i, m in enumerate(order):
+        if i == 1:  # after the first M's tuning
+            runs += diagnoses(dp_lr)
         stage_a = [diloco_run(m, dp_lr, olr, mom) for mom in GRID_MOMENTUM for olr in GRID_OUTER_LR]
         runs += stage_a
         best_a = best(records, stage_a)
@@ -181,16 +193,31 @@ def check_args(args):
             sys.exit(f"parity: --global-batch {args.global_batch} must be divisible by every M ({REPLICAS})")
 
 
-def main():
-    p = study.arguments("Run the quality-parity study (resumable) and write its page.", "parity", 1350,
-                        "steps per run (default 1350: 20.4 tokens per parameter of configs/parity.toml's model at "
-                        "the default global batch)", "configs/parity.toml")
+def arguments():
+    """The command line, with the defaults of the phase it names (--phase, default 8k)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--phase", choices=sorted(PHASES), default="8k")
+    ph = PHASES[pre.parse_known_args()[0].phase]
+    p = study.arguments("Run the quality-parity study (resumable) and write its page.", ph["name"], ph["steps"],
+                        "steps per run (default: 20.4 tokens per parameter of configs/parity.toml's model at the "
+                        "phase's global batch: 1350 for 8k, 337 for 32k)", "configs/parity.toml")
+    p.add_argument("--phase", choices=sorted(PHASES), default="8k",
+                   help="8k: a global batch of 64 windows of 128 tokens (docs/results/parity.md); 32k: 256 windows, "
+                        "4,096 tokens per replica at M = 8 (docs/results/parity-32k.md)")
     p.add_argument("--until", type=int, default=0, help="stop the current run at this step (continue later)")
     p.add_argument("--max-runs", type=int, default=0, help="train at most this many runs, then write the page")
-    p.add_argument("--global-batch", type=int, default=64, help="windows per step over all replicas (default 64)")
+    p.add_argument("--global-batch", type=int, default=ph["global_batch"],
+                   help="windows per step over all replicas (default: 64 for 8k, 256 for 32k)")
     args = p.parse_args()
+    args.order, args.set = ph["order"], ph["sets"] + args.set
+    args.name = os.path.splitext(os.path.basename(args.page))[0]
+    return args
+
+
+def main():
+    args = arguments()
     if args.list:
-        runs, complete, _ = plan(args.records, args.steps)
+        runs, complete, _ = plan(args.records, args.steps, args.order)
         for r in runs:
             print(f"{r.name:34s} {r.group:6s} {'recorded' if load_record(args.records, r.name) else 'pending':9s} "
                   f"{r.label}")
@@ -204,7 +231,7 @@ def main():
         os.makedirs(args.records, exist_ok=True)
         trained = 0
         while True:
-            runs, complete, _ = plan(args.records, args.steps)
+            runs, complete, _ = plan(args.records, args.steps, args.order)
             todo = [r for r in runs if not load_record(args.records, r.name)]
             if not todo or (args.max_runs and trained >= args.max_runs):
                 break

@@ -1,6 +1,8 @@
-"""docs/results/parity.md, written from the quality-parity study's records alone (scripts/parity.py),
-so that --report-only regenerates it byte for byte. Only the section "Reading" is typed by hand,
-in parity-reading.md beside the page."""
+"""docs/results/parity.md (and parity-32k.md), written from the quality-parity study's records alone
+(scripts/parity.py), so that --report-only regenerates it byte for byte. Only the section "Reading"
+is typed by hand, in NAME-reading.md beside the page."""
+import os
+
 import parity as P
 import study
 from study import fmt_bytes, load_record, pct, totals
@@ -32,13 +34,17 @@ class Page:
 
     def write(self):
         recorded = sum(1 for v in self.rec.values() if v)
-        self.w("# Quality parity: DiLoCo against data-parallel training at 20 tokens per parameter")
+        a = self.args
+        phase = "" if a.phase == "8k" else f" --phase {a.phase}"
+        rec = os.path.basename(self.records.rstrip("/"))
+        self.w("# Quality parity: DiLoCo against data-parallel training at 20 tokens per parameter, "
+               f"global batch {a.global_batch} windows")
         self.w()
-        self.w("Written by `scripts/reproduce.sh --study parity` (scripts/parity.py) from the run records in "
-               "[parity/](parity/) (summary, metrics, config and command of each run); "
-               "`scripts/reproduce.sh --study parity --report-only` regenerates this page byte for byte. "
+        self.w(f"Written by `scripts/reproduce.sh --study parity{phase}` (scripts/parity.py) from the run records in "
+               f"[{rec}/]({rec}/) (summary, metrics, config and command of each run); "
+               f"`scripts/reproduce.sh --study parity{phase} --report-only` regenerates this page byte for byte. "
                "Nothing on it is typed by hand except the section \"Reading\" "
-               "([parity-reading.md](parity-reading.md)).")
+               f"([{a.name}-reading.md]({a.name}-reading.md)).")
         self.w()
         self.w(f"Runs recorded: {recorded} of the {len(self.runs)} decided so far" +
                ("" if self.complete else " (the tuning protocol decides the later runs from these results)") + ".")
@@ -57,7 +63,7 @@ class Page:
         return self.finish()
 
     def finish(self):
-        self.lines += study.reading(self.records, "parity-reading.md")
+        self.lines += study.reading(self.records, f"{self.args.name}-reading.md")
         return "\n".join(self.lines) + "\n"
 
     def setup(self, r):
@@ -196,4 +202,4 @@ class Page:
 
 
 def write(args, plan):
-    return Page(args, *plan(args.records, args.steps)).write()
+    return Page(args, *plan(args.records, args.steps, args.order)).write()
