@@ -13,10 +13,15 @@
 // Each metrics record carries the last round's outer-gradient norm ||Delta|| and this replica's
 // ||Delta_m|| (docs/metrics.md): their ratio says how much of a replica's move survives averaging
 // (1: the replicas moved alike; about 1/sqrt(M): their moves were unrelated).
+// Screening and robust aggregates (outer.screen, outer.aggregate): algo/robust.h; the rounds'
+// rejections are counted in the metrics (outer_rejected) and said on stderr by replica 0.
 #include <cmath>
+#include <iostream>
 
 #include "algo/algorithm.h"
+#include "algo/fault.h"
 #include "algo/partial.h"
+#include "algo/robust.h"
 
 namespace loco {
 
@@ -30,7 +35,14 @@ class Diloco : public Algorithm {
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f),
         average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
-        whole_{{0, int64_t(w.params.size())}} {}
+        whole_{{0, int64_t(w.params.size())}} {
+    aggregate_.rule = cfg.outer.aggregate;
+    aggregate_.trim = cfg.outer.trim;
+    aggregate_.reject_norm = cfg.outer.reject_norm;
+    aggregate_.screen = cfg.outer.screen == "on" || (cfg.outer.screen == "auto" && cfg.outer.aggregate != "mean");
+    if (w.rank >= w.replicas - cfg.outer.faulty_replicas) fault_ = parse_fault(cfg.outer.fault, "outer.fault");
+    robust_ = aggregate_.screen || aggregate_.rule != "mean" || fault_.kind != Fault::Kind::None;
+  }
 
   void start(Worker& w, bool resumed) override {
     if (!resumed) theta_ = w.params;
@@ -48,10 +60,22 @@ class Diloco : public Algorithm {
     }
     if ((done - start_step_) % outer_.inner_steps != 0 && !last) return;
     const int64_t n = int64_t(theta_.size());
-    // With partial updates, each entry is averaged over the replicas that train it.
-    CountVectorAverage::Op op;
-    average_.start(w.comm, w.params.data(), whole_, op);
-    average_.finish(w.comm, op, whole_, avg_);
+    if (robust_) {
+      contribution_ = w.params;
+      apply_fault(fault_, theta_, contribution_);
+      avg_.resize(size_t(n));
+      const auto s = reduce_outer(w.comm, theta_.data(), contribution_.data(), n, aggregate_, avg_.data(),
+                                  "outer_gradients");
+      rejected_ = int(s.rejected.size());
+      if (rejected_ && w.rank == 0)
+        std::cerr << "loco: warning: round ending at step " << done << ", left out: "
+                  << describe_rejections(s, "replica") << "\n";
+    } else {
+      // With partial updates, each entry is averaged over the replicas that train it.
+      CountVectorAverage::Op op;
+      average_.start(w.comm, w.params.data(), whole_, op);
+      average_.finish(w.comm, op, whole_, avg_);
+    }
     double outer = 0, own = 0;
     for (int64_t i = 0; i < n; ++i) {
       const double d = double(theta_[i]) - avg_[i], m = double(theta_[i]) - w.params[i];
@@ -69,6 +93,7 @@ class Diloco : public Algorithm {
     if (outer_norm_ < 0) return;  // no round ended yet in this segment
     rec["outer_delta_norm"] = outer_norm_;
     rec["replica_delta_norm"] = replica_norm_;
+    if (robust_) rec["outer_rejected"] = rejected_;
   }
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
@@ -88,6 +113,11 @@ class Diloco : public Algorithm {
   const int64_t start_step_;
   std::vector<float> theta_, momentum_, avg_;
   double outer_norm_ = -1, replica_norm_ = -1;  // of the last round: ||Delta||, ||Delta_m||
+  AggregateOptions aggregate_;
+  Fault fault_;
+  bool robust_ = false;  // reduce through reduce_outer (screening, a robust rule or a fault)
+  std::vector<float> contribution_;
+  int rejected_ = 0;  // contributions rejected in the last round
   CountVectorAverage average_;
   std::vector<Range> whole_;
 };

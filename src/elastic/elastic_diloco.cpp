@@ -2,9 +2,14 @@
 // members of that moment (elastic/session.h), reduced with loco's ring all-reduce among the
 // round's contributors, so with a fixed membership the parameters equal the in-process run's bit
 // for bit. A joiner receives the outer parameters and momentum with the round's outer step taken.
+// Contributions are screened by default here (outer.screen = auto): a member whose contribution
+// is not finite or far larger than the others' is left out of the round (algo/robust.h).
 #include "elastic/methods.h"
 
 #include <chrono>
+#include <iostream>
+
+#include "algo/robust.h"
 
 #include "elastic/session.h"
 #include "io/tensorboard.h"
@@ -21,7 +26,12 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
         outer_(cfg.outer),
         fault_(options.fault),
         theta_(w.params.size()),
-        momentum_(w.params.size(), 0.0f) {}
+        momentum_(w.params.size(), 0.0f) {
+    aggregate_.rule = cfg.outer.aggregate;
+    aggregate_.trim = cfg.outer.trim;
+    aggregate_.reject_norm = cfg.outer.reject_norm;
+    aggregate_.screen = cfg.outer.screen != "off";
+  }
 
   void start(Worker& w, bool resumed) override {
     theta_ = w.params;
@@ -40,8 +50,11 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
     r.reduce = [&](Communicator& comm, int, int) {
       avg = w.params;
       apply_fault(fault_, theta_, avg);
-      auto h = comm.all_reduce_start(avg.data(), n, ReduceOp::Mean, "outer_gradients");
-      comm.wait(h);
+      const auto s = reduce_outer(comm, theta_.data(), avg.data(), n, aggregate_, avg.data(), "outer_gradients");
+      rejected_ = int(s.rejected.size());
+      if (rejected_)
+        std::cerr << "loco: warning: round " << r.id << ", left out: " << describe_rejections(s, "round member")
+                  << "\n";
       theta = theta_;
       momentum = momentum_;
       const auto t0 = std::chrono::steady_clock::now();
@@ -63,6 +76,10 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
   }
 
   const std::vector<float>& eval_params(Worker&) override { return theta_; }
+  void annotate(nlohmann::json& rec) override {
+    ElasticMethod::annotate(rec);
+    rec["outer_rejected"] = rejected_;
+  }
 
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
@@ -85,6 +102,8 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
 
   OuterConfig outer_;
   Fault fault_;
+  AggregateOptions aggregate_;
+  int rejected_ = 0;  // contributions left out of the last round
   std::vector<float> theta_, momentum_;
 };
 

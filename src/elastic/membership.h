@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/link.h"
-#include "elastic/fault.h"
+#include "algo/fault.h"
 #include "elastic/redis.h"
 #include "elastic/secure_channel.h"
 
@@ -36,7 +36,7 @@ struct ElasticOptions {
   std::string password;
   Key run_key{};              // from the run secret: authenticates the data plane and Redis entries
   std::string fingerprint;    // what the members must agree on (elastic/fingerprint.h), as JSON
-  Fault fault;                // elastic.fault (elastic/fault.h)
+  Fault fault;                // elastic.fault (algo/fault.h)
   std::string name;           // the worker's name (--worker), for the membership log
   std::string address;        // where peers reach this worker's data plane
   int min_workers = 1;        // the first round waits for this many members

@@ -1,5 +1,7 @@
 #include "io/run_config.h"
 
+#include "algo/fault.h"
+
 #include "comm/link.h"
 #include "core/error.h"
 #include "pipeline/grid.h"
@@ -135,6 +137,23 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "sent; M-1 payloads per worker), reduce-scatter (each shard summed by one replica and re-encoded: about 2 "
         "payloads per worker whatever M, a second quantization), auto (all-gather up to 2 replicas, else "
         "reduce-scatter)", {"auto", "all-gather", "reduce-scatter"});
+  s.add("outer.aggregate", &o2.aggregate,
+        "diloco: how the replicas' contributions are combined: mean (all-reduce), or, all-gathered so that every "
+        "member sees each one, trimmed-mean, median (per coordinate) or centered-clip (docs/security.md)",
+        {"mean", "trimmed-mean", "median", "centered-clip"});
+  s.add("outer.trim", &o2.trim, "trimmed-mean: fraction of the contributions dropped at each end, per coordinate",
+        0.0, 0.49);
+  s.add("outer.screen", &o2.screen,
+        "diloco: reject a contribution that is not finite or whose outer-gradient norm exceeds outer.reject_norm "
+        "times the round's median; auto: on for the elastic backend and for the aggregates other than mean",
+        {"auto", "on", "off"});
+  s.add("outer.reject_norm", &o2.reject_norm,
+        "screening: the factor over the round's median outer-gradient norm beyond which a contribution is "
+        "rejected (0: reject only non-finite ones)", 0.0, 1e6);
+  s.add("outer.fault", &o2.fault,
+        "for robustness tests (not elastic): the last outer.faulty_replicas replicas corrupt their DiLoCo "
+        "contributions: \"\" (none), \"nan\", \"inf\" or \"scale:X\" (the outer gradient times X)");
+  s.add("outer.faulty_replicas", &o2.faulty_replicas, "replicas that apply outer.fault (the last ones)", 1);
   s.add("outer.block", &o2.block, "values per shared scale of block-scaled codecs", 1, 1 << 20);
   s.add("outer.keep_fraction", &o2.keep_fraction, "fraction of values kept by random-drop and topk", 1e-9, 1.0);
 
@@ -274,6 +293,23 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
     need(p.grassmann_interval == 0 || c.algorithm == "ddp",
          "protocol.grassmann_interval > 0 needs algorithm = \"ddp\" (the outer state of " + c.algorithm +
              " is not moved to a new subspace)");
+  }
+  const auto& o = c.outer;
+  if (o.aggregate != "mean" || o.screen == "on" || !o.fault.empty()) {
+    const std::string what = o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\""
+                             : o.screen == "on"    ? std::string("outer.screen = \"on\"")
+                                                   : std::string("outer.fault");
+    need(c.algorithm == "diloco", what + " needs algorithm = \"diloco\" (Streaming DiLoCo and NoLoCo do not "
+                                         "screen or aggregate robustly yet)");
+    need(c.partial.slices == 1, what + " with partial.slices > 1 is not supported");
+  }
+  if (!o.fault.empty()) {
+    parse_fault(o.fault, "outer.fault");
+    need(c.distributed.backend != "elastic", "outer.fault is for in-process and MPI runs; an elastic worker "
+                                             "misbehaves with elastic.fault");
+    need(o.faulty_replicas <= c.distributed.replicas,
+         "outer.faulty_replicas (" + std::to_string(o.faulty_replicas) + ") exceeds distributed.replicas (" +
+             std::to_string(c.distributed.replicas) + ")");
   }
   if (c.partial.slices > 1) {
     need(c.algorithm == "diloco" || c.algorithm == "streaming",

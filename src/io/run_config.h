@@ -58,7 +58,7 @@ struct ElasticConfig {
   std::string address;                     // address peers reach this worker at ("": the host name)
   std::string password_file;               // Redis password ("": $LOCO_REDIS_PASSWORD, or none)
   std::string secret_file;                 // the run secret ("": $LOCO_RUN_SECRET; required)
-  std::string fault;                       // a member that misbehaves on purpose (elastic/fault.h)
+  std::string fault;                       // a member that misbehaves on purpose (algo/fault.h)
   int exclude_after = 3;                   // attempts in a row a member may be blamed for before exclusion
 };
 
@@ -82,6 +82,12 @@ struct OuterConfig {
   int block = 128;                  // values per shared scale
   double keep_fraction = 0.1;       // random-drop, topk
   int64_t start_step = 0;           // diloco: data-parallel steps before the first round
+  std::string aggregate = "mean";   // diloco: mean, trimmed-mean, median, centered-clip (algo/robust.h)
+  double trim = 0.25;               // trimmed-mean: fraction dropped at each end
+  std::string screen = "auto";      // diloco: reject non-finite and outlying contributions: auto, on, off
+  double reject_norm = 3;           // screening: norm above this times the round's median (0: off)
+  std::string fault;                // replicas that misbehave on purpose (algo/fault.h)
+  int faulty_replicas = 1;          // outer.fault applies to the last this many replicas
 };
 
 struct StreamingConfig {

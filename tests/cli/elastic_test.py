@@ -21,8 +21,10 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
   - a worker with another num_heads (same parameter count), other training data, another
     outer.lr or another run secret is refused at start with the difference named, and the run
     goes on without it;
-  - a member that sends NaN (elastic.fault): every member stops with an error, and no checkpoint
-    holds a non-finite value;
+  - a member that sends NaN (elastic.fault) or a sign-flipped outer gradient 10x too large: the
+    others' screening leaves its contribution out of every round and all finish with a finite
+    model; with outer.screen = off a NaN member makes every member stop with an error, and no
+    checkpoint holds a non-finite value;
   - a member nobody can reach is excluded after elastic.exclude_after failed attempts and stops
     with an error; the others finish;
   - bad input: a malformed --join address, an unsupported method, a missing --worker, an
@@ -333,10 +335,44 @@ try:
     print("members must agree: another num_heads, other data, another outer.lr and another secret each refused "
           "at start with the difference named; the run's 2 members went on alone")
 
-    # 6c. A member that sends NaN (elastic.fault = "nan"): no member ends with exit 0, and no
+    # 6c. A member that sends NaN, or a sign-flipped outer gradient ten times too large: every
+    # member's screening (on by default in elastic runs) leaves it out of each of the 4 rounds, and
+    # all 3 finish with a finite model.
+    import numpy
+
+    def finite_model(path):
+        raw = open(path, "rb").read()
+        hn = int.from_bytes(raw[:8], "little")
+        return bool(numpy.isfinite(numpy.frombuffer(raw[8 + hn:], dtype=numpy.float32)).all())
+
+    args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",
+            "--set", "train.log_interval=5", "--set", "train.checkpoint_interval=20"]
+    names = ["w0", "w1", "w2"]
+    for fault in ("nan", "scale:-10"):
+        tag = "screen-" + fault.replace(":", "")
+        ps = [start(tag, n, tag, args + (["--set", f"elastic.fault={fault}"] if n == "w2" else [])) for n in names]
+        wait_all(ps, names, tag)
+        for n in names:
+            log = open(f"{tag}-{n}.log").read()
+            if log.count("left out: round member") != 4 or "non-finite outer gradient" not in log and fault == "nan":
+                fail(f"{tag}/{n}: expected the bad member left out of 4 rounds:\n" + log[-2000:])
+            recs = [json.loads(l) for l in open(f"{tag}/{n}/metrics.jsonl") if '"outer_rejected"' in l]
+            if not recs or any(r["outer_rejected"] != 1 for r in recs):
+                fail(f"{tag}/{n}: outer_rejected {[r.get('outer_rejected') for r in recs]}, expected 1 in each")
+            final = json.load(open(f"{tag}/{n}/summary.json")).get("final_val_loss")
+            if not isinstance(final, float) or not math.isfinite(final):
+                fail(f"{tag}/{n}: final val loss {final}")
+        ckpts = [f"{tag}/{n}/checkpoints/step_00000020/model.safetensors" for n in names]
+        written = [c for c in ckpts if os.path.isfile(c)]
+        if not written or not all(finite_model(c) for c in written):
+            fail(f"{tag}: expected the writer's final checkpoint, finite: {written}")
+    print("a member sending NaN or a sign-flipped x10 outer gradient: left out of all 4 rounds by every member's "
+          "screening; all 3 finished with a finite loss, and the final checkpoint is finite")
+
+    # 6d. The same NaN member with outer.screen = off: no member ends with exit 0, and no
     # checkpoint holds a non-finite value (the writer's latest stays at the last finite step).
     args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",
-            "--set", "train.checkpoint_interval=1", "--set", "train.log_interval=1"]
+            "--set", "train.checkpoint_interval=1", "--set", "train.log_interval=1", "--set", "outer.screen=off"]
     names = ["w0", "w1", "w2"]
     ps = [start("nan", n, "nan", args + (["--set", "elastic.fault=nan"] if n == "w2" else [])) for n in names]
     codes = []
@@ -350,16 +386,13 @@ try:
     logs = "".join(open(f"nan-{n}.log").read() for n in names)
     if "no checkpoint written, the latest stays" not in logs:
         fail("nan: no member refused to checkpoint the non-finite model:\n" + logs[-3000:])
-    import numpy
     checked = 0
     for n in names:
         for d in sorted(os.listdir(f"nan/{n}/checkpoints")) if os.path.isdir(f"nan/{n}/checkpoints") else []:
             path = f"nan/{n}/checkpoints/{d}/model.safetensors"
             if not os.path.isfile(path):
                 continue
-            raw = open(path, "rb").read()
-            hn = int.from_bytes(raw[:8], "little")
-            if not numpy.isfinite(numpy.frombuffer(raw[8 + hn:], dtype=numpy.float32)).all():
+            if not finite_model(path):
                 fail(f"{path} holds non-finite values")
             checked += 1
     if checked < 3:  # steps 2-4: train.keep_checkpoints = 3
@@ -367,7 +400,7 @@ try:
     print(f"a NaN member: all 3 members stopped with an error (exit codes {codes}); {checked} checkpoints, all "
           "finite; the writer refused the non-finite one")
 
-    # 6d. A member nobody can reach (it advertises an unroutable address): the others blame it
+    # 6e. A member nobody can reach (it advertises an unroutable address): the others blame it
     # for every failed attempt, it is excluded after elastic.exclude_after = 3 of them, stops with
     # an error saying so, and the other two finish the run.
     args = ["--set", "train.steps=20", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=3",

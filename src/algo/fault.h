@@ -1,7 +1,7 @@
 #pragma once
-// A member that misbehaves on purpose (elastic.fault), for testing and measuring what a bad
-// member does to a run: it corrupts its own contribution to every DiLoCo round before sending
-// it. Its outer gradient is delta = theta - params (theta: the outer parameters); it sends
+// A member that misbehaves on purpose, for testing and measuring what a bad member does to a run
+// (elastic.fault for an elastic worker; outer.fault for the last outer.faulty_replicas replicas
+// of any other run): it corrupts its own contribution to every DiLoCo round before sending it. Its outer gradient is delta = theta - params (theta: the outer parameters); it sends
 // theta - f(delta) in place of its parameters, with f:
 //   "nan"      the first entry of delta made NaN
 //   "inf"      the first entry made +Inf
@@ -17,8 +17,8 @@ struct Fault {
   double scale = 1;
 };
 
-// Fails, naming elastic.fault, for anything but the forms above.
-Fault parse_fault(const std::string& text);
+// Fails, naming `key`, for anything but the forms above.
+Fault parse_fault(const std::string& text, const std::string& key = "elastic.fault");
 // Rewrites `contribution` (this member's parameters) as described above.
 void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution);
 

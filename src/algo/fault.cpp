@@ -1,4 +1,4 @@
-#include "elastic/fault.h"
+#include "algo/fault.h"
 
 #include <cmath>
 #include <limits>
@@ -7,7 +7,7 @@
 
 namespace loco {
 
-Fault parse_fault(const std::string& text) {
+Fault parse_fault(const std::string& text, const std::string& key) {
   Fault f;
   if (text.empty()) return f;
   if (text == "nan") {
@@ -22,10 +22,10 @@ Fault parse_fault(const std::string& text) {
       used = 0;
     }
     if (used == 0 || used != text.size() - 6 || !std::isfinite(f.scale))
-      fail("elastic.fault = \"" + text + "\": scale:X needs a finite number X, e.g. scale:-10");
+      fail(key + " = \"" + text + "\": scale:X needs a finite number X, e.g. scale:-10");
     f.kind = Fault::Kind::Scale;
   } else {
-    fail("elastic.fault = \"" + text + "\": use \"\" (none), \"nan\", \"inf\" or \"scale:X\"");
+    fail(key + " = \"" + text + "\": use \"\" (none), \"nan\", \"inf\" or \"scale:X\"");
   }
   return f;
 }

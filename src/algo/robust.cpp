@@ -1,0 +1,195 @@
+#include "algo/robust.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace loco {
+
+std::vector<int> Screening::accepted() const {
+  std::vector<int> out;
+  for (int m = 0; m < int(norms.size()); ++m)
+    if (!std::binary_search(rejected.begin(), rejected.end(), m)) out.push_back(m);
+  return out;
+}
+
+double outer_gradient_norm(const float* theta, const float* p, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(theta[i]) - double(p[i]);
+    s += d * d;
+  }
+  return std::sqrt(s);
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t c = v.size();
+  return c % 2 ? v[c / 2] : 0.5 * (v[c / 2 - 1] + v[c / 2]);
+}
+
+std::string fixed(double x) {
+  std::ostringstream o;
+  o.precision(4);
+  o << x;
+  return o.str();
+}
+
+}  // namespace
+
+Screening screen_norms(const std::vector<double>& norms, double reject_norm) {
+  Screening s;
+  s.norms = norms;
+  std::vector<double> finite;
+  for (double x : norms)
+    if (std::isfinite(x)) finite.push_back(x);
+  const double med = finite.empty() ? 0 : median_of(finite);
+  for (int m = 0; m < int(norms.size()); ++m) {
+    const double x = norms[size_t(m)];
+    if (!std::isfinite(x)) {
+      s.rejected.push_back(m);
+      s.why.push_back("non-finite outer gradient");
+    } else if (reject_norm > 0 && med > 0 && x > reject_norm * med) {
+      s.rejected.push_back(m);
+      s.why.push_back("outer-gradient norm " + fixed(x) + " > " + fixed(reject_norm) + " x the round's median " +
+                      fixed(med));
+    }
+  }
+  return s;
+}
+
+void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>& members, int64_t n,
+                      const AggregateOptions& o, float* out) {
+  check(!members.empty(), "internal: robust_aggregate without members");
+  const int c = int(members.size());
+  std::vector<float> v(static_cast<size_t>(c));
+  auto column = [&](int64_t i) {
+    for (int k = 0; k < c; ++k) v[size_t(k)] = p[size_t(members[size_t(k)])][i];
+    std::sort(v.begin(), v.end());
+  };
+  auto median = [&] { return c % 2 ? double(v[size_t(c / 2)]) : 0.5 * (double(v[size_t(c / 2 - 1)]) + v[size_t(c / 2)]); };
+  if (o.rule == "mean") {
+    for (int64_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int m : members) s += p[size_t(m)][i];
+      out[i] = float(s / c);
+    }
+  } else if (o.rule == "trimmed-mean") {
+    const int b = int(std::floor(o.trim * c));  // trim < 0.5: at least one value is left
+    for (int64_t i = 0; i < n; ++i) {
+      column(i);
+      double s = 0;
+      for (int k = b; k < c - b; ++k) s += v[size_t(k)];
+      out[i] = float(s / (c - 2 * b));
+    }
+  } else if (o.rule == "median") {
+    for (int64_t i = 0; i < n; ++i) {
+      column(i);
+      out[i] = float(median());
+    }
+  } else if (o.rule == "centered-clip") {
+    std::vector<double> center(static_cast<size_t>(n)), step(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      column(i);
+      center[size_t(i)] = median();
+    }
+    auto distance = [&](int m) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = p[size_t(m)][i] - center[size_t(i)];
+        s += d * d;
+      }
+      return std::sqrt(s);
+    };
+    std::vector<double> d0;
+    for (int m : members) d0.push_back(distance(m));
+    const double tau = median_of(d0);
+    for (int it = 0; it < kRobustClipIterations && tau > 0; ++it) {
+      std::fill(step.begin(), step.end(), 0.0);
+      for (int m : members) {
+        const double d = distance(m), w = d > tau ? tau / d : 1.0;
+        for (int64_t i = 0; i < n; ++i) step[size_t(i)] += w * (p[size_t(m)][i] - center[size_t(i)]);
+      }
+      for (int64_t i = 0; i < n; ++i) center[size_t(i)] += step[size_t(i)] / c;
+    }
+    for (int64_t i = 0; i < n; ++i) out[i] = float(center[size_t(i)]);
+  } else {
+    fail("outer.aggregate = \"" + o.rule + "\": use mean, trimmed-mean, median or centered-clip");
+  }
+}
+
+Screening reduce_outer(Communicator& comm, const float* theta, const float* contribution, int64_t n,
+                       const AggregateOptions& o, float* out, const std::string& label) {
+  const int M = comm.size();
+  if (o.rule == "mean") {
+    if (out != contribution) std::memcpy(out, contribution, size_t(n) * sizeof(float));
+    if (!o.screen) {
+      comm.all_reduce(out, n, ReduceOp::Mean, label);
+      return {};
+    }
+    const double own = outer_gradient_norm(theta, contribution, n);
+    std::string payload(sizeof own, '\0');
+    std::memcpy(payload.data(), &own, sizeof own);
+    std::vector<std::string> all;
+    auto h = comm.all_gather_direct_start(std::move(payload), &all, label + "_norms");
+    comm.wait(h);
+    std::vector<double> norms(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) {
+      const auto& b = all[size_t(m)];
+      if (b.size() != sizeof(double))
+        fail(label + ": member " + std::to_string(m) + " sent a norm of " + std::to_string(b.size()) +
+             " bytes (8 expected)");
+      std::memcpy(&norms[size_t(m)], b.data(), sizeof(double));
+    }
+    Screening s = screen_norms(norms, o.reject_norm);
+    const int count = M - int(s.rejected.size());
+    if (count == 0) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
+    if (s.rejected.empty()) {
+      comm.all_reduce(out, n, ReduceOp::Mean, label);
+      return s;
+    }
+    if (std::binary_search(s.rejected.begin(), s.rejected.end(), comm.rank()))
+      std::fill(out, out + n, 0.0f);
+    comm.all_reduce(out, n, ReduceOp::Sum, label);
+    for (int64_t i = 0; i < n; ++i) out[i] /= float(count);
+    return s;
+  }
+  // Every member sees every contribution.
+  auto all = comm.all_gather(std::string(reinterpret_cast<const char*>(contribution), size_t(n) * sizeof(float)),
+                             label);
+  std::vector<const float*> p(static_cast<size_t>(M));
+  std::vector<std::vector<float>> aligned(static_cast<size_t>(M));
+  std::vector<double> norms(static_cast<size_t>(M));
+  for (int m = 0; m < M; ++m) {
+    const auto& b = all[size_t(m)];
+    if (b.size() != size_t(n) * sizeof(float))
+      fail(label + ": member " + std::to_string(m) + " sent " + std::to_string(b.size()) + " bytes (" +
+           std::to_string(size_t(n) * sizeof(float)) + " expected)");
+    aligned[size_t(m)].resize(size_t(n));
+    std::memcpy(aligned[size_t(m)].data(), b.data(), b.size());
+    all[size_t(m)].clear();
+    all[size_t(m)].shrink_to_fit();
+    p[size_t(m)] = aligned[size_t(m)].data();
+    norms[size_t(m)] = outer_gradient_norm(theta, p[size_t(m)], n);
+  }
+  // Non-finite contributions cannot be ordered: the robust rules always reject them.
+  Screening s = screen_norms(norms, o.screen ? o.reject_norm : 0);
+  const auto members = s.accepted();
+  if (members.empty()) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
+  robust_aggregate(p, members, n, o, out);
+  return s;
+}
+
+std::string describe_rejections(const Screening& s, const std::string& noun) {
+  std::string out;
+  for (size_t k = 0; k < s.rejected.size(); ++k)
+    out += (k ? "; " : "") + noun + " " + std::to_string(s.rejected[k]) + ": " + s.why[k];
+  return out;
+}
+
+}  // namespace loco

@@ -1,0 +1,69 @@
+#pragma once
+// Screening and robust aggregation of DiLoCo's outer contributions (outer.aggregate,
+// outer.screen; docs/security.md). Member m contributes its parameters p_m after a round; its
+// outer gradient is Delta_m = theta - p_m (theta: the outer parameters, the same on every member).
+//
+// Screening: a contribution is rejected, and its sender left out of the round's aggregate, when
+// its outer-gradient norm is not finite (NaN or Inf anywhere) or exceeds outer.reject_norm times
+// the median of the round's finite norms (0: no norm rule). With M = 2 the norm rule cannot
+// reject (neither norm exceeds twice their median).
+//
+// Aggregates over the accepted members' p_m, per coordinate unless said otherwise:
+//   mean           the plain mean (with nobody rejected: the ring all-reduce of every run, bit for bit);
+//   trimmed-mean   the mean after dropping the floor(outer.trim x count) largest and as many
+//                  smallest values;
+//   median         the median (the mean of the two middle values for an even count);
+//   centered-clip  whole vectors (Karimireddy, He and Jaggi, 2021): from v = the coordinate-wise
+//                  median, kRobustClipIterations times v += mean_m (p_m - v) min(1, tau / ||p_m - v||),
+//                  tau the median of ||p_m - v|| at the start (a member far from the others moves v
+//                  by at most tau / count per iteration).
+//
+// Where the contributions travel: with the mean, members see only the all-reduce's sum, so the
+// screening rests on the norm each member states of itself (sent to all before the all-reduce,
+// 8 bytes): it catches a member whose numbers went bad, not one that lies. The other rules
+// all-gather every member's p_m ((M - 1) x 4n bytes sent per worker instead of about
+// 2 (M - 1) / M x 4n) and every member screens and aggregates the same inputs, in member order,
+// with the same code: all reach the same bits, and nothing rests on what a member says of itself.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace loco {
+
+constexpr int kRobustClipIterations = 3;
+
+struct AggregateOptions {
+  std::string rule = "mean";  // mean, trimmed-mean, median, centered-clip
+  double trim = 0.25;         // trimmed-mean: fraction of the accepted members dropped at each end
+  bool screen = false;        // reject non-finite and outlying contributions
+  double reject_norm = 3;     // the norm rule's factor over the median (0: off)
+};
+
+struct Screening {
+  std::vector<double> norms;     // ||Delta_m|| in member order (non-finite when a value is)
+  std::vector<int> rejected;     // member indices, ascending
+  std::vector<std::string> why;  // one reason per rejected member
+  std::vector<int> accepted() const;
+};
+
+// ||theta - p|| in double: NaN or Inf when an entry of p (or theta) is.
+double outer_gradient_norm(const float* theta, const float* p, int64_t n);
+// The screening rule above over the members' norms.
+Screening screen_norms(const std::vector<double>& norms, double reject_norm);
+// out[i] = the rule over p[m][i] for m in `members` (not empty, ascending).
+void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>& members, int64_t n,
+                      const AggregateOptions& o, float* out);
+
+// One round's reduction on `comm`: this member contributes `contribution` (n floats; theta the
+// outer parameters); `out` receives the aggregate of the accepted contributions (parameters, as
+// outer_sgd_step takes them). Without screening and with the mean: the plain all-reduce. Fails
+// when every contribution is rejected, or a peer's payload has the wrong size.
+Screening reduce_outer(Communicator& comm, const float* theta, const float* contribution, int64_t n,
+                       const AggregateOptions& o, float* out, const std::string& label);
+
+// A one-line account of a round's rejections ("" when none), each named "NOUN index: reason".
+std::string describe_rejections(const Screening& s, const std::string& noun = "member");
+
+}  // namespace loco

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Screening and robust aggregation through `loco train` (outer.screen, outer.aggregate; bad
+# replicas made with outer.fault): 5 in-process DiLoCo replicas, one of them bad, against the honest
+# run; MPI == in-process with a robust rule; config errors.
+set -euo pipefail
+source "$(dirname "$0")/distributed_env.sh" "$@"
+base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet
+      --set train.steps=40 --set outer.inner_steps=5 --set algorithm=diloco --set distributed.replicas=5
+      --set outer.lr=0.7 --set outer.momentum=0.5)
+run() {  # run NAME ARGS...: trains into NAME, stderr in NAME.err
+  local name=$1; shift
+  "$loco" train "${base[@]}" --set train.out_dir="$name" "$@" 2> "$name.err"
+}
+run honest
+run honest-screened --set outer.screen=on
+run honest-median --set outer.aggregate=median
+# Nobody rejected: screening over the mean changes nothing (the same all-reduce, bit for bit).
+cmp honest/checkpoints/step_00000040/model.safetensors honest-screened/checkpoints/step_00000040/model.safetensors
+for fault in nan scale:-10 scale:1000; do
+  tag=${fault/:/}
+  run "mean-$tag" --set outer.fault="$fault" --set outer.screen=on
+  [ "$(grep -c "left out: replica 4: " "mean-$tag.err")" -eq 8 ] || { cat "mean-$tag.err"; exit 1; }
+  for rule in median trimmed-mean centered-clip; do run "$rule-$tag" --set outer.fault="$fault" --set outer.aggregate=$rule; done
+done
+# Without screening: a x1000 member wrecks the mean, and a NaN member stops the run with an error
+# (no checkpoint: the first would be at step 20).
+run plain-scale1000 --set outer.fault=scale:1000
+if run plain-nan --set outer.fault=nan; then echo "FAIL: a NaN member did not stop an unscreened run"; exit 1; fi
+grep -q "non-finite" plain-nan.err || { cat plain-nan.err; exit 1; }
+[ ! -e plain-nan/checkpoints/latest ] || { echo "FAIL: a checkpoint after a NaN round"; exit 1; }
+$py - <<'PY'
+import json, math
+def final(name): return json.load(open(f"{name}/summary.json"))["final_val_loss"]
+def rejected(name): return [json.loads(l)["outer_rejected"] for l in open(f"{name}/metrics.jsonl") if "outer_rejected" in l]
+honest, median = final("honest"), final("honest-median")
+print(f"honest: mean {honest:.4f}, median {median:.4f}; unscreened x1000 member: {final('plain-scale1000'):.4f}")
+assert abs(median / honest - 1) < 0.03, (median, honest)
+assert final("plain-scale1000") > honest * 1.2, "a x1000 member should wreck the plain mean"
+for fault in ("nan", "scale-10", "scale1000"):
+    row = []
+    for rule in ("mean", "median", "trimmed-mean", "centered-clip"):
+        v = final(f"{rule}-{fault}")
+        row.append(f"{rule} {v:.4f}")
+        assert v is not None and math.isfinite(v) and abs(v / honest - 1) < 0.03, (rule, fault, v, honest)
+    # Screening, on with every robust rule, rejects the bad replica in each of the 8 rounds.
+    for rule in ("mean", "median", "trimmed-mean", "centered-clip"):
+        assert rejected(f"{rule}-{fault}") == [1] * len(rejected(f"{rule}-{fault}")) != [], (rule, fault)
+    print(f"one bad replica of 5 ({fault}): " + ", ".join(row))
+PY
+# The robust rules without the norm rule (reject_norm 0): a x-10 member is not rejected, and the
+# median and trimmed mean still keep the run near the honest one.
+run median-noscreen --set outer.fault=scale:-10 --set outer.aggregate=median --set outer.screen=off
+grep -q "left out" median-noscreen.err && { echo "FAIL: screening off still rejected"; cat median-noscreen.err; exit 1; }
+$py -c "import json,sys; a,b=(json.load(open(f+'/summary.json'))['final_val_loss'] for f in ('median-noscreen','honest')); print(f'median, x-10 member, no screening: {a:.4f}'); sys.exit(abs(a/b-1) >= 0.03)"
+# MPI == in-process with a robust rule and a bad member (every member aggregates the same bits).
+timeout 120 mpirun -np 5 "$loco" train "${base[@]}" --set distributed.replicas=1 --set outer.aggregate=centered-clip \
+  --set outer.fault=scale:-10 --set outer.faulty_replicas=1 --set train.out_dir=mpi > mpi.out 2>&1 || { cat mpi.out; exit 1; }
+cmp centered-clip-scale-10/checkpoints/step_00000040/model.safetensors mpi/checkpoints/step_00000040/model.safetensors
+
+# Errors name the key.
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern=$1; shift
+  if "$loco" train "${base[@]}" "$@" > out.txt 2> err.txt; then echo "FAIL: accepted: $*"; exit 1; fi
+  grep -q "$pattern" err.txt || { echo "FAIL: $*: expected '$pattern', got: $(cat err.txt)"; exit 1; }
+}
+expect_error 'outer.aggregate = "median" needs algorithm = "diloco"' --set algorithm=streaming --set outer.aggregate=median
+expect_error 'outer.fault needs algorithm' --set algorithm=noloco --set outer.fault=nan
+expect_error "outer.faulty_replicas (6) exceeds distributed.replicas (5)" --set outer.fault=nan --set outer.faulty_replicas=6
+expect_error 'outer.fault = "bogus": use' --set outer.fault=bogus
+expect_error "outer.aggregate" --set outer.aggregate=mode
+expect_error "outer.trim" --set outer.trim=0.5
+expect_error "with partial.slices > 1 is not supported" --set outer.aggregate=median --set partial.slices=5
+echo "robust: OK"
