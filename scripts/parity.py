@@ -226,9 +226,7 @@ def main():
         return
     if not args.report_only:
         check_args(args)
-        if not os.access(args.loco, os.X_OK):
-            sys.exit(f"parity: {args.loco} not found; build first (scripts/build.sh)")
-        os.makedirs(args.records, exist_ok=True)
+        study.prepare(args, "parity")
         trained = 0
         while True:
             runs, complete, _ = plan(args.records, args.steps, args.order)

@@ -363,9 +363,7 @@ def main():
             print(f"{name:24s} {group:10s} {have:9s} {label}")
         return
     if not args.report_only:
-        if not os.access(args.loco, os.X_OK):
-            sys.exit(f"reproduce: {args.loco} not found; build first (scripts/build.sh)")
-        os.makedirs(args.records, exist_ok=True)
+        study.prepare(args, "reproduce")
         # The compute-utilization runs last: they measure time, so they should have the machine to
         # themselves (start nothing else while they run).
         jobs = [(n, False) for n in names] + [(n, True) for n in names if BY_NAME[n][4]]

@@ -43,10 +43,12 @@ def has_checkpoint(run_dir):
     return os.path.isdir(d) and any(e.startswith("step_") for e in os.listdir(d))
 
 
-def train(args, key, base, target, stoppable=True, note=""):
+def train(args, key, base, target, stoppable=True, note="", may_fail=False):
     """Trains run KEY (loco train command BASE, TARGET steps) to the end of its budget, or to
     args.until when STOPPABLE, resuming it from its checkpoint; copies its record to
-    args.records/KEY when it is complete. Returns whether it is complete."""
+    args.records/KEY when it is complete. Returns whether it is complete. A run that fails stops
+    the study, unless MAY_FAIL: its record then holds what it wrote, and study.json its exit code
+    and last error line ("failed", "error")."""
     record = os.path.join(args.records, key)
     if os.path.exists(os.path.join(record, "study.json")):
         return True
@@ -82,32 +84,49 @@ def train(args, key, base, target, stoppable=True, note=""):
     with open(study_file + ".tmp", "w") as f:
         json.dump(study, f)
     os.replace(study_file + ".tmp", study_file)
-    if rc != 0:
+    if rc != 0 and not may_fail:
         sys.exit(f"reproduce: {key} failed (exit {rc}); see {os.path.join(args.out, key + '.log')}")
+    if rc != 0:
+        with open(os.path.join(args.out, key + ".log")) as f:
+            errors = [l.strip() for l in f if l.startswith("loco: error")]
+        study["failed"], study["error"] = rc, errors[-1] if errors else ""
     done = finished_steps(run_dir)
-    if done < target:
+    if done < target and rc == 0:
         log(f"{key}: stopped at step {done} of {target}")
         return False
     os.makedirs(record + ".tmp", exist_ok=True)
     for f in ("summary.json", "metrics.jsonl", "config.toml"):
-        shutil.copyfile(os.path.join(run_dir, f), os.path.join(record + ".tmp", f))
+        if rc == 0 or os.path.exists(os.path.join(run_dir, f)):
+            shutil.copyfile(os.path.join(run_dir, f), os.path.join(record + ".tmp", f))
     study["steps"] = target
     with open(os.path.join(record + ".tmp", "study.json"), "w") as f:
         json.dump(study, f, indent=1)
         f.write("\n")
     shutil.rmtree(record, ignore_errors=True)
     os.replace(record + ".tmp", record)
+    if rc != 0:
+        log(f"{key}: failed (exit {rc}) as it may: {study['error']}")
+        return True
     s = load_record(args.records, key)
     log(f"{key}: done, final val loss {s['final_val_loss']:.4f}, {sum(study['wall_s']):.0f} s")
     return True
+
+
+def prepare(args, name):
+    """Before training: the program must exist and the records directory is made."""
+    if not os.access(args.loco, os.X_OK):
+        sys.exit(f"{name}: {args.loco} not found; build first (scripts/build.sh)")
+    os.makedirs(args.records, exist_ok=True)
 
 
 def load_record(records, key):
     path = os.path.join(records, key)
     if not os.path.exists(os.path.join(path, "study.json")):
         return None
-    with open(os.path.join(path, "summary.json")) as f:
-        s = json.load(f)
+    s = {}
+    if os.path.exists(os.path.join(path, "summary.json")):  # a failed run may have none
+        with open(os.path.join(path, "summary.json")) as f:
+            s = json.load(f)
     with open(os.path.join(path, "study.json")) as f:
         s["study"] = json.load(f)
     with open(os.path.join(path, "config.toml"), "rb") as f:

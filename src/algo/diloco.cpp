@@ -14,7 +14,9 @@
 // ||Delta_m|| (docs/metrics.md): their ratio says how much of a replica's move survives averaging
 // (1: the replicas moved alike; about 1/sqrt(M): their moves were unrelated).
 // Screening and robust aggregates (outer.screen, outer.aggregate): algo/robust.h; the rounds'
-// rejections are counted in the metrics (outer_rejected) and said on stderr by replica 0.
+// rejections are counted in the metrics (outer_rejected) and said on stderr by replica 0. The
+// metrics' outer_sync_s is the last round's time from the start of its reduction to the end of
+// its outer step (link emulation included).
 #include <cmath>
 #include <iostream>
 
@@ -60,9 +62,10 @@ class Diloco : public Algorithm {
     }
     if ((done - start_step_) % outer_.inner_steps != 0 && !last) return;
     const int64_t n = int64_t(theta_.size());
+    const double sync_start = w.comm.clock().now();
     if (robust_) {
       contribution_ = w.params;
-      apply_fault(fault_, theta_, contribution_);
+      apply_fault(fault_, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(w.rank));
       avg_.resize(size_t(n));
       const auto s = reduce_outer(w.comm, theta_.data(), contribution_.data(), n, aggregate_, avg_.data(),
                                   "outer_gradients");
@@ -85,6 +88,7 @@ class Diloco : public Algorithm {
     outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
     outer_sgd_step(theta_.data(), momentum_.data(), avg_.data(), n, outer_);
     w.params = theta_;
+    sync_s_ = w.comm.clock().now() - sync_start;
   }
 
   // Called after a step: w.step + 1 steps are done. Before the rounds, the replicas' (equal) parameters.
@@ -93,6 +97,7 @@ class Diloco : public Algorithm {
     if (outer_norm_ < 0) return;  // no round ended yet in this segment
     rec["outer_delta_norm"] = outer_norm_;
     rec["replica_delta_norm"] = replica_norm_;
+    rec["outer_sync_s"] = sync_s_;
     if (robust_) rec["outer_rejected"] = rejected_;
   }
   void report(nlohmann::json& out) const override {
@@ -118,6 +123,7 @@ class Diloco : public Algorithm {
   bool robust_ = false;  // reduce through reduce_outer (screening, a robust rule or a fault)
   std::vector<float> contribution_;
   int rejected_ = 0;  // contributions rejected in the last round
+  double sync_s_ = 0;  // the last round's synchronization and outer step, on the transport's clock
   CountVectorAverage average_;
   std::vector<Range> whole_;
 };

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace loco {
 
@@ -14,6 +15,8 @@ Fault parse_fault(const std::string& text, const std::string& key) {
     f.kind = Fault::Kind::Nan;
   } else if (text == "inf") {
     f.kind = Fault::Kind::Inf;
+  } else if (text == "noise") {
+    f.kind = Fault::Kind::Noise;
   } else if (text.rfind("scale:", 0) == 0) {
     size_t used = 0;
     try {
@@ -25,13 +28,27 @@ Fault parse_fault(const std::string& text, const std::string& key) {
       fail(key + " = \"" + text + "\": scale:X needs a finite number X, e.g. scale:-10");
     f.kind = Fault::Kind::Scale;
   } else {
-    fail(key + " = \"" + text + "\": use \"\" (none), \"nan\", \"inf\" or \"scale:X\"");
+    fail(key + " = \"" + text + "\": use \"\" (none), \"nan\", \"inf\", \"noise\" or \"scale:X\"");
   }
   return f;
 }
 
-void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution) {
+void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution, uint64_t seed) {
   if (f.kind == Fault::Kind::None || contribution.empty()) return;
+  if (f.kind == Fault::Kind::Noise) {
+    double norm = 0, drawn = 0;
+    std::vector<double> z(contribution.size());
+    Rng rng(seed);
+    for (size_t i = 0; i < z.size(); ++i) {
+      const double d = double(theta[i]) - contribution[i];
+      norm += d * d;
+      z[i] = rng.normal();
+      drawn += z[i] * z[i];
+    }
+    const double scale = drawn > 0 ? std::sqrt(norm / drawn) : 0;
+    for (size_t i = 0; i < z.size(); ++i) contribution[i] = float(theta[i] - scale * z[i]);
+    return;
+  }
   if (f.kind == Fault::Kind::Nan) {
     contribution[0] = std::numeric_limits<float>::quiet_NaN();
   } else if (f.kind == Fault::Kind::Inf) {

@@ -6,20 +6,23 @@
 //   "nan"      the first entry of delta made NaN
 //   "inf"      the first entry made +Inf
 //   "scale:X"  delta times X (X = -10: a sign-flipped outer gradient ten times too large)
+//   "noise"    delta replaced by Gaussian noise of the same norm (drawn from `seed`)
 // Every run records the setting in its config.toml; "" (the default) is an honest member.
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace loco {
 
 struct Fault {
-  enum class Kind { None, Nan, Inf, Scale } kind = Kind::None;
+  enum class Kind { None, Nan, Inf, Scale, Noise } kind = Kind::None;
   double scale = 1;
 };
 
 // Fails, naming `key`, for anything but the forms above.
 Fault parse_fault(const std::string& text, const std::string& key = "elastic.fault");
-// Rewrites `contribution` (this member's parameters) as described above.
-void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution);
+// Rewrites `contribution` (this member's parameters) as described above; `seed` draws the noise
+// (give each round and member its own).
+void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution, uint64_t seed);
 
 }  // namespace loco

@@ -63,47 +63,96 @@ Screening screen_norms(const std::vector<double>& norms, double reject_norm) {
   return s;
 }
 
+namespace {
+
+constexpr int64_t kBlock = 64;  // coordinates sorted together, one SIMD lane each
+
+// Calls fn(i0, len, v) for each block of coordinates [i0, i0 + len): v[k * kBlock + j] is the
+// k-th smallest of the members' values at coordinate i0 + j (k < members). The values are
+// sorted by odd-even transposition, each comparator a min and a max over the block's lanes.
+template <class Fn>
+void for_sorted_blocks(const std::vector<const float*>& p, const std::vector<int>& members, int64_t n, Fn fn) {
+  const int c = int(members.size());
+  std::vector<float> v(static_cast<size_t>(c * kBlock));
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - i0);
+    for (int k = 0; k < c; ++k) {
+      const float* src = p[size_t(members[size_t(k)])] + i0;
+      float* dst = v.data() + k * kBlock;
+      for (int64_t j = 0; j < len; ++j) dst[j] = src[j];
+      for (int64_t j = len; j < kBlock; ++j) dst[j] = 0;
+    }
+    for (int round = 0; round < c; ++round)
+      for (int k = round % 2; k + 1 < c; k += 2) {
+        float* a = v.data() + k * kBlock;
+        float* b = a + kBlock;
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const float lo = std::min(a[j], b[j]), hi = std::max(a[j], b[j]);
+          a[j] = lo;
+          b[j] = hi;
+        }
+      }
+    fn(i0, len, v.data());
+  }
+}
+
+// out[i0 + j] = the mean of sorted ranks [from, to) at each coordinate of a block.
+void mean_of_ranks(const float* v, int from, int to, int64_t i0, int64_t len, float* out) {
+  double acc[kBlock] = {};
+  for (int k = from; k < to; ++k)
+    for (int64_t j = 0; j < kBlock; ++j) acc[j] += v[k * kBlock + j];
+  for (int64_t j = 0; j < len; ++j) out[i0 + j] = float(acc[j] / (to - from));
+}
+
+}  // namespace
+
 void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>& members, int64_t n,
                       const AggregateOptions& o, float* out) {
   check(!members.empty(), "internal: robust_aggregate without members");
   const int c = int(members.size());
-  std::vector<float> v(static_cast<size_t>(c));
-  auto column = [&](int64_t i) {
-    for (int k = 0; k < c; ++k) v[size_t(k)] = p[size_t(members[size_t(k)])][i];
-    std::sort(v.begin(), v.end());
-  };
-  auto median = [&] { return c % 2 ? double(v[size_t(c / 2)]) : 0.5 * (double(v[size_t(c / 2 - 1)]) + v[size_t(c / 2)]); };
+  // The median's middle ranks: one for an odd count, the mean of two for an even one.
+  const int mid_from = (c - 1) / 2, mid_to = c / 2 + 1;
   if (o.rule == "mean") {
-    for (int64_t i = 0; i < n; ++i) {
-      double s = 0;
-      for (int m : members) s += p[size_t(m)][i];
-      out[i] = float(s / c);
+    for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+      const int64_t len = std::min(kBlock, n - i0);
+      double acc[kBlock] = {};
+      for (int m : members)
+        for (int64_t j = 0; j < len; ++j) acc[j] += p[size_t(m)][i0 + j];
+      for (int64_t j = 0; j < len; ++j) out[i0 + j] = float(acc[j] / c);
     }
   } else if (o.rule == "trimmed-mean") {
     const int b = int(std::floor(o.trim * c));  // trim < 0.5: at least one value is left
-    for (int64_t i = 0; i < n; ++i) {
-      column(i);
-      double s = 0;
-      for (int k = b; k < c - b; ++k) s += v[size_t(k)];
-      out[i] = float(s / (c - 2 * b));
-    }
+    for_sorted_blocks(p, members, n, [&](int64_t i0, int64_t len, const float* v) {
+      mean_of_ranks(v, b, c - b, i0, len, out);
+    });
   } else if (o.rule == "median") {
-    for (int64_t i = 0; i < n; ++i) {
-      column(i);
-      out[i] = float(median());
-    }
+    for_sorted_blocks(p, members, n, [&](int64_t i0, int64_t len, const float* v) {
+      mean_of_ranks(v, mid_from, mid_to, i0, len, out);
+    });
   } else if (o.rule == "centered-clip") {
     std::vector<double> center(static_cast<size_t>(n)), step(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      column(i);
-      center[size_t(i)] = median();
-    }
-    auto distance = [&](int m) {
-      double s = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double d = p[size_t(m)][i] - center[size_t(i)];
-        s += d * d;
+    for_sorted_blocks(p, members, n, [&](int64_t i0, int64_t len, const float* v) {
+      for (int64_t j = 0; j < len; ++j) {
+        double acc = 0;
+        for (int k = mid_from; k < mid_to; ++k) acc += v[k * kBlock + j];
+        center[size_t(i0 + j)] = acc / (mid_to - mid_from);
       }
+    });
+    auto distance = [&](int m) {  // one partial sum per lane of a block, then the lanes in order
+      double lanes[kBlock] = {};
+      const float* x = p[size_t(m)];
+      int64_t i0 = 0;
+      for (; i0 + kBlock <= n; i0 += kBlock)
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const double d = x[i0 + j] - center[size_t(i0 + j)];
+          lanes[j] += d * d;
+        }
+      for (int64_t j = 0; i0 + j < n; ++j) {
+        const double d = x[i0 + j] - center[size_t(i0 + j)];
+        lanes[j] += d * d;
+      }
+      double s = 0;
+      for (double l : lanes) s += l;
       return std::sqrt(s);
     };
     std::vector<double> d0;

@@ -18,7 +18,7 @@ bool is_sync_traffic(const std::string& op) {
 bool is_training_traffic(const std::string& op) {
   if (is_sync_traffic(op)) return true;
   for (const char* t : {"activations", "tokens", "activation_grads", "tied_embedding", "grad_norm", "grassmann_A",
-                        "grassmann_U"})
+                        "grassmann_U", "outer_gradients_norms"})
     if (op == t) return true;
   return false;
 }

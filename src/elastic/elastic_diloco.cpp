@@ -49,7 +49,7 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
     r.take_joiners = !last;
     r.reduce = [&](Communicator& comm, int, int) {
       avg = w.params;
-      apply_fault(fault_, theta_, avg);
+      apply_fault(fault_, theta_, avg, uint64_t(r.id));
       const auto s = reduce_outer(comm, theta_.data(), avg.data(), n, aggregate_, avg.data(), "outer_gradients");
       rejected_ = int(s.rejected.size());
       if (rejected_)

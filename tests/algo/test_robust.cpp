@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 
+#include "algo/fault.h"
 #include "algo/robust.h"
 #include "comm/inprocess.h"
 #include "core/error.h"
@@ -234,4 +235,24 @@ TEST(ReduceOuter, EveryContributionRejectedFails) {
   const auto r = run_round(theta, p, o);
   for (int m = 0; m < M; ++m) EXPECT_NE(r.errors[size_t(m)].find("every member's contribution was rejected"),
                                         std::string::npos) << r.errors[size_t(m)];
+}
+
+TEST(Fault, NoiseKeepsTheOuterGradientsNormAndDependsOnTheSeed) {
+  const int64_t n = 500;
+  std::vector<float> theta(n, 1.0f);
+  auto p = honest(1, n, theta, 4)[0];
+  auto a = p, b = p, c = p;
+  const Fault f = parse_fault("noise");
+  apply_fault(f, theta, a, 1);
+  apply_fault(f, theta, b, 1);
+  apply_fault(f, theta, c, 2);
+  const double want = outer_gradient_norm(theta.data(), p.data(), n);
+  EXPECT_NEAR(outer_gradient_norm(theta.data(), a.data(), n), want, 1e-5 * want);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  // Noise, not the gradient: about orthogonal to it.
+  double dot = 0;
+  for (int64_t i = 0; i < n; ++i) dot += double(theta[size_t(i)] - p[size_t(i)]) * (theta[size_t(i)] - a[size_t(i)]);
+  EXPECT_LT(std::abs(dot) / (want * want), 0.2);
+  EXPECT_THROW(parse_fault("noise:2", "outer.fault"), Error);
 }

@@ -4,7 +4,8 @@
 # uninterrupted one bitwise), their compute-utilization runs over the emulated link, the page
 # written from the records, --report-only regenerating it (and its plot) byte for byte, bad input;
 # and the committed study page regenerating byte for byte from the committed records; the same for
-# the quality-parity study (scripts/parity.py), whose later runs depend on the earlier ones' results.
+# the quality-parity study (scripts/parity.py), whose later runs depend on the earlier ones' results,
+# and the robustness study (scripts/robustness.py).
 set -euo pipefail
 loco=$1 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -166,4 +167,35 @@ for phase in 8k 32k; do  # the study's two phases (scripts/parity.py PHASES)
   cmp committed/$name.md "$root/docs/results/$name.md"
   echo "reproduce: docs/results/$name.md regenerates from its records"
 done
+# The robustness study's machinery (scripts/robustness.py) on the tiny model: 8 replicas, the honest
+# runs under each rule and the first bad ones (a x-10 replica), the page and its regeneration.
+robust=($py "$root/scripts/robustness.py" --loco "$loco" --config "$root/configs/tiny.toml"
+        --bench "$(dirname "$loco")/bench/loco_robust_bench" --set data.train=data/train.tok
+        --set data.val=data/val.tok --set algorithm=diloco --set distributed.replicas=8 --set outer.inner_steps=10
+        --steps 20 --out robust-runs --records robust-rec --page page/robustness.md)
+"${robust[@]}" --max-runs 7 > r1.log
+[ "$(ls robust-rec | wc -l)" -eq 7 ]
+grep -q "Runs recorded: 7 of 35" page/robustness.md
+$py - robust-rec page/robustness.md <<'PY'
+import json, sys, tomllib
+rec, page = sys.argv[1], open(sys.argv[2]).read()
+def val(n): return json.load(open(f"{rec}/{n}/summary.json"))["final_val_loss"]
+def cfg(n): return tomllib.load(open(f"{rec}/{n}/config.toml", "rb"))
+assert cfg("honest-median")["outer"]["aggregate"] == "median" and cfg("honest-mean")["outer"]["screen"] == "off"
+bad = cfg("bad1-flip10-screened")["outer"]
+assert bad["fault"] == "scale:-10" and bad["faulty_replicas"] == 1 and bad["screen"] == "on", bad
+row = next(l for l in page.splitlines() if l.startswith("| sign-flipped x10 |"))
+gap = 100 * (val("bad1-flip10-screened") / val("honest-mean") - 1)
+assert f"{val('bad1-flip10-screened'):.4f} ({gap:+.2f}%, left out 2 times in 2 rounds)" in row, row
+PY
+cp page/robustness.md robust.before
+"${robust[@]}" --report-only > /dev/null
+cmp page/robustness.md robust.before
+if [ -f "$root/docs/results/robustness.md" ]; then
+  mkdir -p committed
+  $py "$root/scripts/robustness.py" --report-only --records "$root/docs/results/robustness" \
+    --page committed/robustness.md > /dev/null
+  cmp committed/robustness.md "$root/docs/results/robustness.md"
+  echo "reproduce: docs/results/robustness.md regenerates from its records"
+fi
 echo "reproduce: OK"

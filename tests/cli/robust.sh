@@ -47,6 +47,12 @@ for fault in ("nan", "scale-10", "scale1000"):
         assert rejected(f"{rule}-{fault}") == [1] * len(rejected(f"{rule}-{fault}")) != [], (rule, fault)
     print(f"one bad replica of 5 ({fault}): " + ", ".join(row))
 PY
+# Noise of the outer gradient's norm passes the norm rule: the screened mean takes it in, the median
+# does not need to reject it.
+run mean-noise --set outer.fault=noise --set outer.screen=on
+run median-noise --set outer.fault=noise --set outer.aggregate=median
+! grep -q "left out" mean-noise.err median-noise.err || { echo "FAIL: noise of the same norm rejected"; exit 1; }
+$py -c "import json,sys; a,b,h=(json.load(open(f+'/summary.json'))['final_val_loss'] for f in ('mean-noise','median-noise','honest')); print(f'noise member: mean {a:.4f}, median {b:.4f}'); sys.exit(abs(b/h-1) >= 0.03)"
 # The robust rules without the norm rule (reject_norm 0): a x-10 member is not rejected, and the
 # median and trimmed mean still keep the run near the honest one.
 run median-noscreen --set outer.fault=scale:-10 --set outer.aggregate=median --set outer.screen=off
