@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 
 #include "algo/algorithm.h"
 #include "core/error.h"
@@ -66,6 +67,71 @@ void noloco_outer_step(const std::vector<const float*>& phis, const std::vector<
   }
 }
 
+NolocoScreen noloco_screen(const std::vector<const float*>& phis, const std::vector<const float*>& progress,
+                           int self, int64_t n, double reject_norm, double reject_distance) {
+  const size_t G = phis.size();
+  std::vector<double> norms(G);
+  for (size_t j = 0; j < G; ++j) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += double(progress[j][i]) * progress[j][i];
+    norms[j] = std::sqrt(s);
+  }
+  std::vector<double> finite;
+  for (double x : norms)
+    if (std::isfinite(x)) finite.push_back(x);
+  std::sort(finite.begin(), finite.end());
+  const size_t c = finite.size();
+  const double med = c == 0 ? 0 : c % 2 ? finite[c / 2] : 0.5 * (finite[c / 2 - 1] + finite[c / 2]);
+  double own_norm = 0;
+  for (int64_t i = 0; i < n; ++i) own_norm += double(phis[size_t(self)][i]) * phis[size_t(self)][i];
+  own_norm = std::max(std::sqrt(own_norm), 1e-30);
+  NolocoScreen out;
+  auto leave_out = [&](size_t j, const std::string& reason) {
+    out.why += (out.why.empty() ? "" : "; ") + std::string("partner ") + std::to_string(j) + ": " + reason;
+  };
+  for (size_t j = 0; j < G; ++j) {
+    if (int(j) == self) {
+      out.kept.push_back(j);
+      continue;
+    }
+    double dist = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = double(phis[j][i]) - phis[size_t(self)][i];
+      dist += d * d;
+    }
+    dist = std::sqrt(dist) / own_norm;  // relative to this replica's slow weights
+    if (!std::isfinite(norms[j])) {
+      leave_out(j, "non-finite local progress");
+    } else if (!std::isfinite(dist)) {
+      leave_out(j, "non-finite slow weights");
+    } else if (reject_norm > 0 && med > 0 && norms[j] > reject_norm * med) {
+      leave_out(j, "local progress norm " + std::to_string(norms[j]) + " > " + std::to_string(reject_norm) +
+                       " x the group's median " + std::to_string(med));
+    } else if (reject_distance > 0 && dist > reject_distance) {
+      leave_out(j, "slow weights " + std::to_string(dist) + " of this replica's norm away, > " +
+                       std::to_string(reject_distance));
+    } else {
+      out.kept.push_back(j);
+      out.distance_ratio = std::max(out.distance_ratio, dist);
+    }
+  }
+  return out;
+}
+
+int noloco_keep(const NolocoScreen& s, int self, std::vector<const float*>& phis, std::vector<const float*>& progress) {
+  std::vector<const float*> p2, d2;
+  int used = -1;
+  for (size_t j : s.kept) {
+    if (int(j) == self) used = int(p2.size());
+    p2.push_back(phis[j]);
+    d2.push_back(progress[j]);
+  }
+  check(used >= 0, "internal: noloco screening left this replica out");
+  phis.swap(p2);
+  progress.swap(d2);
+  return used;
+}
+
 NolocoStepParams noloco_step_params(const NolocoConfig& c) {
   return {c.outer_lr, c.momentum, c.pull < 0 ? c.outer_lr : c.pull};
 }
@@ -96,7 +162,15 @@ class Noloco : public Algorithm {
         n_(int64_t(w.params.size())),
         phi_(size_t(n_)),
         delta_(size_t(n_), 0.0f),
-        progress_(size_t(n_)) {}
+        progress_(size_t(n_)),
+        screen_(cfg.outer.screen == "on"),
+        reject_norm_(cfg.outer.reject_norm) {}
+
+  void annotate(nlohmann::json& rec) override {
+    if (!screen_ || outer_steps_ == 0) return;
+    rec["outer_rejected"] = rejected_;
+    rec["partner_distance_ratio"] = distance_ratio_;
+  }
 
   void start(Worker& w, bool resumed) override {
     if (!resumed) phi_ = w.params;
@@ -132,7 +206,16 @@ class Noloco : public Algorithm {
       deltas[j] = progress[j].data();
       phis[j] = partner_phi_[j].empty() ? phi_.data() : partner_phi_[j].data();
     }
-    noloco_outer_step(phis, deltas, self, phi_.data(), delta_.data(), w.params.data(), n_,
+    int used = self;
+    if (screen_) {
+      const auto s = noloco_screen(phis, deltas, self, n_, reject_norm_, cfg_.reject_distance);
+      distance_ratio_ = s.distance_ratio;
+      rejected_ = int(group.size() - s.kept.size());
+      if (rejected_)
+        std::cerr << "loco: warning: outer step " << k << " of replica " << w.rank << ", left out: " << s.why << "\n";
+      used = noloco_keep(s, self, phis, deltas);
+    }
+    noloco_outer_step(phis, deltas, used, phi_.data(), delta_.data(), w.params.data(), n_,
                       noloco_step_params(cfg_));
     ++outer_steps_;
     partner_phi_.clear();
@@ -253,6 +336,10 @@ class Noloco : public Algorithm {
   std::vector<Communicator::Handle> weight_handles_;
   bool received_ = true;
   std::vector<std::vector<float>> partner_phi_;
+  bool screen_;  // outer.screen = on (auto: off in-process and under MPI)
+  double reject_norm_;
+  int rejected_ = 0;           // partners left out of the last outer step
+  double distance_ratio_ = 0;  // of the last outer step (noloco_screen)
 };
 
 }  // namespace

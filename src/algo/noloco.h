@@ -32,6 +32,22 @@ struct NolocoStepParams {
 };
 void noloco_outer_step(const std::vector<const float*>& phis, const std::vector<const float*>& progress, int self,
                        float* phi, float* delta, float* theta, int64_t n, const NolocoStepParams& p);
+// Screening of a group (outer.screen; docs/security.md): the members whose exchange the outer step
+// takes, this replica's own always. A partner is left out when its local progress or slow weights
+// are not finite, when the norm of its progress exceeds `reject_norm` times the median of the
+// group's (this replica's included), or when its slow weights are farther from this replica's
+// than `reject_distance` times the norm of this replica's (0 turns either rule off; honest
+// replicas measured 0.30 apart at most, see docs/security.md). `distance_ratio`: the largest
+// such relative distance among the kept partners (a diagnostic: how close the rule came).
+struct NolocoScreen {
+  std::vector<size_t> kept;  // indices into the group, ascending
+  std::string why;           // the partners left out and why ("" when none)
+  double distance_ratio = 0;
+};
+NolocoScreen noloco_screen(const std::vector<const float*>& phis, const std::vector<const float*>& progress,
+                           int self, int64_t n, double reject_norm, double reject_distance);
+// Keeps only s.kept in phis and progress; returns this replica's index among them.
+int noloco_keep(const NolocoScreen& s, int self, std::vector<const float*>& phis, std::vector<const float*>& progress);
 // beta, alpha and gamma of the config (noloco.pull = -1: gamma = beta).
 NolocoStepParams noloco_step_params(const NolocoConfig& c);
 

@@ -9,6 +9,7 @@
 // coordinator). A joiner receives the first contributor's slow weights and momentum and starts
 // with its parameters equal to them.
 #include <algorithm>
+#include <iostream>
 
 #include "algo/noloco.h"
 #include "core/error.h"
@@ -28,7 +29,9 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
         cfg_(cfg.noloco),
         n_(int64_t(w.params.size())),
         phi_(w.params.size()),
-        delta_(w.params.size(), 0.0f) {}
+        delta_(w.params.size(), 0.0f),
+        screen_(cfg.outer.screen != "off"),
+        reject_norm_(cfg.outer.reject_norm) {}
 
   void start(Worker& w, bool resumed) override {
     phi_ = w.params;
@@ -84,6 +87,13 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
         phis[j] = theirs_phi[j].data();
         ds[j] = theirs_d[j].data();
       }
+      if (screen_) {
+        const auto s = noloco_screen(phis, ds, self, n_, reject_norm_, cfg_.reject_distance);
+        rejected_ = int(group.size() - s.kept.size());
+        distance_ratio_ = s.distance_ratio;
+        if (rejected_) std::cerr << "loco: warning: round " << k << ", left out: " << s.why << "\n";
+        self = noloco_keep(s, self, phis, ds);
+      }
       phi = phi_;
       delta = delta_;
       noloco_outer_step(phis, ds, self, phi.data(), delta.data(), theta.data(), n_, noloco_step_params(cfg_));
@@ -101,6 +111,13 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
     };
     session_.run_round(w, r, install());
     if (last) session_.finish_run();
+  }
+
+  void annotate(nlohmann::json& rec) override {
+    ElasticMethod::annotate(rec);
+    if (!screen_ || outer_steps_ == 0) return;
+    rec["outer_rejected"] = rejected_;
+    rec["partner_distance_ratio"] = distance_ratio_;
   }
 
   // Each member evaluates its own slow weights (on all validation windows).
@@ -129,6 +146,10 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
   int64_t n_;
   std::vector<float> phi_, delta_;
   int64_t outer_steps_ = 0;
+  bool screen_;  // outer.screen (auto: on in elastic runs)
+  double reject_norm_;
+  int rejected_ = 0;           // partners left out of the last round
+  double distance_ratio_ = 0;  // of the last round (noloco_screen)
 };
 
 }  // namespace

@@ -186,6 +186,9 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("noloco.seed", &nl.seed, "seed of the groups and routes (shared by every worker)");
   s.add("noloco.eval", &nl.eval, "evaluated weights: shards (each replica's slow weights on its share of the "
         "validation windows, pooled), replica0, or average (of the replicas)", {"shards", "replica0", "average"});
+  s.add("noloco.reject_distance", &nl.reject_distance,
+        "screening (outer.screen): a partner whose slow weights are farther from this replica's than this times "
+        "their norm is left out of the outer step (0: no distance rule)", 0.0, 1e9);
   auto& pp = cfg.pipeline;
   s.add("pipeline.stages", &pp.stages,
         "S: pipeline stages, each a contiguous group of blocks on its own worker (S x replicas workers)", 1, 1024);
@@ -299,8 +302,9 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
     const std::string what = o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\""
                              : o.screen == "on"    ? std::string("outer.screen = \"on\"")
                                                    : std::string("outer.fault");
-    need(c.algorithm == "diloco", what + " needs algorithm = \"diloco\" (Streaming DiLoCo and NoLoCo do not "
-                                         "screen or aggregate robustly yet)");
+    need(c.algorithm == "diloco" || (c.algorithm == "noloco" && o.aggregate == "mean" && o.fault.empty()),
+         what + " needs algorithm = \"diloco\" (NoLoCo screens its partners with outer.screen; Streaming DiLoCo "
+                "does not screen or aggregate robustly yet)");
     need(c.partial.slices == 1, what + " with partial.slices > 1 is not supported");
   }
   if (!o.fault.empty()) {

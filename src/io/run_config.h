@@ -114,6 +114,7 @@ struct NolocoConfig {
   std::string routing = "random";   // random or fixed pipeline paths (pipeline.stages > 1)
   int64_t seed = 0;                 // groups and routes
   std::string eval = "shards";      // shards, replica0, average
+  double reject_distance = 1.0;     // screening: partner weights farther than this x the norm of one's own
 };
 
 struct ProtocolConfig {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -40,7 +41,10 @@ RunConfig small_config(int R, int group_size, const std::string& algorithm = "no
   c.noloco.pull = 0.6;  // unlike beta, so that a term taking the other's coefficient is caught
   c.noloco.group_size = group_size;
   c.noloco.seed = 5;
-  c.outer = {kH, 0.7, 0.5, false};
+  c.outer.inner_steps = kH;
+  c.outer.lr = 0.7;
+  c.outer.momentum = 0.5;
+  c.outer.nesterov = false;
   return c;
 }
 
@@ -298,6 +302,47 @@ TEST(Noloco, RandomRoutesArePermutationsAndRetraceTheirPath) {
         }
       }
   EXPECT_GT(distinct.size(), 5u);
+}
+
+TEST(NolocoScreen, LeavesOutNonFiniteFarOrOversizedPartnersAndKeepsSelf) {
+  const int64_t n = 100;
+  Rng rng(2);
+  std::vector<std::vector<float>> phi(4, std::vector<float>(n)), d(4, std::vector<float>(n));
+  for (int j = 0; j < 4; ++j)
+    for (int64_t i = 0; i < n; ++i) {
+      phi[j][size_t(i)] = float(1 + 0.001 * rng.normal());  // slow weights close together
+      d[j][size_t(i)] = float(0.01 * rng.normal());          // progress norms about 0.1
+    }
+  auto ptrs = [](const std::vector<std::vector<float>>& v) {
+    std::vector<const float*> p;
+    for (const auto& x : v) p.push_back(x.data());
+    return p;
+  };
+  auto honest = noloco_screen(ptrs(phi), ptrs(d), 1, n, 3, 0.5);
+  EXPECT_EQ(honest.kept, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(honest.why, "");
+  EXPECT_GT(honest.distance_ratio, 0.0005);  // about 0.014 / 10
+  EXPECT_LT(honest.distance_ratio, 0.005);
+  auto bad_phi = phi, bad_d = d;
+  bad_d[0][3] = std::numeric_limits<float>::quiet_NaN();      // partner 0: NaN progress
+  for (auto& x : bad_d[2]) x *= 5;                             // partner 2: 5x the progress
+  for (auto& x : bad_phi[3]) x *= -1;                          // partner 3: slow weights 2x their norm away
+  auto s = noloco_screen(ptrs(bad_phi), ptrs(bad_d), 1, n, 3, 0.5);
+  EXPECT_EQ(s.kept, std::vector<size_t>{1});
+  EXPECT_NE(s.why.find("partner 0: non-finite local progress"), std::string::npos) << s.why;
+  EXPECT_NE(s.why.find("partner 2: local progress norm"), std::string::npos) << s.why;
+  EXPECT_NE(s.why.find("partner 3: slow weights"), std::string::npos) << s.why;
+  // Rules off: only the non-finite one goes; its own entry is always kept, whatever it holds.
+  EXPECT_EQ(noloco_screen(ptrs(bad_phi), ptrs(bad_d), 1, n, 0, 0).kept, (std::vector<size_t>{1, 2, 3}));
+  EXPECT_EQ(noloco_screen(ptrs(bad_phi), ptrs(bad_d), 0, n, 3, 0.5).kept.front(), 0u);
+  // Keeping a subset: the outer step's arrays shrink and self's index follows.
+  auto p = ptrs(bad_phi), q = ptrs(bad_d);
+  NolocoScreen keep;
+  keep.kept = {1, 3};
+  EXPECT_EQ(noloco_keep(keep, 3, p, q), 1);
+  EXPECT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[1], bad_phi[3].data());
+  EXPECT_EQ(q[0], bad_d[1].data());
 }
 
 }  // namespace loco

@@ -21,7 +21,10 @@ TEST(Diloco, OuterStepMatchesTheFormulaOverTwoRounds) {
   cfg.data.seq_len = 4;
   cfg.data.batch_size = 1;
   cfg.algorithm = "diloco";
-  cfg.outer = {5, 0.7, 0.9, true};
+  cfg.outer.inner_steps = 5;
+  cfg.outer.lr = 0.7;
+  cfg.outer.momentum = 0.9;
+  cfg.outer.nesterov = true;
   auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1));
   const int M = 2;
   const size_t n = ParamLayout(cfg.model).size();

@@ -133,7 +133,10 @@ TEST(Partial, RoundAveragesEachEntryOverTheNodesThatTrainIt) {
   cfg.data.seq_len = 8;
   cfg.data.batch_size = 1;
   cfg.algorithm = "diloco";
-  cfg.outer = {4, 0.7, 0.9, true};
+  cfg.outer.inner_steps = 4;
+  cfg.outer.lr = 0.7;
+  cfg.outer.momentum = 0.9;
+  cfg.outer.nesterov = true;
   cfg.partial = {2, "mlp+heads"};
   const int M = 4;
   const ParamLayout layout(cfg.model);

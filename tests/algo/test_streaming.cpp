@@ -86,7 +86,10 @@ RunConfig tiny_config(const std::string& dir, int steps, int tau, double alpha, 
   c.train.out_dir = dir + "/run";
   c.train.threads = 1;
   c.distributed.replicas = kReplicas;
-  c.outer = {kH, 0.7, 0.9, true};
+  c.outer.inner_steps = kH;
+  c.outer.lr = 0.7;
+  c.outer.momentum = 0.9;
+  c.outer.nesterov = true;
   c.streaming.fragment_blocks = 2;
   c.streaming.pattern = "strided";
   c.streaming.tau = tau;
@@ -254,7 +257,10 @@ struct SyncResult {
 SyncResult one_sync(int M, const std::string& codec, const std::string& reduce, int slices = 1, double alpha = 0) {
   RunConfig cfg = tiny_config(::testing::TempDir(), 12, 0, alpha);
   cfg.distributed.replicas = M;
-  cfg.outer = {kH, 1.0, 0.0, true};
+  cfg.outer.inner_steps = kH;
+  cfg.outer.lr = 1.0;
+  cfg.outer.momentum = 0.0;
+  cfg.outer.nesterov = true;
   cfg.outer.codec = codec;
   cfg.outer.block = 32;
   cfg.outer.reduce = reduce;

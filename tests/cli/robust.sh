@@ -58,6 +58,19 @@ $py -c "import json,sys; a,b,h=(json.load(open(f+'/summary.json'))['final_val_lo
 run median-noscreen --set outer.fault=scale:-10 --set outer.aggregate=median --set outer.screen=off
 grep -q "left out" median-noscreen.err && { echo "FAIL: screening off still rejected"; cat median-noscreen.err; exit 1; }
 $py -c "import json,sys; a,b=(json.load(open(f+'/summary.json'))['final_val_loss'] for f in ('median-noscreen','honest')); print(f'median, x-10 member, no screening: {a:.4f}'); sys.exit(abs(a/b-1) >= 0.03)"
+# NoLoCo screens its partners: with honest ones, screening on changes no bit; it reports how far the
+# kept partners' slow weights were (a small share of their norm).
+run noloco --set algorithm=noloco --set noloco.inner_steps=5
+run noloco-screened --set algorithm=noloco --set noloco.inner_steps=5 --set outer.screen=on
+cmp noloco/checkpoints/step_00000040/model.safetensors noloco-screened/checkpoints/step_00000040/model.safetensors
+$py - <<'PY'
+import json
+recs = [json.loads(l) for l in open("noloco-screened/metrics.jsonl") if "partner_distance_ratio" in l]
+ratios = [r["partner_distance_ratio"] for r in recs]
+assert len(recs) >= 7 and all(r["outer_rejected"] == 0 for r in recs), recs
+assert 0 < max(ratios) < 1.0, ratios  # below noloco.reject_distance
+print(f"noloco, screened: partners' slow weights at most {max(ratios):.4f} of their norm apart")
+PY
 # MPI == in-process with a robust rule and a bad member (every member aggregates the same bits).
 timeout 120 mpirun -np 5 "$loco" train "${base[@]}" --set distributed.replicas=1 --set outer.aggregate=centered-clip \
   --set outer.fault=scale:-10 --set outer.faulty_replicas=1 --set train.out_dir=mpi > mpi.out 2>&1 || { cat mpi.out; exit 1; }
@@ -71,6 +84,7 @@ expect_error() {  # expect_error PATTERN ARGS...
 }
 expect_error 'outer.aggregate = "median" needs algorithm = "diloco"' --set algorithm=streaming --set outer.aggregate=median
 expect_error 'outer.fault needs algorithm' --set algorithm=noloco --set outer.fault=nan
+expect_error 'outer.aggregate = "median" needs algorithm' --set algorithm=noloco --set outer.aggregate=median
 expect_error "outer.faulty_replicas (6) exceeds distributed.replicas (5)" --set outer.fault=nan --set outer.faulty_replicas=6
 expect_error 'outer.fault = "bogus": use' --set outer.fault=bogus
 expect_error "outer.aggregate" --set outer.aggregate=mode
