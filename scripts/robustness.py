@@ -27,6 +27,9 @@ FAULTS = [  # name, outer.fault, label
     ("nan", "nan", "NaN"),
 ]
 BAD = [1, 2]
+# The rank rules' own protection: a sign-flipped x10 replica with the norm rule off (outer.reject_norm
+# = 0), so that screening leaves nothing out and the rule alone must hold.
+NO_NORM_RULES = ["trimmed", "median", "cclip"]
 TARGET_LOSS_PCT = 1.0  # issue 33: with one bad member, a robust rule within 1% of the honest run
 TARGET_TIME_PCT = 5.0  # and with none, at most 5% more outer-step time
 BENCH_RECORD = "outer-step-cost.json"  # bench/robust_bench.cpp's measurement, beside the run records
@@ -39,6 +42,11 @@ def runs():
         for f, fault, _ in FAULTS:
             for r, sets, _ in RULES:
                 out.append((f"bad{k}-{f}-{r}", sets + [f"outer.fault={fault}", f"outer.faulty_replicas={k}"], r, k, f))
+    rules = {r: sets for r, sets, _ in RULES}
+    for k in BAD:
+        for r in NO_NORM_RULES:
+            out.append((f"bad{k}-flip10-nonorm-{r}", rules[r] + ["outer.fault=scale:-10", f"outer.faulty_replicas={k}",
+                                                                "outer.reject_norm=0"], r, k, "flip10"))
     return out
 
 
@@ -101,6 +109,7 @@ class Page:
                 self.cost_table()
             for k in BAD:
                 self.bad_table(k)
+            self.no_norm_table()
             self.verdicts()
         self.lines += study.reading(self.args.records, "robustness-reading.md")
         return "\n".join(self.lines) + "\n"
@@ -201,6 +210,21 @@ class Page:
         self.w("|---|" + "---|" * len(RULES))
         for f, _, flabel in FAULTS:
             self.w(f"| {flabel} | " + " | ".join(self.cell(f"bad{k}-{f}-{r}", base) for r, _, _ in RULES) + " |")
+        self.w()
+
+    def no_norm_table(self):
+        base = final(self.rec["honest-mean"])
+        labels = {r: label for r, _, label in RULES}
+        self.w("## The rank rules alone (no norm rule)")
+        self.w()
+        self.w("Sign-flipped x10 replicas with `outer.reject_norm = 0`: screening leaves out only non-finite "
+               "contributions, so the rule alone must hold (final val loss against the honest run with the plain mean):")
+        self.w()
+        self.w("| bad replicas | " + " | ".join(labels[r] for r in NO_NORM_RULES) + " |")
+        self.w("|---|" + "---|" * len(NO_NORM_RULES))
+        for k in BAD:
+            self.w(f"| {k} of 8 | " + " | ".join(self.cell(f"bad{k}-flip10-nonorm-{r}", base) for r in NO_NORM_RULES) +
+                   " |")
         self.w()
 
     def verdicts(self):

@@ -175,7 +175,7 @@ robust=($py "$root/scripts/robustness.py" --loco "$loco" --config "$root/configs
         --steps 20 --out robust-runs --records robust-rec --page page/robustness.md)
 "${robust[@]}" --max-runs 7 > r1.log
 [ "$(ls robust-rec | wc -l)" -eq 7 ]
-grep -q "Runs recorded: 7 of 35" page/robustness.md
+grep -q "Runs recorded: 7 of 41" page/robustness.md
 $py - robust-rec page/robustness.md <<'PY'
 import json, sys, tomllib
 rec, page = sys.argv[1], open(sys.argv[2]).read()
