@@ -92,8 +92,8 @@ bool Membership::outage_over(Redis& redis) {
 void Membership::check_state() {
   if (state_lost_)
     fail("elastic: the coordinator (Redis at " + opt_.where.host + ":" + std::to_string(opt_.where.port) +
-         ") lost this run's state (restarted without its data?); stopping. Run Redis with persistence "
-         "(appendonly yes) to ride out restarts");
+         ") lost this run's state (restarted without its data, flushed or failed over?); stopping. Run Redis "
+         "with persistence (appendonly yes) to ride out restarts");
 }
 
 void Membership::retry(const std::function<void()>& fn) {
@@ -125,6 +125,13 @@ void Membership::beat() {
   if (id < 0) return;
   const std::string me = std::to_string(id);
   if (beat_redis_->exists(key("dropped:" + me))) return;  // dropped: never revived
+  // Its member record is written once and never removed: gone means Redis lost the run while up
+  // (FLUSHALL, a failover to an empty replica, eviction). Ids would be handed out again: stop at
+  // the next round (check_state) rather than beat on.
+  if (!beat_redis_->exists(key("member:" + me))) {
+    state_lost_ = true;
+    return;
+  }
   beat_redis_->set_px(key("hb:" + me), opt_.name, int64_t(opt_.timeout_s * 1000));
 }
 

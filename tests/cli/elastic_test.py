@@ -17,7 +17,7 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
   - SIGSTOP a worker past the timeout, then SIGCONT: it is dropped and rejoins as a new member,
     and no round is corrupted;
   - Redis stopped past the timeout (twice: 4 s and 2.5 s), then continued: the workers ride it
-    out; Redis restarted without its data: they stop with a clear message;
+    out; Redis restarted without its data, or flushed while up: they stop with a clear message;
   - a worker with another num_heads (same parameter count), other training data, another
     outer.lr or another run secret is refused at start with the difference named, and the run
     goes on without it;
@@ -302,15 +302,28 @@ try:
     time.sleep(1)
     redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis2.log", "w"), stderr=subprocess.STDOUT)
     procs.append(redis)  # the restarted server: cleanup() stops it with the workers
-    for p, n in zip(ps, ["w0", "w1"]):
-        try:
-            rc = p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            fail(f"lost/{n} did not stop after Redis lost the run")
-        log = open(f"lost-{n}.log").read()
-        if rc == 0 or "lost this run's state" not in log:
-            fail(f"lost/{n}: expected a clear stop, exit {rc}:\n{log[-2000:]}")
+    def expect_state_lost(ps, tag):  # both workers stop within 60 s, saying the coordinator lost the run
+        for p, n in zip(ps, ["w0", "w1"]):
+            try:
+                rc = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                fail(f"{tag}/{n} did not stop after Redis lost the run")
+            log = open(f"{tag}-{n}.log").read()
+            if rc == 0 or "lost this run's state" not in log:
+                fail(f"{tag}/{n}: expected a clear stop, exit {rc}:\n{log[-2000:]}")
+
+    expect_state_lost(ps, "lost")
     print("Redis restarted without its data: both workers stopped with a clear message")
+
+    # 6a. Redis loses the run while up (FLUSHALL): the workers notice at their next heartbeat and
+    # stop at the next round with the same message, instead of beating on (ids would be reused).
+    ps = [start("flushed", n, "flushed", long + ["--set", "elastic.min_workers=2", "--set", "train.steps=3000"])
+          for n in ["w0", "w1"]]
+    wait_step("flushed/w0/metrics.jsonl", 40)
+    subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], env=dict(os.environ, REDISCLI_AUTH=PASSWORD),
+                   check=True, capture_output=True, timeout=10)
+    expect_state_lost(ps, "flushed")
+    print("Redis flushed while up (FLUSHALL): both workers stopped with a clear message")
 
     # 6b. Members must agree: a worker with another config (same parameter count), other data
     # or another run secret is refused at start, the differing keys named; the run goes on.
