@@ -7,8 +7,10 @@ trimmed mean, the coordinate-wise median and centered clipping (the robust rules
 Each run's final validation loss against the honest run's, the rounds' rejections, and each rule's
 outer-step time and bytes. Resumable run by run as the other studies (scripts/study.py); about an
 hour on 2 cores. Options: --help."""
+import json
 import os
 import statistics
+import subprocess
 import sys
 
 import study
@@ -21,6 +23,9 @@ RULES = [  # name, settings, label
     ("median", ["outer.aggregate=median"], "median"),
     ("cclip", ["outer.aggregate=centered-clip"], "centered clip"),
 ]
+# Each rule's row in bench/robust_bench.cpp's output.
+BENCH_ROW = {"mean": "mean", "screened": "mean, screened", "trimmed": "trimmed-mean", "median": "median",
+             "cclip": "centered-clip"}
 FAULTS = [  # name, outer.fault, label
     ("flip10", "scale:-10", "sign-flipped x10"),
     ("noise", "noise", "noise of the same norm"),
@@ -57,7 +62,6 @@ def final(rec):
 def rounds(rec, key):
     """The values of KEY in the run's metrics records written right after a round (the step a
     multiple of H; a record logged later repeats the last round's values)."""
-    import json
     path = os.path.join(rec["_dir"], "metrics.jsonl")
     h = rec["config"]["outer"]["inner_steps"]
     out = []
@@ -83,7 +87,6 @@ class Page:
         self.bench = None
         path = os.path.join(args.records, BENCH_RECORD)
         if os.path.exists(path):
-            import json
             with open(path) as f:
                 self.bench = json.load(f)
 
@@ -155,14 +158,12 @@ class Page:
                    f"{r['transfer_s'] * 1e3:.1f} ms | {t * 1e3:.1f} ms | {t / t0:.2f}x |")
         self.w()
 
-    def bench_ratio(self, label):
-        """The bench's outer step of rule LABEL over the plain mean's, or None."""
+    def bench_ratio(self, rule):
+        """The bench's outer step of RULE (a name of RULES) over the plain mean's, or None."""
         if not self.bench:
             return None
         rows = {r["rule"]: r["compute_s"] + r["transfer_s"] for r in self.bench["result"]["rules"]}
-        key = {"mean, screened": "mean, screened", "trimmed mean (0.25)": "trimmed-mean", "median": "median",
-               "centered clip": "centered-clip"}[label]
-        return rows[key] / rows["mean"]
+        return rows[BENCH_ROW[rule]] / rows[BENCH_ROW["mean"]]
 
     def sync_s(self, r):
         xs = rounds(r, "outer_sync_s")
@@ -248,7 +249,7 @@ class Page:
             h = self.rec.get(f"honest-{r}")
             if h and final(h):
                 loss_ok = pct(final(h), base) <= TARGET_LOSS_PCT
-                ratio = self.bench_ratio(label)
+                ratio = self.bench_ratio(r)
                 t = ("not measured yet" if ratio is None else
                      f"{'met' if 100 * (ratio - 1) <= TARGET_TIME_PCT else 'NOT met'} ({ratio:.2f}x, one member's "
                      "outer step above)")
@@ -293,8 +294,6 @@ def main():
 def measure_outer_step(args):
     """Runs bench/robust_bench.cpp once at the study model's size, 8 members and 1 Gbit/s, and
     records its result (BENCH_RECORD)."""
-    import json
-    import subprocess
     path = os.path.join(args.records, BENCH_RECORD)
     if os.path.exists(path):
         return

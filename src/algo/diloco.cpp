@@ -38,10 +38,7 @@ class Diloco : public Algorithm {
         momentum_(w.params.size(), 0.0f),
         average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
         whole_{{0, int64_t(w.params.size())}} {
-    aggregate_.rule = cfg.outer.aggregate;
-    aggregate_.trim = cfg.outer.trim;
-    aggregate_.reject_norm = cfg.outer.reject_norm;
-    aggregate_.screen = cfg.outer.screen == "on" || (cfg.outer.screen == "auto" && cfg.outer.aggregate != "mean");
+    aggregate_ = aggregate_options(cfg.outer, false);
     if (w.rank >= w.replicas - cfg.outer.faulty_replicas) fault_ = parse_fault(cfg.outer.fault, "outer.fault");
     robust_ = aggregate_.screen || aggregate_.rule != "mean" || fault_.kind != Fault::Kind::None;
   }
@@ -64,11 +61,14 @@ class Diloco : public Algorithm {
     const int64_t n = int64_t(theta_.size());
     const double sync_start = w.comm.clock().now();
     if (robust_) {
-      contribution_ = w.params;
-      apply_fault(fault_, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(w.rank));
+      const float* contribution = w.params.data();
+      if (fault_.kind != Fault::Kind::None) {
+        contribution_ = w.params;
+        apply_fault(fault_, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(w.rank));
+        contribution = contribution_.data();
+      }
       avg_.resize(size_t(n));
-      const auto s = reduce_outer(w.comm, theta_.data(), contribution_.data(), n, aggregate_, avg_.data(),
-                                  "outer_gradients");
+      const auto s = reduce_outer(w.comm, theta_.data(), contribution, n, aggregate_, avg_.data(), "outer_gradients");
       rejected_ = int(s.rejected.size());
       if (rejected_ && w.rank == 0)
         std::cerr << "loco: warning: round ending at step " << done << ", left out: "
@@ -121,7 +121,7 @@ class Diloco : public Algorithm {
   AggregateOptions aggregate_;
   Fault fault_;
   bool robust_ = false;  // reduce through reduce_outer (screening, a robust rule or a fault)
-  std::vector<float> contribution_;
+  std::vector<float> contribution_;  // a faulty replica's corrupted parameters
   int rejected_ = 0;  // contributions rejected in the last round
   double sync_s_ = 0;  // the last round's synchronization and outer step, on the transport's clock
   CountVectorAverage average_;

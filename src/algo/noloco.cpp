@@ -21,6 +21,7 @@
 #include <iostream>
 
 #include "algo/algorithm.h"
+#include "algo/robust.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -71,50 +72,35 @@ NolocoScreen noloco_screen(const std::vector<const float*>& phis, const std::vec
                            int self, int64_t n, double reject_norm, double reject_distance) {
   const size_t G = phis.size();
   std::vector<double> norms(G);
-  for (size_t j = 0; j < G; ++j) {
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i) s += double(progress[j][i]) * progress[j][i];
-    norms[j] = std::sqrt(s);
-  }
-  std::vector<double> finite;
-  for (double x : norms)
-    if (std::isfinite(x)) finite.push_back(x);
-  std::sort(finite.begin(), finite.end());
-  const size_t c = finite.size();
-  const double med = c == 0 ? 0 : c % 2 ? finite[c / 2] : 0.5 * (finite[c / 2 - 1] + finite[c / 2]);
-  double own_norm = 0;
-  for (int64_t i = 0; i < n; ++i) own_norm += double(phis[size_t(self)][i]) * phis[size_t(self)][i];
-  own_norm = std::max(std::sqrt(own_norm), 1e-30);
+  for (size_t j = 0; j < G; ++j) norms[j] = vector_norm(progress[j], n);
+  const Screening by_norm = screen_norms(norms, reject_norm, "local progress", "group");
+  const float* own = phis[size_t(self)];
+  const double own_norm = std::max(vector_norm(own, n), 1e-30);
+  Screening left_out;  // partners only: this replica's own entry is always kept
   NolocoScreen out;
-  auto leave_out = [&](size_t j, const std::string& reason) {
-    out.why += (out.why.empty() ? "" : "; ") + std::string("partner ") + std::to_string(j) + ": " + reason;
-  };
+  size_t k = 0;  // the next of by_norm's rejections
   for (size_t j = 0; j < G; ++j) {
+    const bool by_norm_out = k < by_norm.rejected.size() && by_norm.rejected[k] == int(j);
+    const std::string norm_why = by_norm_out ? by_norm.why[k++] : "";
     if (int(j) == self) {
       out.kept.push_back(j);
       continue;
     }
-    double dist = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = double(phis[j][i]) - phis[size_t(self)][i];
-      dist += d * d;
-    }
-    dist = std::sqrt(dist) / own_norm;  // relative to this replica's slow weights
-    if (!std::isfinite(norms[j])) {
-      leave_out(j, "non-finite local progress");
-    } else if (!std::isfinite(dist)) {
-      leave_out(j, "non-finite slow weights");
-    } else if (reject_norm > 0 && med > 0 && norms[j] > reject_norm * med) {
-      leave_out(j, "local progress norm " + std::to_string(norms[j]) + " > " + std::to_string(reject_norm) +
-                       " x the group's median " + std::to_string(med));
-    } else if (reject_distance > 0 && dist > reject_distance) {
-      leave_out(j, "slow weights " + std::to_string(dist) + " of this replica's norm away, > " +
-                       std::to_string(reject_distance));
-    } else {
+    const double dist = outer_gradient_norm(own, phis[j], n) / own_norm;  // relative to this replica's weights
+    std::string why = norm_why;
+    if (why.empty() && !std::isfinite(dist))
+      why = "non-finite slow weights";
+    else if (why.empty() && reject_distance > 0 && dist > reject_distance)
+      why = "slow weights " + std::to_string(dist) + " of this replica's norm away, > " + std::to_string(reject_distance);
+    if (why.empty()) {
       out.kept.push_back(j);
       out.distance_ratio = std::max(out.distance_ratio, dist);
+    } else {
+      left_out.rejected.push_back(int(j));
+      left_out.why.push_back(why);
     }
   }
+  out.why = describe_rejections(left_out, "partner");
   return out;
 }
 
@@ -163,7 +149,7 @@ class Noloco : public Algorithm {
         phi_(size_t(n_)),
         delta_(size_t(n_), 0.0f),
         progress_(size_t(n_)),
-        screen_(cfg.outer.screen == "on"),
+        screen_(aggregate_options(cfg.outer, false).screen),
         reject_norm_(cfg.outer.reject_norm) {}
 
   void annotate(nlohmann::json& rec) override {
@@ -336,7 +322,7 @@ class Noloco : public Algorithm {
   std::vector<Communicator::Handle> weight_handles_;
   bool received_ = true;
   std::vector<std::vector<float>> partner_phi_;
-  bool screen_;  // outer.screen = on (auto: off in-process and under MPI)
+  bool screen_;  // outer.screen (auto: off in-process and under MPI)
   double reject_norm_;
   int rejected_ = 0;           // partners left out of the last outer step
   double distance_ratio_ = 0;  // of the last outer step (noloco_screen)

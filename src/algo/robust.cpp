@@ -16,6 +16,21 @@ std::vector<int> Screening::accepted() const {
   return out;
 }
 
+AggregateOptions aggregate_options(const OuterConfig& o, bool elastic) {
+  AggregateOptions a;
+  a.rule = o.aggregate;
+  a.trim = o.trim;
+  a.reject_norm = o.reject_norm;
+  a.screen = o.screen == "on" || (o.screen == "auto" && (elastic || o.aggregate != "mean"));
+  return a;
+}
+
+double vector_norm(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
+  return std::sqrt(s);
+}
+
 double outer_gradient_norm(const float* theta, const float* p, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -42,7 +57,8 @@ std::string fixed(double x) {
 
 }  // namespace
 
-Screening screen_norms(const std::vector<double>& norms, double reject_norm) {
+Screening screen_norms(const std::vector<double>& norms, double reject_norm, const std::string& what,
+                       const std::string& scope) {
   Screening s;
   s.norms = norms;
   std::vector<double> finite;
@@ -53,10 +69,10 @@ Screening screen_norms(const std::vector<double>& norms, double reject_norm) {
     const double x = norms[size_t(m)];
     if (!std::isfinite(x)) {
       s.rejected.push_back(m);
-      s.why.push_back("non-finite outer gradient");
+      s.why.push_back("non-finite " + what);
     } else if (reject_norm > 0 && med > 0 && x > reject_norm * med) {
       s.rejected.push_back(m);
-      s.why.push_back("outer-gradient norm " + fixed(x) + " > " + fixed(reject_norm) + " x the round's median " +
+      s.why.push_back(what + " norm " + fixed(x) + " > " + fixed(reject_norm) + " x the " + scope + "'s median " +
                       fixed(med));
     }
   }
@@ -172,6 +188,26 @@ void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>
   }
 }
 
+namespace {
+
+// Every member's payload, each sent straight by its member; a payload whose size differs from
+// this member's own fails the round blaming its sender (WHAT names it in the message).
+std::vector<std::string> gather_checked(Communicator& comm, std::string payload, const std::string& label,
+                                       const std::string& what) {
+  const size_t size = payload.size();
+  std::vector<std::string> all;
+  auto h = comm.all_gather_direct_start(std::move(payload), &all, label);
+  comm.wait(h);
+  for (int m = 0; m < int(all.size()); ++m)
+    if (all[size_t(m)].size() != size)
+      throw PeerError(label + ": member " + std::to_string(m) + " sent " + std::to_string(all[size_t(m)].size()) +
+                          " bytes (" + std::to_string(size) + " expected) as " + what,
+                      {m});
+  return all;
+}
+
+}  // namespace
+
 Screening reduce_outer(Communicator& comm, const float* theta, const float* contribution, int64_t n,
                        const AggregateOptions& o, float* out, const std::string& label) {
   const int M = comm.size();
@@ -184,17 +220,9 @@ Screening reduce_outer(Communicator& comm, const float* theta, const float* cont
     const double own = outer_gradient_norm(theta, contribution, n);
     std::string payload(sizeof own, '\0');
     std::memcpy(payload.data(), &own, sizeof own);
-    std::vector<std::string> all;
-    auto h = comm.all_gather_direct_start(std::move(payload), &all, label + "_norms");
-    comm.wait(h);
+    const auto all = gather_checked(comm, std::move(payload), label + "_norms", "a norm");
     std::vector<double> norms(static_cast<size_t>(M));
-    for (int m = 0; m < M; ++m) {
-      const auto& b = all[size_t(m)];
-      if (b.size() != sizeof(double))
-        fail(label + ": member " + std::to_string(m) + " sent a norm of " + std::to_string(b.size()) +
-             " bytes (8 expected)");
-      std::memcpy(&norms[size_t(m)], b.data(), sizeof(double));
-    }
+    for (int m = 0; m < M; ++m) std::memcpy(&norms[size_t(m)], all[size_t(m)].data(), sizeof(double));
     Screening s = screen_norms(norms, o.reject_norm);
     const int count = M - int(s.rejected.size());
     if (count == 0) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
@@ -208,17 +236,14 @@ Screening reduce_outer(Communicator& comm, const float* theta, const float* cont
     for (int64_t i = 0; i < n; ++i) out[i] /= float(count);
     return s;
   }
-  // Every member sees every contribution.
-  auto all = comm.all_gather(std::string(reinterpret_cast<const char*>(contribution), size_t(n) * sizeof(float)),
-                             label);
+  // Every member sees every contribution, sent by its author.
+  auto all = gather_checked(comm, std::string(reinterpret_cast<const char*>(contribution), size_t(n) * sizeof(float)),
+                            label, "its contribution");
   std::vector<const float*> p(static_cast<size_t>(M));
   std::vector<std::vector<float>> aligned(static_cast<size_t>(M));
   std::vector<double> norms(static_cast<size_t>(M));
   for (int m = 0; m < M; ++m) {
     const auto& b = all[size_t(m)];
-    if (b.size() != size_t(n) * sizeof(float))
-      fail(label + ": member " + std::to_string(m) + " sent " + std::to_string(b.size()) + " bytes (" +
-           std::to_string(size_t(n) * sizeof(float)) + " expected)");
     aligned[size_t(m)].resize(size_t(n));
     std::memcpy(aligned[size_t(m)].data(), b.data(), b.size());
     all[size_t(m)].clear();

@@ -21,14 +21,18 @@
 // Where the contributions travel: with the mean, members see only the all-reduce's sum, so the
 // screening rests on the norm each member states of itself (sent to all before the all-reduce,
 // 8 bytes): it catches a member whose numbers went bad, not one that lies. The other rules
-// all-gather every member's p_m ((M - 1) x 4n bytes sent per worker instead of about
-// 2 (M - 1) / M x 4n) and every member screens and aggregates the same inputs, in member order,
-// with the same code: all reach the same bits, and nothing rests on what a member says of itself.
+// have each member send its p_m straight to every other ((M - 1) x 4n bytes sent per worker
+// instead of about 2 (M - 1) / M x 4n; no member forwards another's), and every member screens
+// and aggregates the same inputs, in member order, with the same code: all reach the same bits,
+// and nothing rests on what a member says of itself. Not caught: a member that sends different
+// contributions (or, with the mean, different norms) to different members; the members then
+// disagree on the aggregate.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "io/run_config.h"
 
 namespace loco {
 
@@ -48,10 +52,18 @@ struct Screening {
   std::vector<int> accepted() const;
 };
 
+// The options of a DiLoCo run's outer config; outer.screen = auto is on in elastic runs and with
+// the aggregates other than mean.
+AggregateOptions aggregate_options(const OuterConfig& o, bool elastic);
+
 // ||theta - p|| in double: NaN or Inf when an entry of p (or theta) is.
 double outer_gradient_norm(const float* theta, const float* p, int64_t n);
-// The screening rule above over the members' norms.
-Screening screen_norms(const std::vector<double>& norms, double reject_norm);
+// ||x|| in double (non-finite when an entry is).
+double vector_norm(const float* x, int64_t n);
+// The screening rule above over the members' norms of `what` (named in the reasons: "non-finite
+// WHAT", "WHAT norm X > K x the SCOPE's median Y").
+Screening screen_norms(const std::vector<double>& norms, double reject_norm,
+                       const std::string& what = "outer gradient", const std::string& scope = "round");
 // out[i] = the rule over p[m][i] for m in `members` (not empty, ascending).
 void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>& members, int64_t n,
                       const AggregateOptions& o, float* out);
@@ -59,7 +71,8 @@ void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>
 // One round's reduction on `comm`: this member contributes `contribution` (n floats; theta the
 // outer parameters); `out` receives the aggregate of the accepted contributions (parameters, as
 // outer_sgd_step takes them). Without screening and with the mean: the plain all-reduce. Fails
-// when every contribution is rejected, or a peer's payload has the wrong size.
+// when every contribution is rejected, or blaming the peer (PeerError) whose payload has the
+// wrong size.
 Screening reduce_outer(Communicator& comm, const float* theta, const float* contribution, int64_t n,
                        const AggregateOptions& o, float* out, const std::string& label);
 

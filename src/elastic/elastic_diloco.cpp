@@ -26,12 +26,8 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
         outer_(cfg.outer),
         fault_(options.fault),
         theta_(w.params.size()),
-        momentum_(w.params.size(), 0.0f) {
-    aggregate_.rule = cfg.outer.aggregate;
-    aggregate_.trim = cfg.outer.trim;
-    aggregate_.reject_norm = cfg.outer.reject_norm;
-    aggregate_.screen = cfg.outer.screen != "off";
-  }
+        momentum_(w.params.size(), 0.0f),
+        aggregate_(aggregate_options(cfg.outer, true)) {}
 
   void start(Worker& w, bool resumed) override {
     theta_ = w.params;
@@ -102,9 +98,9 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
 
   OuterConfig outer_;
   Fault fault_;
+  std::vector<float> theta_, momentum_;
   AggregateOptions aggregate_;
   int rejected_ = 0;  // contributions left out of the last round
-  std::vector<float> theta_, momentum_;
 };
 
 }  // namespace

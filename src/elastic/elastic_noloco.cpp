@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "algo/noloco.h"
+#include "algo/robust.h"
 #include "core/error.h"
 #include "elastic/methods.h"
 #include "elastic/session.h"
@@ -30,7 +31,7 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
         n_(int64_t(w.params.size())),
         phi_(w.params.size()),
         delta_(w.params.size(), 0.0f),
-        screen_(cfg.outer.screen != "off"),
+        screen_(aggregate_options(cfg.outer, true).screen),
         reject_norm_(cfg.outer.reject_norm) {}
 
   void start(Worker& w, bool resumed) override {

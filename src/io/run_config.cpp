@@ -138,8 +138,8 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "payloads per worker whatever M, a second quantization), auto (all-gather up to 2 replicas, else "
         "reduce-scatter)", {"auto", "all-gather", "reduce-scatter"});
   s.add("outer.aggregate", &o2.aggregate,
-        "diloco: how the replicas' contributions are combined: mean (all-reduce), or, all-gathered so that every "
-        "member sees each one, trimmed-mean, median (per coordinate) or centered-clip (docs/security.md)",
+        "diloco: how the replicas' contributions are combined: mean (all-reduce), or, sent to every member so that "
+        "each sees all of them, trimmed-mean, median (per coordinate) or centered-clip (docs/security.md)",
         {"mean", "trimmed-mean", "median", "centered-clip"});
   s.add("outer.trim", &o2.trim, "trimmed-mean: fraction of the contributions dropped at each end, per coordinate",
         0.0, 0.49);
