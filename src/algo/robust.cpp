@@ -188,6 +188,15 @@ void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>
   }
 }
 
+void check_payloads(const std::vector<std::string>& all, size_t size, const std::string& label,
+                    const std::string& what) {
+  for (int m = 0; m < int(all.size()); ++m)
+    if (all[size_t(m)].size() != size)
+      throw PeerError(label + ": member " + std::to_string(m) + " sent " + std::to_string(all[size_t(m)].size()) +
+                          " bytes (" + std::to_string(size) + " expected) as " + what,
+                      {m});
+}
+
 namespace {
 
 // Every member's payload, each sent straight by its member; a payload whose size differs from
@@ -198,15 +207,33 @@ std::vector<std::string> gather_checked(Communicator& comm, std::string payload,
   std::vector<std::string> all;
   auto h = comm.all_gather_direct_start(std::move(payload), &all, label);
   comm.wait(h);
-  for (int m = 0; m < int(all.size()); ++m)
-    if (all[size_t(m)].size() != size)
-      throw PeerError(label + ": member " + std::to_string(m) + " sent " + std::to_string(all[size_t(m)].size()) +
-                          " bytes (" + std::to_string(size) + " expected) as " + what,
-                      {m});
+  check_payloads(all, size, label, what);
   return all;
 }
 
 }  // namespace
+
+Screening exchange_norms(Communicator& comm, double own, double reject_norm, const std::string& label) {
+  std::string payload(sizeof own, '\0');
+  std::memcpy(payload.data(), &own, sizeof own);
+  const auto all = gather_checked(comm, std::move(payload), label + "_norms", "a norm");
+  std::vector<double> norms(all.size());
+  for (size_t m = 0; m < all.size(); ++m) std::memcpy(&norms[m], all[m].data(), sizeof(double));
+  Screening s = screen_norms(norms, reject_norm);
+  if (s.rejected.size() == norms.size())
+    fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
+  return s;
+}
+
+Screening screen_and_aggregate(const std::vector<const float*>& p, int64_t n, const std::vector<double>& norms,
+                               const AggregateOptions& o, float* out, const std::string& label) {
+  // Non-finite contributions cannot be ordered: the robust rules always reject them.
+  Screening s = screen_norms(norms, o.screen ? o.reject_norm : 0);
+  const auto members = s.accepted();
+  if (members.empty()) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
+  robust_aggregate(p, members, n, o, out);
+  return s;
+}
 
 Screening reduce_outer(Communicator& comm, const float* theta, const float* contribution, int64_t n,
                        const AggregateOptions& o, float* out, const std::string& label) {
@@ -217,15 +244,8 @@ Screening reduce_outer(Communicator& comm, const float* theta, const float* cont
       comm.all_reduce(out, n, ReduceOp::Mean, label);
       return {};
     }
-    const double own = outer_gradient_norm(theta, contribution, n);
-    std::string payload(sizeof own, '\0');
-    std::memcpy(payload.data(), &own, sizeof own);
-    const auto all = gather_checked(comm, std::move(payload), label + "_norms", "a norm");
-    std::vector<double> norms(static_cast<size_t>(M));
-    for (int m = 0; m < M; ++m) std::memcpy(&norms[size_t(m)], all[size_t(m)].data(), sizeof(double));
-    Screening s = screen_norms(norms, o.reject_norm);
+    Screening s = exchange_norms(comm, outer_gradient_norm(theta, contribution, n), o.reject_norm, label);
     const int count = M - int(s.rejected.size());
-    if (count == 0) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
     if (s.rejected.empty()) {
       comm.all_reduce(out, n, ReduceOp::Mean, label);
       return s;
@@ -251,12 +271,7 @@ Screening reduce_outer(Communicator& comm, const float* theta, const float* cont
     p[size_t(m)] = aligned[size_t(m)].data();
     norms[size_t(m)] = outer_gradient_norm(theta, p[size_t(m)], n);
   }
-  // Non-finite contributions cannot be ordered: the robust rules always reject them.
-  Screening s = screen_norms(norms, o.screen ? o.reject_norm : 0);
-  const auto members = s.accepted();
-  if (members.empty()) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
-  robust_aggregate(p, members, n, o, out);
-  return s;
+  return screen_and_aggregate(p, n, norms, o, out, label);
 }
 
 std::string describe_rejections(const Screening& s, const std::string& noun) {

@@ -1,6 +1,7 @@
 #pragma once
 // Screening and robust aggregation of DiLoCo's outer contributions (outer.aggregate,
-// outer.screen; docs/security.md). Member m contributes its parameters p_m after a round; its
+// outer.screen; docs/security.md); Streaming DiLoCo applies the same rules to each fragment's
+// sync (algo/streaming.cpp). Member m contributes its parameters p_m after a round; its
 // outer gradient is Delta_m = theta - p_m (theta: the outer parameters, the same on every member).
 //
 // Screening: a contribution is rejected, and its sender left out of the round's aggregate, when
@@ -67,6 +68,20 @@ Screening screen_norms(const std::vector<double>& norms, double reject_norm,
 // out[i] = the rule over p[m][i] for m in `members` (not empty, ascending).
 void robust_aggregate(const std::vector<const float*>& p, const std::vector<int>& members, int64_t n,
                       const AggregateOptions& o, float* out);
+
+// Fails the round, blaming the sender (PeerError), when a payload of `all` (member order) is not
+// `size` bytes; WHAT names the payload in the message.
+void check_payloads(const std::vector<std::string>& all, size_t size, const std::string& label,
+                    const std::string& what);
+// The screened mean's first half: every member sends its own outer-gradient norm `own` (8 bytes)
+// to every other, and all screen the same norms (the norm rule with factor reject_norm). Fails
+// when every contribution is rejected.
+Screening exchange_norms(Communicator& comm, double own, double reject_norm, const std::string& label);
+// The robust rules' second half, once every member's contribution p[m] (n floats, member order)
+// and its norm are at hand: screens (the norm rule only with o.screen; non-finite always) and
+// writes the rule over the accepted members into `out`. Fails when every one is rejected.
+Screening screen_and_aggregate(const std::vector<const float*>& p, int64_t n, const std::vector<double>& norms,
+                               const AggregateOptions& o, float* out, const std::string& label);
 
 // One round's reduction on `comm`: this member contributes `contribution` (n floats; theta the
 // outer parameters); `out` receives the aggregate of the accepted contributions (parameters, as

@@ -12,6 +12,15 @@
 //     all-gathered and summed in float32 in rank order, or reduce-scattered (each shard summed
 //     by one replica in float32 and re-encoded) and all-gathered (comm/codec.h).
 // In fp32 the fragment's parameters are averaged with the ring all-reduce, as in DiLoCo.
+// Screening and robust rules (outer.screen, outer.aggregate; algo/robust.h), over the paths
+// where every member sees what each member contributed: the screened mean in fp32 exchanges the
+// members' norms first (8 bytes each, waited for when the sync starts, so one message latency is
+// not overlapped), then all-reduces the accepted members' parameters (with nobody rejected the
+// same bits as without screening); every other case sends each member's encoded delta straight
+// to every other member ((M - 1) payloads sent per member, as the all-gather), and each member
+// decodes them, screens their norms and applies the rule. The reduce-scatter cannot be screened:
+// a member sums the others' shards and sends only the sum, so nobody else sees a contribution;
+// it is refused with screening or a robust rule.
 // The last step ends every fragment's round, as DiLoCo's last round ends at the last step:
 // every sync still in flight is applied; a fragment whose latest sync started within the last
 // tau steps (the largest tau of any replica) ends with it, and every other fragment takes one
@@ -23,6 +32,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <iostream>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -86,6 +96,8 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w)
       average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
       comm_(w.comm),
       num_params_(w.params.size()) {
+  set_robustness(aggregate_options(cfg.outer, false),
+                 w.rank >= w.replicas - cfg.outer.faulty_replicas ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
   const auto& layout = w.model.layout();
   // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
   const auto& stage = layout.stage();
@@ -126,6 +138,16 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w)
   if (max_tau_ >= outer_.inner_steps)
     fail("streaming.tau (" + std::to_string(max_tau_) + ") must be smaller than outer.inner_steps (" +
          std::to_string(outer_.inner_steps) + ")");
+}
+
+void Streaming::set_robustness(const AggregateOptions& aggregate, const Fault& fault, const std::string& noun) {
+  aggregate_ = aggregate;
+  noun_ = noun;
+  fault_ = fault;
+  robust_ = aggregate_.screen || aggregate_.rule != "mean";
+  if (robust_ && !codec_->lossless() && reduce_setting_ == "reduce-scatter")
+    fail("outer.reduce = \"reduce-scatter\" cannot be screened or aggregated robustly (no member sees the others' "
+         "contributions): use outer.reduce = \"all-gather\" (or auto) with outer.screen or outer.aggregate");
 }
 
 void Streaming::start(Worker& w, bool resumed) {
@@ -235,6 +257,10 @@ void Streaming::report(nlohmann::json& out) const {
     out["outer_reduce"] = last_reduce_ == EncodedReduce::AllGather ? "all-gather" : "reduce-scatter";
 }
 
+void Streaming::annotate(nlohmann::json& rec) {
+  if (robust_ && rejected_ >= 0) rec["outer_rejected"] = rejected_;
+}
+
 bool Streaming::sync_fragment(Worker& w, size_t j, int64_t step, bool) {
   // The communication thread writes into the element, so it is placed first: references to
   // deque elements stay valid across push_back/pop_front.
@@ -248,13 +274,27 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   p.apply_at = step + tau_;
   store_->read(j, p.theta, p.momentum);
   const auto& ranges = ranges_[j];
+  if (robust_) {
+    begin_robust_sync(comm, params, step, p);
+    return;
+  }
+  const uint64_t stream = uint64_t(step) * 1024 + j;
+  const uint64_t fault_seed = mix_seed(seed_ ^ 0xfa17, uint64_t(rank), stream);
   if (codec_->lossless()) {
-    average_.start(comm, params.data(), ranges, p.op);
+    if (fault_.kind == Fault::Kind::None) {
+      average_.start(comm, params.data(), ranges, p.op);
+      return;
+    }
+    pack_ranges(params.data(), ranges, p.buffer);
+    apply_fault(fault_, p.theta, p.buffer, fault_seed);
+    faulty_params_ = params;
+    unpack_ranges(p.buffer.data(), ranges, faulty_params_.data());
+    average_.start(comm, faulty_params_.data(), ranges, p.op);
     return;
   }
   pack_ranges(params.data(), ranges, p.buffer);
+  apply_fault(fault_, p.theta, p.buffer, fault_seed);
   for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
-  const uint64_t stream = uint64_t(step) * 1024 + j;
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
   const int64_t n = int64_t(p.buffer.size());
   p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
@@ -284,9 +324,64 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   p.handle = comm.reduce_scatter_gather_start(std::move(shards), reduce, &p.gathered, "outer_gradients");
 }
 
+void Streaming::begin_robust_sync(Communicator& comm, const std::vector<float>& params, int64_t step, Pending& p) {
+  p.robust = true;
+  pack_ranges(params.data(), ranges_[p.fragment], p.buffer);  // this member's parameters of the fragment
+  const uint64_t stream = uint64_t(step) * 1024 + p.fragment;
+  apply_fault(fault_, p.theta, p.buffer, mix_seed(seed_ ^ 0xfa17, uint64_t(comm.rank()), stream));
+  const int64_t n = int64_t(p.buffer.size());
+  if (codec_->lossless() && aggregate_.rule == "mean") {
+    p.reduce = EncodedReduce::AllGather;
+    p.screening = exchange_norms(comm, outer_gradient_norm(p.theta.data(), p.buffer.data(), n), aggregate_.reject_norm,
+                                 "outer_gradients");
+    const bool none = p.screening.rejected.empty();
+    if (std::binary_search(p.screening.rejected.begin(), p.screening.rejected.end(), comm.rank()))
+      std::fill(p.buffer.begin(), p.buffer.end(), 0.0f);
+    p.handle = comm.all_reduce_start(p.buffer.data(), n, none ? ReduceOp::Mean : ReduceOp::Sum, "outer_gradients");
+    return;
+  }
+  for (int64_t k = 0; k < n; ++k) p.buffer[size_t(k)] = p.theta[size_t(k)] - p.buffer[size_t(k)];  // Delta_{m,j}
+  Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(comm.rank()), stream));
+  p.reduce = last_reduce_ = EncodedReduce::AllGather;
+  p.handle = comm.all_gather_direct_start(codec_->encode(p.buffer.data(), n, rng), &p.gathered, "outer_gradients");
+}
+
+void Streaming::complete_robust(Communicator& comm, Pending& p) {
+  comm.wait(p.handle);
+  const int64_t n = int64_t(p.buffer.size());
+  const int M = comm.size();
+  p.avg.resize(size_t(n));
+  if (p.gathered.empty()) {  // the screened mean: the accepted members' sum (or, with nobody rejected, mean)
+    const int count = M - int(p.screening.rejected.size());
+    for (int64_t k = 0; k < n; ++k)
+      p.avg[size_t(k)] = p.screening.rejected.empty() ? p.buffer[size_t(k)] : p.buffer[size_t(k)] / float(count);
+  } else {
+    check_payloads(p.gathered, size_t(codec_->encoded_bytes(n)), "outer_gradients", "its encoded outer gradient");
+    std::vector<std::vector<float>> deltas(static_cast<size_t>(M));
+    std::vector<const float*> ptrs(static_cast<size_t>(M));
+    std::vector<double> norms(static_cast<size_t>(M));
+    for (int m = 0; m < M; ++m) {
+      deltas[size_t(m)].assign(size_t(n), 0.0f);
+      codec_->decode_add(p.gathered[size_t(m)], deltas[size_t(m)].data(), n);
+      p.gathered[size_t(m)] = std::string();
+      ptrs[size_t(m)] = deltas[size_t(m)].data();
+      norms[size_t(m)] = vector_norm(ptrs[size_t(m)], n);
+    }
+    std::vector<float> delta(static_cast<size_t>(n));
+    p.screening = screen_and_aggregate(ptrs, n, norms, aggregate_, delta.data(), "outer_gradients");
+    for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
+  }
+  rejected_ = int(p.screening.rejected.size());
+  if (rejected_ && comm.rank() == 0)
+    std::cerr << "loco: warning: fragment " << p.fragment << "'s sync, left out: "
+              << describe_rejections(p.screening, noun_) << "\n";
+}
+
 void Streaming::complete(Communicator& comm, Pending& p) {
   if (p.completed) return;
-  if (codec_->lossless()) {
+  if (p.robust) {
+    complete_robust(comm, p);
+  } else if (codec_->lossless()) {
     average_.finish(comm, p.op, ranges_[p.fragment], p.avg);
   } else {
     comm.wait(p.handle);

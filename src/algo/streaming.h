@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "algo/algorithm.h"
+#include "algo/fault.h"
 #include "algo/outer_store.h"
 #include "algo/partial.h"
+#include "algo/robust.h"
 #include "comm/codec.h"
 
 namespace loco {
@@ -47,6 +49,7 @@ class Streaming : public Algorithm {
   void save_state(TrainingState& st) override;
   void load_state(const TrainingState& st) override;
   void report(nlohmann::json& out) const override;
+  void annotate(nlohmann::json& rec) override;
 
  protected:
   struct Segment {
@@ -64,6 +67,10 @@ class Streaming : public Algorithm {
     std::vector<float> avg;              // the replicas' average parameters, once completed
     std::vector<float> theta, momentum;  // the fragment's outer state, packed
     bool completed = false;
+    // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
+    // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
+    bool robust = false;
+    Screening screening;
   };
 
   // Starts fragment j's sync after `step` (pushed onto pending_). The default reduces over the
@@ -82,6 +89,8 @@ class Streaming : public Algorithm {
   void latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra);
   void install_outer_state(const std::vector<float>& theta, const std::vector<float>& momentum);
   size_t fragments() const { return plan_.size(); }
+  // The elastic backend's screening (outer.screen = auto is on there) and its member's fault.
+  void set_robustness(const AggregateOptions& aggregate, const Fault& fault, const std::string& noun = "replica");
 
   std::deque<Pending> pending_;
 
@@ -89,6 +98,9 @@ class Streaming : public Algorithm {
   // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
   // replica's parameters; entries this node does not train are always replaced.
   void apply(Worker& w, Pending& p, bool replace);
+  // begin_sync and complete with screening or a robust rule.
+  void begin_robust_sync(Communicator& comm, const std::vector<float>& params, int64_t step, Pending& p);
+  void complete_robust(Communicator& comm, Pending& p);
 
   StreamingConfig cfg_;
   OuterConfig outer_;
@@ -106,6 +118,12 @@ class Streaming : public Algorithm {
   CountVectorAverage average_;
   Communicator& comm_;
   size_t num_params_;
+  AggregateOptions aggregate_;
+  Fault fault_;          // outer.fault (in-process and MPI) or elastic.fault
+  bool robust_ = false;  // screening, or a rule other than the mean
+  std::vector<float> faulty_params_;  // a faulty replica's parameters with its fragment corrupted (fp32)
+  int rejected_ = -1;    // contributions left out of the last completed sync (-1: none yet)
+  std::string noun_ = "replica";  // who contributes, in the rejection warnings
 };
 
 }  // namespace loco

@@ -534,8 +534,8 @@ TrainSummary run_training(const TrainOptions& opt) {
     e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
     e.fault = parse_fault(cfg.elastic.fault);
     e.exclude_after = cfg.elastic.exclude_after;
-    if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco")
-      fail("elastic.fault is implemented for algorithm = \"diloco\" only");
+    if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco" && cfg.algorithm != "streaming")
+      fail("elastic.fault is implemented for algorithm = \"diloco\" and \"streaming\" only");
     e.name = opt.worker_name;
     e.address = cfg.elastic.address;
     e.min_workers = cfg.elastic.min_workers;

@@ -1,11 +1,13 @@
 // Streaming DiLoCo over the elastic backend: each fragment's synchronization is one round among
 // the live members of its moment (elastic/session.h). The round's reduction is the same as in
 // Streaming (fp32 average, or encoded outer gradients all-gathered or reduce-scattered among
-// the round's contributors), but it completes within the round: the result is then held, as
+// the round's contributors; screened by default, outer.screen = auto, as elastic DiLoCo: a member
+// whose contribution is not finite or far larger than the others' is left out), but it completes within the round: the result is then held, as
 // any sync in flight, and merged tau steps later, so with a fixed membership every number
 // equals the in-process run's. Communication does not overlap the inner steps here. A joiner
 // starts from the outer parameters with every completed sync's outer step taken, and its own
 // parameters equal to them.
+#include <iostream>
 #include <memory>
 
 #include "algo/streaming.h"
@@ -21,7 +23,15 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
  public:
   ElasticStreaming(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                    std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace)
-      : ElasticMethod(cfg, w, options, std::move(traffic), std::move(trace), cfg, w) {}
+      : ElasticMethod(cfg, w, options, std::move(traffic), std::move(trace), cfg, w) {
+    // outer.screen = auto is on here, except with quantized outer gradients reduce-scattered on
+    // request (no member sees another's contribution there: said at start).
+    const bool scattered = cfg.outer.codec != "fp32" && cfg.outer.reduce == "reduce-scatter";
+    if (scattered && cfg.outer.screen == "auto" && cfg.outer.aggregate == "mean")
+      std::cerr << "loco: warning: outer.reduce = \"reduce-scatter\": the members' contributions are not screened "
+                   "(no member sees another's); outer.reduce = \"auto\" or \"all-gather\" screens them\n";
+    set_robustness(aggregate_options(cfg.outer, !scattered), options.fault, "round member");
+  }
 
   void start(Worker& w, bool resumed) override {
     Streaming::start(w, false);

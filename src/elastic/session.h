@@ -117,7 +117,10 @@ class ElasticMethod : public Base {
   double wait_seconds() const override { return session_.wait_seconds(); }
   bool writes_checkpoints() const override { return session_.first_member(); }
   int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
-  void annotate(nlohmann::json& rec) override { session_.annotate(rec); }
+  void annotate(nlohmann::json& rec) override {
+    Base::annotate(rec);
+    session_.annotate(rec);
+  }
   void report(nlohmann::json& out) const override {
     Base::report(out);
     session_.report(out);

@@ -104,7 +104,7 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "other, is excluded from the run (a joiner whose transfer fails is refused at once)",
         1, 1000);
   s.add("elastic.fault", &el.fault,
-        "elastic, for robustness tests: this member corrupts its DiLoCo contributions: \"\" (none), \"nan\", "
+        "elastic, for robustness tests: this member corrupts its DiLoCo and Streaming DiLoCo contributions: \"\" (none), \"nan\", "
         "\"inf\", \"noise\" (Gaussian, the outer gradient's norm) or \"scale:X\" (its outer gradient times X)");
 
   auto& n = cfg.network;
@@ -138,13 +138,13 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "payloads per worker whatever M, a second quantization), auto (all-gather up to 2 replicas, else "
         "reduce-scatter)", {"auto", "all-gather", "reduce-scatter"});
   s.add("outer.aggregate", &o2.aggregate,
-        "diloco: how the replicas' contributions are combined: mean (all-reduce), or, sent to every member so that "
+        "diloco, streaming: how the replicas' contributions are combined: mean (all-reduce), or, sent to every member so that "
         "each sees all of them, trimmed-mean, median (per coordinate) or centered-clip (docs/security.md)",
         {"mean", "trimmed-mean", "median", "centered-clip"});
   s.add("outer.trim", &o2.trim, "trimmed-mean: fraction of the contributions dropped at each end, per coordinate",
         0.0, 0.49);
   s.add("outer.screen", &o2.screen,
-        "diloco: reject a contribution that is not finite or whose outer-gradient norm exceeds outer.reject_norm "
+        "diloco, streaming, noloco: reject a contribution that is not finite or whose outer-gradient norm exceeds outer.reject_norm "
         "times the round's median; auto: on for the elastic backend and for the aggregates other than mean",
         {"auto", "on", "off"});
   s.add("outer.reject_norm", &o2.reject_norm,
@@ -302,9 +302,13 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
     const std::string what = o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\""
                              : o.screen == "on"    ? std::string("outer.screen = \"on\"")
                                                    : std::string("outer.fault");
-    need(c.algorithm == "diloco" || (c.algorithm == "noloco" && o.aggregate == "mean" && o.fault.empty()),
-         what + " needs algorithm = \"diloco\" (NoLoCo screens its partners with outer.screen; Streaming DiLoCo "
-                "does not screen or aggregate robustly yet)");
+    need(c.algorithm == "diloco" || c.algorithm == "streaming" ||
+             (c.algorithm == "noloco" && o.aggregate == "mean" && o.fault.empty()),
+         what + " needs algorithm = \"diloco\" or \"streaming\" (NoLoCo screens its partners with outer.screen)");
+    need(c.algorithm != "streaming" || o.codec == "fp32" || o.reduce != "reduce-scatter" ||
+             (o.aggregate == "mean" && o.screen != "on"),
+         what + " with outer.reduce = \"reduce-scatter\" is not possible: no member sees the others' "
+                "contributions there (use outer.reduce = \"all-gather\" or auto)");
     need(c.partial.slices == 1, what + " with partial.slices > 1 is not supported");
   }
   if (!o.fault.empty()) {

@@ -222,7 +222,22 @@ TEST(ReduceOuter, AWrongSizedContributionIsAnErrorNotACrash) {
   AggregateOptions o;
   o.rule = "median";
   const auto r = run_round(theta, p, o, /*short_member=*/1);
-  EXPECT_NE(r.errors[0].find("member 1 sent 396 bytes (400 expected)"), std::string::npos) << r.errors[0];
+  // Every member fails the round with the mismatch; which member's message reaches which first is
+  // a race (a member that detects it aborts the others), so each states one side of it.
+  for (int m = 0; m < M; ++m)
+    EXPECT_TRUE(r.errors[size_t(m)].find("sent 396 bytes (400 expected)") != std::string::npos ||
+                r.errors[size_t(m)].find("sent 400 bytes (396 expected)") != std::string::npos)
+        << "member " << m << ": " << r.errors[size_t(m)];
+  // The check itself blames the sender of the odd payload.
+  const std::vector<std::string> all{std::string(400, 'a'), std::string(396, 'b'), std::string(400, 'c')};
+  try {
+    check_payloads(all, 400, "outer", "its contribution");
+    ADD_FAILURE() << "a 396-byte payload among 400-byte ones was accepted";
+  } catch (const PeerError& e) {
+    EXPECT_EQ(e.peers(), std::vector<int>{1});
+    EXPECT_NE(std::string(e.what()).find("member 1 sent 396 bytes (400 expected)"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_payloads({all[0], all[2]}, 400, "outer", "its contribution"));
 }
 
 TEST(ReduceOuter, EveryContributionRejectedFails) {

@@ -73,13 +73,15 @@ try:
     print(f"link model over the data plane: same model, {wait:.2f} s waiting in 3 rounds (>= 0.36 s of latency)")
 
     # 1b. The same for Streaming DiLoCo: 3 fragments (2 blocks, 1 per fragment, and the rest),
-    # fp4 outer gradients reduce-scattered among 3 with tau 1, and fp32 with tau 0.
+    # fp4 outer gradients with tau 1, and fp32 with tau 0. Elastic members screen by default
+    # (outer.screen = auto): fp4 is then all-gathered, so the in-process run screens too.
     stream = ["--set", "algorithm=streaming", "--set", "streaming.fragment_blocks=1", "--set", "outer.inner_steps=6"]
     for label, extra in (("fp4-tau1", ["--set", "outer.codec=fp4-e3m0", "--set", "streaming.tau=1"]),
                          ("fp32-tau0", ["--set", "streaming.tau=0"])):
         args = common + stream + extra
         subprocess.run(BASE + args + ["--set", "distributed.replicas=3", "--set", f"train.out_dir=inproc-{label}",
-                                      "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+                                      "--set", "distributed.backend=inprocess", "--set", "outer.screen=on"],
+                       check=True, stdout=subprocess.DEVNULL)
         ps = [start(label, n, label, args + ["--set", "elastic.min_workers=3"]) for n in names]
         wait_all(ps, names, label)
         ref = model_bytes(f"inproc-{label}/checkpoints/step_00000012/model.safetensors")
@@ -381,6 +383,27 @@ try:
             fail(f"{tag}: expected the writer's final checkpoint, finite: {written}")
     print("a member sending NaN or a sign-flipped x10 outer gradient: left out of all 4 rounds by every member's "
           "screening; all 3 finished with a finite loss, and the final checkpoint is finite")
+    # The same for Streaming DiLoCo with fp4 outer gradients (all-gathered, every member decodes
+    # and screens each one): a x-10 member is left out of every fragment's sync.
+    sbad = args + stream + ["--set", "outer.codec=fp4-e3m0", "--set", "streaming.tau=1"]
+    subprocess.run(BASE + sbad + ["--set", "distributed.replicas=3", "--set", "train.out_dir=inproc-sbad",
+                                  "--set", "distributed.backend=inprocess", "--set", "outer.screen=on"],
+                   check=True, stdout=subprocess.DEVNULL)
+    ps = [start("sbad", n, "sbad", sbad + (["--set", "elastic.fault=scale:-10"] if n == "w2" else [])) for n in names]
+    wait_all(ps, names, "sbad")
+    logs = "".join(open(f"sbad-{n}.log").read() for n in names)
+    if "sync, left out: round member" not in logs:
+        fail("sbad: no member said it left the bad one out:\n" + logs[-2000:])
+    ref = val_loss("inproc-sbad/summary.json")
+    for n in names:
+        recs = [json.loads(l) for l in open(f"sbad/{n}/metrics.jsonl") if '"outer_rejected"' in l]
+        if not recs or any(r["outer_rejected"] != 1 for r in recs):
+            fail(f"sbad/{n}: outer_rejected {[r.get('outer_rejected') for r in recs]}, expected 1 in each")
+        loss = val_loss(f"sbad/{n}/summary.json")
+        if not math.isfinite(loss) or abs(loss / ref - 1) > 0.03:
+            fail(f"sbad/{n}: final val loss {loss}, the honest in-process run's {ref}")
+    print(f"streaming fp4, a x-10 member: left out of every fragment's sync; final val loss {loss:.4f} "
+          f"(3 honest in-process replicas: {ref:.4f})")
 
     # 6d. The same NaN member with outer.screen = off: no member ends with exit 0, and no
     # checkpoint holds a non-finite value (the writer's latest stays at the last finite step).

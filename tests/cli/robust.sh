@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Screening and robust aggregation through `loco train` (outer.screen, outer.aggregate; bad
 # replicas made with outer.fault): 5 in-process DiLoCo replicas, one of them bad, against the honest
-# run; MPI == in-process with a robust rule; config errors.
+# run; the same for Streaming DiLoCo (fp32 and fp4 over the all-gather); MPI == in-process with a
+# robust rule; config errors.
 set -euo pipefail
 source "$(dirname "$0")/distributed_env.sh" "$@"
 base=(--config "$root/configs/tiny.toml" --set data.train=train.tok --set data.val=val.tok --quiet
@@ -71,6 +72,46 @@ assert len(recs) >= 7 and all(r["outer_rejected"] == 0 for r in recs), recs
 assert 0 < max(ratios) < 1.0, ratios  # below noloco.reject_distance
 print(f"noloco, screened: partners' slow weights at most {max(ratios):.4f} of their norm apart")
 PY
+# Streaming DiLoCo (3 fragments, tau 1): screening with honest members changes no bit; one x-10
+# member wrecks the plain mean in fp32 and in fp4 (reduce-scatter), and is left out of every sync
+# by the screened mean (fp32) and by the median over the fp4 all-gather; a NaN member likewise.
+stream=(--set algorithm=streaming --set streaming.fragment_blocks=1 --set streaming.tau=1 --set streaming.alpha=0.5)
+run s-honest "${stream[@]}"
+run s-honest-screened "${stream[@]}" --set outer.screen=on
+cmp s-honest/checkpoints/step_00000040/model.safetensors s-honest-screened/checkpoints/step_00000040/model.safetensors
+run s-honest-fp4 "${stream[@]}" --set outer.codec=fp4-e3m0
+run s-plain-scale-10 "${stream[@]}" --set outer.fault=scale:-10
+run s-plain-fp4-scale-10 "${stream[@]}" --set outer.codec=fp4-e3m0 --set outer.fault=scale:-10
+run s-mean-scale-10 "${stream[@]}" --set outer.fault=scale:-10 --set outer.screen=on
+run s-mean-nan "${stream[@]}" --set outer.fault=nan --set outer.screen=on
+run s-median-fp4-scale-10 "${stream[@]}" --set outer.codec=fp4-e3m0 --set outer.fault=scale:-10 --set outer.aggregate=median
+run s-clip-fp4-scale-10 "${stream[@]}" --set outer.codec=fp4-e3m0 --set outer.fault=scale:-10 \
+  --set outer.aggregate=centered-clip --set outer.screen=off
+$py - <<'PY'
+import json, math
+def final(name): return json.load(open(f"{name}/summary.json"))["final_val_loss"]
+def rejected(name): return [json.loads(l)["outer_rejected"] for l in open(f"{name}/metrics.jsonl") if "outer_rejected" in l]
+honest, fp4 = final("s-honest"), final("s-honest-fp4")
+for name in ("s-plain-scale-10", "s-plain-fp4-scale-10"):
+    assert final(name) > honest * 1.2, (name, final(name), honest)
+for name, ref in (("s-mean-scale-10", honest), ("s-mean-nan", honest), ("s-median-fp4-scale-10", fp4),
+                  ("s-clip-fp4-scale-10", fp4)):
+    v = final(name)
+    assert math.isfinite(v) and abs(v / ref - 1) < 0.03, (name, v, ref)
+for name in ("s-mean-scale-10", "s-mean-nan", "s-median-fp4-scale-10"):
+    assert rejected(name) and set(rejected(name)) == {1}, (name, rejected(name))
+assert set(rejected("s-clip-fp4-scale-10")) == {0}
+print(f"streaming, one x-10 member of 5: plain mean {final('s-plain-scale-10'):.4f} (fp4 "
+      f"{final('s-plain-fp4-scale-10'):.4f}), screened mean {final('s-mean-scale-10'):.4f}, fp4 median "
+      f"{final('s-median-fp4-scale-10'):.4f}, fp4 centered clip {final('s-clip-fp4-scale-10'):.4f}; "
+      f"honest {honest:.4f} (fp4 {fp4:.4f})")
+PY
+grep -q "fragment 0's sync, left out: replica 4: outer gradient norm" s-median-fp4-scale-10.err || { cat s-median-fp4-scale-10.err; exit 1; }
+timeout 120 mpirun -np 5 "$loco" train "${base[@]}" "${stream[@]}" --set distributed.replicas=1 --set outer.codec=fp4-e3m0 \
+  --set outer.aggregate=median --set outer.fault=scale:-10 --set outer.faulty_replicas=1 --set train.out_dir=s-mpi \
+  > s-mpi.out 2>&1 || { cat s-mpi.out; exit 1; }
+cmp s-median-fp4-scale-10/checkpoints/step_00000040/model.safetensors s-mpi/checkpoints/step_00000040/model.safetensors
+
 # MPI == in-process with a robust rule and a bad member (every member aggregates the same bits).
 timeout 120 mpirun -np 5 "$loco" train "${base[@]}" --set distributed.replicas=1 --set outer.aggregate=centered-clip \
   --set outer.fault=scale:-10 --set outer.faulty_replicas=1 --set train.out_dir=mpi > mpi.out 2>&1 || { cat mpi.out; exit 1; }
@@ -82,7 +123,8 @@ expect_error() {  # expect_error PATTERN ARGS...
   if "$loco" train "${base[@]}" "$@" > out.txt 2> err.txt; then echo "FAIL: accepted: $*"; exit 1; fi
   grep -q "$pattern" err.txt || { echo "FAIL: $*: expected '$pattern', got: $(cat err.txt)"; exit 1; }
 }
-expect_error 'outer.aggregate = "median" needs algorithm = "diloco"' --set algorithm=streaming --set outer.aggregate=median
+expect_error 'with outer.reduce = "reduce-scatter" is not possible' --set algorithm=streaming --set outer.aggregate=median \
+  --set outer.codec=fp4-e3m0 --set outer.reduce=reduce-scatter
 expect_error 'outer.fault needs algorithm' --set algorithm=noloco --set outer.fault=nan
 expect_error 'outer.aggregate = "median" needs algorithm' --set algorithm=noloco --set outer.aggregate=median
 expect_error "outer.faulty_replicas (6) exceeds distributed.replicas (5)" --set outer.fault=nan --set outer.faulty_replicas=6
