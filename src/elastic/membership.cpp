@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -22,6 +23,23 @@ std::vector<int64_t> sorted(std::vector<int64_t> v) {
   return v;
 }
 bool contains(const std::vector<int64_t>& v, int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// A count as written by a member: decimal digits only, no sign, no overflow.
+bool parse_count(const std::string& text, int64_t& v) {
+  if (text.empty() || text.size() > 18) return false;
+  v = 0;
+  for (const char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  return true;
+}
+// A member id (positive).
+bool parse_id(const std::string& text, int64_t& id) { return parse_count(text, id) && id > 0; }
+
+constexpr int kMaxWarnings = 10;  // forged-entry warnings per worker, then one line saying so
+constexpr const char* kDeleteIfSame =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
 }  // namespace
 
@@ -57,6 +75,55 @@ Membership::Membership(ElasticOptions options) : opt_(std::move(options)), prefi
     redis_->set_stall_threshold(opt_.timeout_s / 4);
     beat_redis_->set_stall_threshold(opt_.timeout_s / 4);
   });
+}
+
+std::string Membership::seal(const std::string& k, const std::string& value) const {
+  return value + "\n" + mac_entry(opt_.run_key, k, value);
+}
+
+bool Membership::open(const std::string& k, const std::string& entry, std::string& value) {
+  const size_t cut = entry.rfind('\n');
+  if (cut != std::string::npos && entry_mac_ok(opt_.run_key, k, entry.substr(0, cut), entry.substr(cut + 1))) {
+    value = entry.substr(0, cut);
+    return true;
+  }
+  const int n = ++warnings_;
+  if (n <= kMaxWarnings)
+    std::fprintf(stderr,
+                 "loco: warning: elastic: ignoring an entry in Redis without this run's MAC (forged, corrupt or "
+                 "moved): %s%s\n",
+                 k.substr(0, 200).c_str(),
+                 n == kMaxWarnings ? " (further such warnings from this worker are not shown)" : "");
+  return false;
+}
+
+bool Membership::get_sealed(Redis& redis, const std::string& k, std::string& value) {
+  bool have = false;
+  const std::string entry = redis.get(k, &have);
+  if (!have) return false;
+  if (open(k, entry, value)) return true;
+  redis.command({"EVAL", kDeleteIfSame, "1", k, entry});
+  return false;
+}
+
+std::vector<int64_t> Membership::sealed_ids(Redis& redis, const std::string& set_key) {
+  std::vector<int64_t> out;
+  for (const auto& e : redis.smembers(set_key)) {
+    std::string text;
+    int64_t id = 0;
+    if (open(set_key, e, text) && parse_id(text, id)) out.push_back(id);
+  }
+  return sorted(out);
+}
+
+void Membership::add_id(const std::string& set_key, int64_t id) {
+  redis_->sadd(set_key, seal(set_key, std::to_string(id)));
+}
+
+Roster Membership::read_roster(int64_t round, int64_t attempt, const std::string& text) const {
+  Roster r = Roster::from_json(round, attempt, text);
+  r.tag = mac_entry(opt_.run_key, "transport of roster " + r.key(), text).substr(0, 16);
+  return r;
 }
 
 Membership::~Membership() {
@@ -124,7 +191,7 @@ void Membership::beat() {
   const int64_t id = id_;
   if (id < 0) return;
   const std::string me = std::to_string(id);
-  if (beat_redis_->exists(key("dropped:" + me))) return;  // dropped: never revived
+  if (dropped(*beat_redis_, id)) return;  // dropped: never revived
   // Its member record is written once and never removed: gone means Redis lost the run while up
   // (FLUSHALL, a failover to an empty replica, eviction). Ids would be handed out again: stop at
   // the next round (check_state) rather than beat on.
@@ -132,7 +199,7 @@ void Membership::beat() {
     state_lost_ = true;
     return;
   }
-  beat_redis_->set_px(key("hb:" + me), opt_.name, int64_t(opt_.timeout_s * 1000));
+  beat_redis_->set_px(key("hb:" + me), seal(key("hb:" + me), opt_.name), int64_t(opt_.timeout_s * 1000));
 }
 
 void Membership::heartbeat_loop() {
@@ -182,27 +249,41 @@ void Membership::check_fingerprint() {
 void Membership::register_member() {
   check_fingerprint();
   retry([&] {
-    const int64_t id = redis_->incr(key("next_id"));
-    redis_->set_px(key("hb:" + std::to_string(id)), opt_.name, int64_t(opt_.timeout_s * 1000));
-    redis_->command({"SET", key("member:" + std::to_string(id)),
-                     nlohmann::json{{"name", opt_.name}, {"address", opt_.address}}.dump()});
-    redis_->sadd(key("members"), std::to_string(id));
+    // Ids are never reused: a counter set back (by a Redis writer) cannot hand out an id whose
+    // record exists (written once, never removed).
+    int64_t id = -1;
+    for (int tries = 0; tries < 1000 && id < 0; ++tries) {
+      const int64_t candidate = redis_->incr(key("next_id"));
+      const std::string mk = key("member:" + std::to_string(candidate));
+      if (candidate > 0 &&
+          redis_->set_nx(mk, seal(mk, nlohmann::json{{"name", opt_.name}, {"address", opt_.address}}.dump())))
+        id = candidate;
+    }
+    if (id < 0) fail("elastic: no free member id in Redis after 1000 tries (key next_id tampered with?)");
+    const std::string hb = key("hb:" + std::to_string(id));
+    redis_->set_px(hb, seal(hb, opt_.name), int64_t(opt_.timeout_s * 1000));
+    add_id(key("members"), id);
     rosters_seen_ = redis_->command({"LLEN", key("rosters")}).integer;
     id_ = id;
   });
   if (!beat_thread_.joinable()) beat_thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
+bool Membership::dropped(Redis& redis, int64_t id) {
+  std::string v;
+  return get_sealed(redis, key("dropped:" + std::to_string(id)), v);
+}
+
 bool Membership::live(int64_t id) {
-  const std::string m = std::to_string(id);
-  return redis_->exists(key("hb:" + m)) && !redis_->exists(key("dropped:" + m));
+  std::string v;
+  return get_sealed(*redis_, key("hb:" + std::to_string(id)), v) && !dropped(*redis_, id);
 }
 
 bool Membership::gone(int64_t id, std::map<int64_t, double>& missing_since) {
-  const std::string m = std::to_string(id);
-  if (redis_->exists(key("dropped:" + m))) return true;
+  if (dropped(*redis_, id)) return true;
   // The grace check comes after the read: a read that stalled (Redis stopped) starts the grace.
-  if (redis_->exists(key("hb:" + m)) || in_outage_grace()) {
+  std::string v;
+  if (get_sealed(*redis_, key("hb:" + std::to_string(id)), v) || in_outage_grace()) {
     missing_since.erase(id);
     return false;
   }
@@ -210,21 +291,15 @@ bool Membership::gone(int64_t id, std::map<int64_t, double>& missing_since) {
   return now - missing_since.emplace(id, now).first->second >= opt_.timeout_s / 4;
 }
 
-std::vector<int64_t> Membership::ids(const std::vector<std::string>& members) {
-  std::vector<int64_t> out;
-  for (const auto& m : members) out.push_back(std::stoll(m));
-  return sorted(out);
-}
-
 std::string Membership::await_roster(const std::string& rk, double bound_s, const std::string& bound_message,
                                      const std::function<void()>& try_close) {
   const auto t0 = SteadyClock::now();
-  retry([&] { redis_->sadd(rk + "arrived", std::to_string(id_)); });
+  retry([&] { add_id(rk + "arrived", id_); });
   for (;;) {
     bool have = false;
     std::string text;
     retry([&] {
-      text = redis_->get(rk + "roster", &have);
+      have = get_sealed(*redis_, rk + "roster", text);
       if (!have) try_close();
     });
     if (have) return text;
@@ -241,21 +316,21 @@ Roster Membership::start_roster() {
           std::to_string(int(opt_.start_timeout_s)) + " s (elastic.start_timeout)",
       [&] {
         std::vector<int64_t> arrived, registered;
-        for (const int64_t m : ids(redis_->smembers(rk + "arrived")))
+        for (const int64_t m : sealed_ids(*redis_, rk + "arrived"))
           if (live(m)) arrived.push_back(m);
-        for (const int64_t m : ids(redis_->smembers(key("members"))))
+        for (const int64_t m : sealed_ids(*redis_, key("members")))
           if (live(m)) registered.push_back(m);
         const bool everyone =
             std::all_of(registered.begin(), registered.end(), [&](int64_t m) { return contains(arrived, m); });
         if (int(arrived.size()) < opt_.min_workers || !everyone) return;
         Roster r;
         r.contributors = arrived;
-        if (!redis_->set_nx(rk + "roster", r.to_json().dump())) return;
+        if (!redis_->set_nx(rk + "roster", seal(rk + "roster", r.to_json().dump()))) return;
         redis_->rpush(key("rosters"), "0:0");
         for (const int64_t m : arrived)
           log_event({{"event", "joined"}, {"member", m}, {"round", 0}, {"step", 0}, {"why", "started the run"}});
       });
-  return Roster::from_json(0, 0, text);
+  return read_roster(0, 0, text);
 }
 
 bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<int64_t>& epoch, bool last_round,
@@ -267,7 +342,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
   // heartbeat expires or elastic.straggler_timeout passes, and then the roster closes.
   const std::string text = await_roster(rk, 1e300, "", [&] {
     if (in_outage_grace()) return;  // heartbeats lapsed during an outage prove nothing yet
-    const auto arrived = ids(redis_->smembers(rk + "arrived"));
+    const auto arrived = sealed_ids(*redis_, rk + "arrived");
     std::vector<int64_t> contributors, missing;
     for (const int64_t m : epoch) {
       const bool is_live = !gone(m, missing_since), came = contains(arrived, m);
@@ -282,7 +357,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
     r.attempt = attempt;
     std::vector<int64_t> joiners;
     if (!last_round)
-      for (const int64_t j : ids(redis_->smembers(key("joiners"))))
+      for (const int64_t j : sealed_ids(*redis_, key("joiners")))
         if (!contains(epoch, j) && live(j)) joiners.push_back(j);
     const auto excluded = exclusions(round, attempt, epoch, joiners);
     auto reason = [&](int64_t m) {
@@ -294,19 +369,21 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
       if (reason(m).empty()) r.contributors.push_back(m);
     for (const int64_t j : joiners)
       if (reason(j).empty()) r.joiners.push_back(j);
-    if (!redis_->set_nx(rk + "roster", r.to_json().dump())) return;
+    if (!redis_->set_nx(rk + "roster", seal(rk + "roster", r.to_json().dump()))) return;
     redis_->rpush(key("rosters"), r.key());
     for (const auto& [m, why] : excluded) {
-      redis_->command({"SET", key("excluded:" + std::to_string(m)), why});
+      const std::string ek = key("excluded:" + std::to_string(m));
+      redis_->command({"SET", ek, seal(ek, why)});
       if (contains(joiners, m)) {
-        redis_->command({"SREM", key("joiners"), std::to_string(m)});
+        redis_->command({"SREM", key("joiners"), seal(key("joiners"), std::to_string(m))});
         log_event({{"event", "refused"}, {"member", m}, {"round", round}, {"why", why}});
       } else {
         missing.push_back(m);
       }
     }
     for (const int64_t m : missing) {
-      redis_->command({"SET", key("dropped:" + std::to_string(m)), "1"});
+      const std::string dk = key("dropped:" + std::to_string(m));
+      redis_->command({"SET", dk, seal(dk, "1")});
       const std::string why = reason(m);
       log_event({{"event", "left"},
                  {"member", m},
@@ -317,7 +394,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
                                       : "heartbeat expired"}});
     }
   });
-  out = Roster::from_json(round, attempt, text);
+  out = read_roster(round, attempt, text);
   const bool in = contains(out.contributors, id_);
   if (!in) check_not_excluded();
   return in;
@@ -327,14 +404,14 @@ void Membership::blame(const Roster& roster, const std::vector<int64_t>& culprit
   if (culprits.empty()) return;
   const std::string rk = key("round:" + roster.key() + ":");
   retry([&] {
-    for (const int64_t c : culprits) redis_->sadd(rk + "blame:" + std::to_string(c), std::to_string(id_));
+    for (const int64_t c : culprits) add_id(rk + "blame:" + std::to_string(c), id_);
   });
 }
 
 void Membership::check_not_excluded() {
   bool found = false;
   std::string why;
-  retry([&] { why = redis_->get(key("excluded:" + std::to_string(id_)), &found); });
+  retry([&] { found = get_sealed(*redis_, key("excluded:" + std::to_string(id_)), why); });
   if (found)
     fail("elastic: this worker (member " + std::to_string(id_) + ") was excluded from the run: " +
          why.substr(0, 400));
@@ -346,8 +423,8 @@ std::vector<std::pair<int64_t, std::string>> Membership::exclusions(int64_t roun
   std::vector<std::pair<int64_t, std::string>> out;
   if (attempt == 0) return out;
   auto blamers = [&](int64_t a, int64_t m) {
-    return ids(redis_->smembers(key("round:" + std::to_string(round) + ":" + std::to_string(a) + ":blame:" +
-                                    std::to_string(m))));
+    return sealed_ids(*redis_, key("round:" + std::to_string(round) + ":" + std::to_string(a) + ":blame:" +
+                                   std::to_string(m)));
   };
   auto names = [](const std::set<int64_t>& s) {
     std::string t;
@@ -392,26 +469,30 @@ std::vector<std::pair<int64_t, std::string>> Membership::exclusions(int64_t roun
 
 bool Membership::wait_for_join_roster(Roster& out) {
   const auto t0 = SteadyClock::now();
-  retry([&] { redis_->sadd(key("joiners"), std::to_string(id_)); });
+  retry([&] { add_id(key("joiners"), id_); });
   for (;;) {
     bool found = false, done = false;
     retry([&] {
       const auto entries = redis_->lrange(key("rosters"), rosters_seen_, -1);
       for (const auto& e : entries) {
         ++rosters_seen_;
+        // "ROUND:ATTEMPT", pointing at a sealed roster; anything else is not the run's.
         const size_t colon = e.find(':');
-        const int64_t round = std::stoll(e.substr(0, colon)), attempt = std::stoll(e.substr(colon + 1));
-        bool have = false;
-        const std::string text = redis_->get(key("round:" + e + ":roster"), &have);
-        if (!have) continue;
-        Roster r = Roster::from_json(round, attempt, text);
+        int64_t round = 0, attempt = 0;
+        if (colon == std::string::npos || !parse_count(e.substr(0, colon), round) ||
+            !parse_count(e.substr(colon + 1), attempt))
+          continue;
+        std::string text;
+        if (!get_sealed(*redis_, key("round:" + e + ":roster"), text)) continue;
+        Roster r = read_roster(round, attempt, text);
         if (contains(r.joiners, id_)) {
           out = r;
           found = true;
           return;
         }
       }
-      done = redis_->exists(key("finished"));
+      std::string v;
+      done = get_sealed(*redis_, key("finished"), v);
     });
     if (!found) check_not_excluded();
     if (found) return true;
@@ -424,34 +505,41 @@ bool Membership::wait_for_join_roster(Roster& out) {
 }
 
 void Membership::leave_joiners() {
-  retry([&] { redis_->command({"SREM", key("joiners"), std::to_string(id_)}); });
+  retry([&] { redis_->command({"SREM", key("joiners"), seal(key("joiners"), std::to_string(id_))}); });
 }
 
 bool Membership::finish(const Roster& roster, bool ok) {
   const std::string rk = key("round:" + roster.key() + ":");
   const auto t0 = SteadyClock::now();
+  const std::string ok_key = rk + "outcome";
+  auto decide = [&](const char* outcome) { redis_->set_nx(ok_key, seal(ok_key, outcome)); };
   if (!ok) {  // no commit is possible without this member's vote
-    retry([&] { redis_->set_nx(rk + "outcome", "abort"); });
+    retry([&] {
+      std::string o;
+      get_sealed(*redis_, ok_key, o);  // a forged outcome in the way is deleted
+      decide("abort");
+    });
     return false;
   }
-  retry([&] { redis_->sadd(rk + "done", std::to_string(id_)); });
+  retry([&] { add_id(rk + "done", id_); });
   std::vector<int64_t> all = roster.contributors;
   all.insert(all.end(), roster.joiners.begin(), roster.joiners.end());
   std::map<int64_t, double> missing_since;
   for (;;) {
     std::string o;
     retry([&] {
-      o = redis_->get(rk + "outcome");
-      if (!o.empty()) return;
-      const auto done = ids(redis_->smembers(rk + "done"));
-      if (done.size() >= all.size()) {
-        redis_->set_nx(rk + "outcome", "commit");
+      o.clear();
+      if (get_sealed(*redis_, ok_key, o)) return;
+      o.clear();
+      const auto done = sealed_ids(*redis_, rk + "done");
+      if (std::all_of(all.begin(), all.end(), [&](int64_t m) { return contains(done, m); })) {
+        decide("commit");
         return;
       }
       if (in_outage_grace()) return;
       for (const int64_t m : all)
-        if (!contains(done, m) && gone(m, missing_since)) redis_->set_nx(rk + "outcome", "abort");
-      if (seconds_since(t0) > opt_.straggler_timeout_s) redis_->set_nx(rk + "outcome", "abort");
+        if (!contains(done, m) && gone(m, missing_since)) decide("abort");
+      if (seconds_since(t0) > opt_.straggler_timeout_s) decide("abort");
     });
     if (!o.empty()) return o == "commit";
     pause_ms(5);
@@ -459,28 +547,38 @@ bool Membership::finish(const Roster& roster, bool ok) {
 }
 
 void Membership::mark_finished() {
-  retry([&] { redis_->command({"SET", key("finished"), "1"}); });
+  retry([&] { redis_->command({"SET", key("finished"), seal(key("finished"), "1")}); });
 }
 
 void Membership::log_event(const nlohmann::json& event) {
   nlohmann::json e = event;
   if (e.contains("member")) {
     const std::string m = std::to_string(e["member"].get<int64_t>());
-    bool have = false;
-    const std::string info = redis_->get(key("member:" + m), &have);
-    if (have) e["name"] = nlohmann::json::parse(info).value("name", "");
+    std::string info;
+    if (get_sealed(*redis_, key("member:" + m), info)) {
+      const auto j = nlohmann::json::parse(info, nullptr, false);
+      if (j.is_object() && j.contains("name") && j["name"].is_string()) e["name"] = j["name"];
+    }
   }
   e["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  redis_->rpush(key("events"), e.dump());
+  redis_->rpush(key("events"), seal(key("events"), e.dump()));
 }
 
 std::vector<nlohmann::json> Membership::new_events() {
   std::vector<nlohmann::json> out;
+  int64_t read = 0;
   retry([&] {
     out.clear();
-    for (const auto& e : redis_->lrange(key("events"), events_seen_, -1)) out.push_back(nlohmann::json::parse(e));
+    read = 0;
+    for (const auto& e : redis_->lrange(key("events"), events_seen_, -1)) {
+      ++read;
+      std::string text;
+      if (!open(key("events"), e, text)) continue;
+      auto j = nlohmann::json::parse(text, nullptr, false);
+      if (j.is_object()) out.push_back(std::move(j));
+    }
   });
-  events_seen_ += int64_t(out.size());
+  events_seen_ += read;
   return out;
 }
 

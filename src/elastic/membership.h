@@ -11,6 +11,14 @@
 // done; the attempt commits when all have, and aborts (redone by the survivors as attempt a+1)
 // if anyone fails, a member's heartbeat expires, or the bound passes; the outcome is also
 // written once, so no member applies a round the others discard.
+// Every entry the run relies on (member records, heartbeats, the sets of ids, rosters, outcomes,
+// exclusions, drops, events) carries a MAC under the run key bound to its Redis key (a value as
+// VALUE "\n" MAC, a set element as ID "\n" MAC), so an entry written by anyone without the run
+// secret, or moved from another key, is ignored with a warning; a forged entry in a write-once
+// key (a roster, an outcome) is deleted, if it is still the one read, so the honest one can be
+// written. What a Redis writer can still do: delete entries (members then look dead or the run
+// lost, and stop or are dropped: denial of service), and write back a heartbeat it saw earlier
+// (keeping a dead member "live" until elastic.straggler_timeout drops it).
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -54,7 +62,11 @@ struct Roster {
   int size() const { return int(contributors.size() + joiners.size()); }
   // Rank in the attempt's transport: contributors first, then joiners; -1 if not in it.
   int rank_of(int64_t id) const;
+  std::string tag;  // a keyed digest of the roster's text (Membership sets it)
   std::string key() const { return std::to_string(round) + ":" + std::to_string(attempt); }
+  // The attempt's transport: members holding different rosters for one attempt (possible only
+  // if someone deleted a roster that members had read) derive different keys and cannot connect.
+  std::string transport_name() const { return key() + (tag.empty() ? "" : ":" + tag); }
   nlohmann::json to_json() const;
   static Roster from_json(int64_t round, int64_t attempt, const std::string& text);
 };
@@ -109,6 +121,7 @@ class Membership {
   void retry(const std::function<void()>& fn);
   // Heartbeat present and not dropped (for taking a member in).
   bool live(int64_t id);
+  bool dropped(Redis& redis, int64_t id);
   // Dropped, or its heartbeat missing in every check over elastic.timeout / 4 while the
   // coordinator answered promptly (for dropping a member). `missing_since` is the caller's record
   // of when each member was first seen missing, kept for one wait: a heartbeat that expired
@@ -140,7 +153,19 @@ class Membership {
                            const std::function<void()>& try_close);
   void heartbeat_loop();
   void beat();
-  std::vector<int64_t> ids(const std::vector<std::string>& members);
+  // Sealing (above): the entry for `value` at key `k`.
+  std::string seal(const std::string& k, const std::string& value) const;
+  // The value of `entry` read at key `k`, or false with a warning when it does not carry this
+  // run's MAC for that key.
+  bool open(const std::string& k, const std::string& entry, std::string& value);
+  // GET of a sealed entry: false when absent or not sealed by the run (a forged entry is then
+  // deleted if it is still the one read).
+  bool get_sealed(Redis& redis, const std::string& k, std::string& value);
+  // The ids in a set of sealed ids, ascending (forged or malformed elements ignored); adding one.
+  std::vector<int64_t> sealed_ids(Redis& redis, const std::string& set_key);
+  void add_id(const std::string& set_key, int64_t id);
+  Roster read_roster(int64_t round, int64_t attempt, const std::string& text) const;
+  std::atomic<int> warnings_{0};
 
   ElasticOptions opt_;
   std::string prefix_;

@@ -153,7 +153,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
       std::shared_ptr<Transport> transport, join_transport;
       std::unique_ptr<Communicator> comm, join_comm;
       try {
-        transport = connect(roster.key(), me, C);
+        transport = connect(roster.transport_name(), me, C);
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
         round.reduce(*comm, me, C);
         // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
@@ -166,7 +166,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
           state = encode(s);
           const int J = int(roster.joiners.size());
           joining = true;
-          join_transport = connect(roster.key() + ":join", 0, 1 + J);
+          join_transport = connect(roster.transport_name() + ":join", 0, 1 + J);
           join_comm = std::make_unique<Communicator>(join_transport, comm_options(), trace_, kDataChannel, traffic_);
           std::vector<Communicator::Handle> sends;
           for (int j = 1; j <= J; ++j) sends.push_back(join_comm->send_start(j, state, "join_state"));
@@ -284,7 +284,7 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
       std::shared_ptr<Transport> transport;
       std::unique_ptr<Communicator> comm;
       try {
-        transport = connect(roster.key() + ":join", rank, 1 + int(js.size()));
+        transport = connect(roster.transport_name() + ":join", rank, 1 + int(js.size()));
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
         auto h = comm->recv_start(0, &bytes, "join_state");
         comm->wait(h);

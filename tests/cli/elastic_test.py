@@ -18,6 +18,8 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     and no round is corrupted;
   - Redis stopped past the timeout (twice: 4 s and 2.5 s), then continued: the workers ride it
     out; Redis restarted without its data, or flushed while up: they stop with a clear message;
+  - entries forged in Redis without the run secret (a roster, outcomes, drops, an exclusion,
+    malformed ids, events) are ignored with a warning, and the run is the in-process one bitwise;
   - a worker with another num_heads (same parameter count), other training data, another
     outer.lr or another run secret is refused at start with the difference named, and the run
     goes on without it;
@@ -47,6 +49,7 @@ try:
     ref = model_bytes("inproc3/checkpoints/step_00000012/model.safetensors")
     if writer_model("fixed", names)[0] != ref:
         fail("fixed: the elastic model differs from the in-process one")
+    for n in names:
         if abs(val_loss(f"fixed/{n}/summary.json") - val_loss("inproc3/summary.json")) > 1e-5:
             fail(f"fixed/{n}: validation loss differs")
     for n in names:  # time in rounds is waiting, not compute
@@ -58,6 +61,40 @@ try:
     if sorted(rounds) != [1, 2, 3] or any(len(c) != 3 for c, _ in rounds.values()):
         fail(f"fixed: expected rounds 1-3 with 3 contributors each, got {rounds}")
     print("fixed membership of 3 == in-process 3 replicas (bitwise model, 3 rounds of 3)")
+
+    # 1c. Entries forged in Redis by someone without the run secret, written before the run's
+    # members get there: a roster naming one contributor, an outcome aborting a round and another
+    # committing one, members dropped and excluded, malformed and foreign ids in the run's sets,
+    # events that are not the run's and a malformed roster pointer. Every member ignores them
+    # with a warning: the same 3 rounds of 3, never rejoined, and the in-process model bit for bit.
+    cli = ["redis-cli", "-p", str(port)]
+    cenv = dict(os.environ, REDISCLI_AUTH=PASSWORD)
+    forged = [["SET", "loco:forged:round:2:0:roster", '{"contributors":[1],"joiners":[]}'],
+              ["SET", "loco:forged:round:1:0:outcome", "abort"],
+              ["SET", "loco:forged:round:3:0:outcome", "commit\n" + "0" * 64],
+              ["SET", "loco:forged:dropped:2", "1"], ["SET", "loco:forged:excluded:3", "forged exclusion"],
+              ["SADD", "loco:forged:members", "x", "99", "-1"], ["SADD", "loco:forged:round:1:0:arrived", "42"],
+              ["SADD", "loco:forged:round:2:0:done", "1", "2", "3"],
+              ["RPUSH", "loco:forged:events", "not json", '{"event":"left","member":1,"why":"forged"}'],
+              ["RPUSH", "loco:forged:rosters", "garbage", "1:x"], ["SET", "loco:forged:finished", "1"]]
+    for c in forged:
+        subprocess.run(cli + c, env=cenv, check=True, stdout=subprocess.DEVNULL)
+    ps = [start("forged", n, "forged", common + ["--set", "elastic.min_workers=3"]) for n in names]
+    wait_all(ps, names, "forged")
+    if writer_model("forged", names)[0] != ref:
+        fail("forged: the model differs from the in-process one")
+    rounds = rounds_by_number("forged", names)
+    if sorted(rounds) != [1, 2, 3] or any(len(c) != 3 for c, _ in rounds.values()):
+        fail(f"forged: expected rounds 1-3 with 3 contributors each, got {rounds}")
+    logs = "".join(open(f"forged-{n}.log").read() for n in names)
+    for n in names:
+        _, e = elastic("forged", n)
+        if len(e["member_ids"]) != 1 or any(ev.get("why") == "forged" for ev in e["events"]):
+            fail(f"forged/{n}: member ids {e['member_ids']}, events {e['events']}")
+    if "without this run's MAC" not in logs:
+        fail("forged: no member warned about the forged entries:\n" + logs[-3000:])
+    print("entries forged in Redis (a roster, outcomes, drops, an exclusion, ids, events): ignored with a warning; "
+          "3 rounds of 3 and the in-process model bit for bit")
 
     # 1a. The link model over the elastic data plane: the same bits, and each round's ring
     # all-reduce (4 sequential transfers among 3) waits at least 4 x 30 ms of latency.
