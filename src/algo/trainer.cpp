@@ -285,9 +285,10 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     const Clock& clock = run.world.clock();
     int64_t start_step = 0;
     double elapsed_before = 0;
-    if (s.restoring)
+    if (s.restoring) {
       std::tie(start_step, elapsed_before) = restore_worker(run);
-    else {
+      w.restored = true;
+    } else {
       w.model.init_params(w.params.data(), uint64_t(cfg.train.seed));  // same seed: identical replicas
       protocol_init(run);
     }

@@ -45,6 +45,7 @@ struct Worker {
   DataLoader loader;               // read by the first stage only
   double compute_seconds = 0;  // forward, backward, optimizer and outer updates
   int64_t step = 0;            // inner steps completed before the one being taken
+  bool restored = false;       // from a checkpoint (a resumed run)
 };
 
 }  // namespace loco

@@ -30,7 +30,7 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
         aggregate_(aggregate_options(cfg.outer, true)) {}
 
   void start(Worker& w, bool resumed) override {
-    theta_ = w.params;
+    if (!w.restored) theta_ = w.params;  // else from the checkpoint (load_state); a join replaces it
     session_.start(w, resumed, install());
   }
 
@@ -85,6 +85,10 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
   void save_state(TrainingState& st) override {
     st.tensors["outer.params"] = theta_;
     st.tensors["outer.momentum"] = momentum_;
+  }
+  void load_state(const TrainingState& st) override {
+    st.take("outer.params", theta_);
+    st.take("outer.momentum", momentum_);
   }
 
  private:

@@ -35,7 +35,7 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
         reject_norm_(cfg.outer.reject_norm) {}
 
   void start(Worker& w, bool resumed) override {
-    phi_ = w.params;
+    if (!w.restored) phi_ = w.params;  // else from the checkpoint (load_state); a join replaces it
     session_.start(w, resumed, install());
   }
 
@@ -132,6 +132,10 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
   void save_state(TrainingState& st) override {
     st.tensors["noloco.phi"] = phi_;
     st.tensors["noloco.delta"] = delta_;
+  }
+  void load_state(const TrainingState& st) override {
+    st.take("noloco.phi", phi_);
+    st.take("noloco.delta", delta_);
   }
 
  private:

@@ -34,7 +34,7 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
   }
 
   void start(Worker& w, bool resumed) override {
-    Streaming::start(w, false);
+    Streaming::start(w, w.restored);  // a restored outer state is kept (a join replaces it)
     session_.start(w, resumed, install());
   }
 

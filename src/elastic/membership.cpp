@@ -43,6 +43,11 @@ constexpr const char* kDeleteIfSame =
 
 }  // namespace
 
+std::string attempt_name(int64_t generation, int64_t round, int64_t attempt) {
+  return (generation > 0 ? "g" + std::to_string(generation) + "." : std::string()) + std::to_string(round) + ":" +
+         std::to_string(attempt);
+}
+
 int Roster::rank_of(int64_t id) const {
   for (size_t i = 0; i < contributors.size(); ++i)
     if (contributors[i] == id) return int(i);
@@ -120,8 +125,9 @@ void Membership::add_id(const std::string& set_key, int64_t id) {
   redis_->sadd(set_key, seal(set_key, std::to_string(id)));
 }
 
-Roster Membership::read_roster(int64_t round, int64_t attempt, const std::string& text) const {
+Roster Membership::read_roster(int64_t generation, int64_t round, int64_t attempt, const std::string& text) const {
   Roster r = Roster::from_json(round, attempt, text);
+  r.generation = generation;
   r.tag = mac_entry(opt_.run_key, "transport of roster " + r.key(), text).substr(0, 16);
   return r;
 }
@@ -264,6 +270,9 @@ void Membership::register_member() {
     redis_->set_px(hb, seal(hb, opt_.name), int64_t(opt_.timeout_s * 1000));
     add_id(key("members"), id);
     rosters_seen_ = redis_->command({"LLEN", key("rosters")}).integer;
+    std::string g;
+    int64_t gen = 0;
+    if (get_sealed(*redis_, key("generation"), g) && parse_count(g, gen)) generation_ = gen;
     id_ = id;
   });
   if (!beat_thread_.joinable()) beat_thread_ = std::thread([this] { heartbeat_loop(); });
@@ -309,7 +318,8 @@ std::string Membership::await_roster(const std::string& rk, double bound_s, cons
 }
 
 Roster Membership::start_roster() {
-  const std::string rk = key("round:0:0:");
+  if (generation_ > 0) return Roster{};  // a restarted run began long ago: this worker joins it
+  const std::string rk = round_key(0, 0);
   const std::string text = await_roster(
       rk, opt_.start_timeout_s,
       "elastic: fewer than elastic.min_workers = " + std::to_string(opt_.min_workers) + " workers arrived within " +
@@ -330,12 +340,12 @@ Roster Membership::start_roster() {
         for (const int64_t m : arrived)
           log_event({{"event", "joined"}, {"member", m}, {"round", 0}, {"step", 0}, {"why", "started the run"}});
       });
-  return read_roster(0, 0, text);
+  return read_roster(generation_, 0, 0, text);
 }
 
 bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<int64_t>& epoch, bool last_round,
                               int64_t round_tokens, Roster& out) {
-  const std::string rk = key("round:" + std::to_string(round) + ":" + std::to_string(attempt) + ":");
+  const std::string rk = round_key(round, attempt);
   const auto t0 = SteadyClock::now();
   std::map<int64_t, double> missing_since;
   // Bounded without a bound of its own: a member that does not come is dropped once its
@@ -353,6 +363,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
     }
     if (contributors.size() + missing.size() < epoch.size()) return;  // a live member is still coming
     Roster r;
+    r.generation = generation_;
     r.round = round;
     r.attempt = attempt;
     std::vector<int64_t> joiners;
@@ -394,7 +405,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
                                       : "heartbeat expired"}});
     }
   });
-  out = read_roster(round, attempt, text);
+  out = read_roster(generation_, round, attempt, text);
   const bool in = contains(out.contributors, id_);
   if (!in) check_not_excluded();
   return in;
@@ -423,8 +434,7 @@ std::vector<std::pair<int64_t, std::string>> Membership::exclusions(int64_t roun
   std::vector<std::pair<int64_t, std::string>> out;
   if (attempt == 0) return out;
   auto blamers = [&](int64_t a, int64_t m) {
-    return sealed_ids(*redis_, key("round:" + std::to_string(round) + ":" + std::to_string(a) + ":blame:" +
-                                   std::to_string(m)));
+    return sealed_ids(*redis_, round_key(round, a) + "blame:" + std::to_string(m));
   };
   auto names = [](const std::set<int64_t>& s) {
     std::string t;
@@ -467,8 +477,9 @@ std::vector<std::pair<int64_t, std::string>> Membership::exclusions(int64_t roun
   return out;
 }
 
-bool Membership::wait_for_join_roster(Roster& out) {
+Membership::JoinWait Membership::wait_for_join_roster(Roster& out, bool can_restart, int64_t step) {
   const auto t0 = SteadyClock::now();
+  auto last_restart_check = t0;
   retry([&] { add_id(key("joiners"), id_); });
   for (;;) {
     bool found = false, done = false;
@@ -476,17 +487,24 @@ bool Membership::wait_for_join_roster(Roster& out) {
       const auto entries = redis_->lrange(key("rosters"), rosters_seen_, -1);
       for (const auto& e : entries) {
         ++rosters_seen_;
-        // "ROUND:ATTEMPT", pointing at a sealed roster; anything else is not the run's.
-        const size_t colon = e.find(':');
-        int64_t round = 0, attempt = 0;
-        if (colon == std::string::npos || !parse_count(e.substr(0, colon), round) ||
-            !parse_count(e.substr(colon + 1), attempt))
+        // "[gG.]ROUND:ATTEMPT", pointing at a sealed roster; anything else is not the run's.
+        std::string name = e;
+        int64_t generation = 0, round = 0, attempt = 0;
+        if (name.size() > 1 && name[0] == 'g') {
+          const size_t dot = name.find('.');
+          if (dot == std::string::npos || !parse_count(name.substr(1, dot - 1), generation)) continue;
+          name = name.substr(dot + 1);
+        }
+        const size_t colon = name.find(':');
+        if (colon == std::string::npos || !parse_count(name.substr(0, colon), round) ||
+            !parse_count(name.substr(colon + 1), attempt))
           continue;
         std::string text;
         if (!get_sealed(*redis_, key("round:" + e + ":roster"), text)) continue;
-        Roster r = read_roster(round, attempt, text);
+        Roster r = read_roster(generation, round, attempt, text);
         if (contains(r.joiners, id_)) {
           out = r;
+          generation_ = generation;
           found = true;
           return;
         }
@@ -495,13 +513,50 @@ bool Membership::wait_for_join_roster(Roster& out) {
       done = get_sealed(*redis_, key("finished"), v);
     });
     if (!found) check_not_excluded();
-    if (found) return true;
-    if (done) return false;
+    if (found) return JoinWait::Joined;
+    if (done) return JoinWait::Finished;
+    if (can_restart && seconds_since(last_restart_check) > 0.25) {
+      last_restart_check = SteadyClock::now();
+      if (try_restart(step)) return JoinWait::Restarted;
+    }
     if (seconds_since(t0) > opt_.start_timeout_s)
       fail("elastic: no member took this worker in within " + std::to_string(int(opt_.start_timeout_s)) +
            " s (elastic.start_timeout)");
     pause_ms(20);
   }
+}
+
+bool Membership::try_restart(int64_t step) {
+  bool restarted = false;
+  retry([&] {
+    if (in_outage_grace()) return;  // heartbeats lapsed during an outage prove nothing
+    const auto joiners = sealed_ids(*redis_, key("joiners"));
+    const auto members = sealed_ids(*redis_, key("members"));
+    for (const int64_t m : members)
+      if (m != id_ && !contains(joiners, m) && live(m)) return;  // the run goes on: wait to be taken in
+    std::string g;
+    int64_t gen = 0;
+    if (get_sealed(*redis_, key("generation"), g) && !parse_count(g, gen)) gen = 0;
+    const std::string claim = key("restart:" + std::to_string(gen + 1));
+    if (!redis_->set_nx(claim, seal(claim, std::to_string(id_)))) return;  // another joiner restarts it
+    // The previous generation's members are dropped: one that was only stalled rejoins this one.
+    for (const int64_t m : members)
+      if (m != id_ && !contains(joiners, m)) {
+        const std::string dk = key("dropped:" + std::to_string(m));
+        redis_->command({"SET", dk, seal(dk, "1")});
+      }
+    redis_->command({"SET", key("generation"), seal(key("generation"), std::to_string(gen + 1))});
+    generation_ = gen + 1;
+    restarted = true;
+  });
+  if (restarted) {
+    retry([&] { redis_->command({"SREM", key("joiners"), seal(key("joiners"), std::to_string(id_))}); });
+    retry([&] {
+      log_event({{"event", "restarted"}, {"member", id_.load()}, {"step", step}, {"generation", generation_},
+                 {"why", "no member of the run was live: it continues from this member's checkpoint"}});
+    });
+  }
+  return restarted;
 }
 
 void Membership::leave_joiners() {

@@ -56,14 +56,18 @@ struct ElasticOptions {
   LinkConfig link;                    // the link model (network.*) over the data plane
 };
 
+// "ROUND:ATTEMPT", or "gG.ROUND:ATTEMPT" in generation G > 0 (a run restarted after all its
+// workers died: each restart has keys of its own, so the dead rounds' entries cannot interfere).
+std::string attempt_name(int64_t generation, int64_t round, int64_t attempt);
+
 struct Roster {
-  int64_t round = 0, attempt = 0;
+  int64_t generation = 0, round = 0, attempt = 0;
   std::vector<int64_t> contributors, joiners;  // ids, ascending
   int size() const { return int(contributors.size() + joiners.size()); }
   // Rank in the attempt's transport: contributors first, then joiners; -1 if not in it.
   int rank_of(int64_t id) const;
   std::string tag;  // a keyed digest of the roster's text (Membership sets it)
-  std::string key() const { return std::to_string(round) + ":" + std::to_string(attempt); }
+  std::string key() const { return attempt_name(generation, round, attempt); }
   // The attempt's transport: members holding different rosters for one attempt (possible only
   // if someone deleted a roster that members had read) derive different keys and cannot connect.
   std::string transport_name() const { return key() + (tag.empty() ? "" : ":" + tag); }
@@ -89,7 +93,8 @@ class Membership {
   void register_member();
 
   // Round 0 (before training): arrives at the start and returns its roster (contributors:
-  // the members that start the run). Waits for elastic.min_workers.
+  // the members that start the run). Waits for elastic.min_workers. In a restarted run, an
+  // empty roster (the worker joins).
   Roster start_roster();
   // Arrives at round r's attempt a as a member of `epoch` and reads the attempt's roster into
   // `out`; false if this member is not a contributor in it (it was dropped).
@@ -97,8 +102,13 @@ class Membership {
   bool close_roster(int64_t round, int64_t attempt, const std::vector<int64_t>& epoch, bool last_round,
                     int64_t round_tokens, Roster& out);
   // Waits, as a joiner, for a roster that names this member among its joiners (polls the log
-  // of rosters); false if the run finished first. Bounded by elastic.start_timeout.
-  bool wait_for_join_roster(Roster& out);
+  // of rosters). Bounded by elastic.start_timeout. With `can_restart` (this worker restored a
+  // checkpoint), once no member but waiting joiners is live (every worker of the run died), it
+  // tries to restart the run: the first such joiner to claim the next generation (SET NX) marks
+  // the previous members dropped and continues the run alone from its checkpoint; the others
+  // wait on and are taken in at its next round.
+  enum class JoinWait { Joined, Finished, Restarted };
+  JoinWait wait_for_join_roster(Roster& out, bool can_restart = false, int64_t step = 0);
   // After a committed join: no longer waiting.
   void leave_joiners();
   // Votes: done (ok) or failed; returns true if the attempt committed.
@@ -122,6 +132,12 @@ class Membership {
   // Heartbeat present and not dropped (for taking a member in).
   bool live(int64_t id);
   bool dropped(Redis& redis, int64_t id);
+  // The keys of round r's attempt a in the current generation ("loco:RUN:round:NAME:").
+  std::string round_key(int64_t round, int64_t attempt) const {
+    return key("round:" + attempt_name(generation_, round, attempt) + ":");
+  }
+  // wait_for_join_roster's restart (above); true if this member now leads generation + 1.
+  bool try_restart(int64_t step);
   // Dropped, or its heartbeat missing in every check over elastic.timeout / 4 while the
   // coordinator answered promptly (for dropping a member). `missing_since` is the caller's record
   // of when each member was first seen missing, kept for one wait: a heartbeat that expired
@@ -164,7 +180,7 @@ class Membership {
   // The ids in a set of sealed ids, ascending (forged or malformed elements ignored); adding one.
   std::vector<int64_t> sealed_ids(Redis& redis, const std::string& set_key);
   void add_id(const std::string& set_key, int64_t id);
-  Roster read_roster(int64_t round, int64_t attempt, const std::string& text) const;
+  Roster read_roster(int64_t generation, int64_t round, int64_t attempt, const std::string& text) const;
   std::atomic<int> warnings_{0};
 
   ElasticOptions opt_;
@@ -178,6 +194,7 @@ class Membership {
   std::atomic<double> outage_end_s_{-1e300};
   int64_t events_seen_ = 0;
   int64_t rosters_seen_ = 0;
+  int64_t generation_ = 0;  // of the rounds this member takes part in
 };
 
 }  // namespace loco

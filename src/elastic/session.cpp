@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "comm/inprocess.h"
@@ -86,8 +87,9 @@ void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
   membership_.register_member();
   ids_.push_back(membership_.id());
   if (resumed) {
-    // A resumed worker is a new member: the run went on without it.
-    join(w, "resumed", install);
+    // A resumed worker is a new member: the run went on without it. If every worker of the run
+    // died, one restored from a checkpoint restarts the run from it instead (Membership).
+    join(w, "resumed", install, w.restored);
     return;
   }
   const Roster r = membership_.start_roster();
@@ -268,12 +270,26 @@ void ElasticSession::rejoin(Worker& w, const std::string& why, const Install& in
 
 // Waits for a roster that takes this member in, receives the state from its first
 // contributor, and continues from that round's step.
-void ElasticSession::join(Worker& w, const std::string& why, const Install& install) {
+void ElasticSession::join(Worker& w, const std::string& why, const Install& install, bool can_restart) {
   for (;;) {
     Roster roster;
-    if (!membership_.wait_for_join_roster(roster)) {
+    const int64_t step = w.adamw.steps();
+    const auto waited = membership_.wait_for_join_roster(roster, can_restart, step);
+    if (waited == Membership::JoinWait::Finished) {
       jump_to_ = cfg_.train.steps;  // the run finished before this worker got in
       missed_end_ = true;
+      return;
+    }
+    if (waited == Membership::JoinWait::Restarted) {
+      // Alone, from this worker's checkpoint; whoever joins is taken in at the next round.
+      std::fprintf(stderr,
+                   "loco: elastic: no member of the run is live; restarting it from this worker's checkpoint at step "
+                   "%lld (others that join are taken in at its next round)\n",
+                   static_cast<long long>(step));
+      epoch_ = {membership_.id()};
+      last_round_step_ = step;
+      rounds_.push_back({{"step", step}, {"restarted", "no member of the run was live"}, {"time", unix_time()}});
+      pending_rounds_.push_back(rounds_.back());
       return;
     }
     const auto& js = roster.joiners;

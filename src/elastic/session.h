@@ -86,7 +86,9 @@ class ElasticSession {
   CommOptions comm_options() const;
   void note_abort(const Roster& roster, const std::string& error, const std::vector<int64_t>& blamed);
   void rejoin(Worker& w, const std::string& why, const Install& install);
-  void join(Worker& w, const std::string& why, const Install& install);
+  // Waits to be taken in (Membership::wait_for_join_roster); with can_restart (restored from a
+  // checkpoint), restarts the run from it when no member is live.
+  void join(Worker& w, const std::string& why, const Install& install, bool can_restart = false);
   void assign_data(Worker& w, const DataLoader::Position& at);
 
   const RunConfig& cfg_;

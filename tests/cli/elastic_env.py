@@ -4,7 +4,7 @@ files in WORK_DIR, a Redis server on a free loopback port (password-protected, g
 LOCO_REDIS_PASSWORD), a run secret in LOCO_RUN_SECRET, and helpers that start workers with
 `loco train --join`, wait for them and read what they wrote.
 Usage of the importing script: SCRIPT LOCO WORK_DIR"""
-import json, os, shutil, signal, socket, subprocess, sys, time
+import json, math, os, shutil, signal, socket, subprocess, sys, time
 
 loco, work = os.path.abspath(sys.argv[1]), sys.argv[2]
 here = os.path.dirname(os.path.abspath(__file__))
@@ -155,3 +155,16 @@ def writer_model(out, names, step=12):
 
 def val_loss(path):
     return json.load(open(path))["final_val_loss"]
+
+
+def inprocess_loss(args, out, replicas=3):
+    """The final validation loss of the same run in-process with `replicas` replicas (into `out`)."""
+    subprocess.run(BASE + args + ["--set", f"distributed.replicas={replicas}", "--set", f"train.out_dir={out}",
+                                  "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+    return val_loss(f"{out}/summary.json")
+
+
+def expect_close(what, loss, ref, within=0.1):
+    """Fails unless `loss` is finite and within `within` (relative) of the reference `ref`."""
+    if not math.isfinite(loss) or abs(loss - ref) > within * ref:
+        fail(f"{what}: final val loss {loss}, not within {within:.0%} of the reference's {ref}")

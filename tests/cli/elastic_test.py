@@ -11,6 +11,8 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     round's first contributor's slow weights (checksum) and is in every later round;
   - a worker that joins mid-run starts from the outer parameters of its round (checksum) and
     takes part in every later round;
+  - every worker killed: the checkpoint writer resumed with --resume restarts the run from its
+    checkpoint, and new workers join it;
   - Streaming DiLoCo: kill -9 one of 4 workers, then a new worker joins: every fragment's round
     from the kill on has exactly the survivors until the joiner, which starts from the outer
     parameters (checksum) and is in every later round; the final loss is close to a 3-replica run's;
@@ -169,8 +171,7 @@ try:
             fail(f"{out}: rounds before the kill must have 4 contributors: {rounds}")
         lost = elastic(out, survivors[0])[1]["tokens_lost_run"]
         loss = val_loss(f"{out}/{survivors[0]}/summary.json")
-        if not math.isfinite(loss) or abs(loss - ref_loss) > 0.1 * ref_loss:
-            fail(f"{out}: final val loss {loss} not close to the 3-replica run's {ref_loss}")
+        expect_close(out, loss, ref_loss)
         print(f"kill -9 of {names[victim]} (1 of 4) past step {kill_step}, round {left[0]['round']}: detected after "
               f"{detected:.2f} s, {len(after)} later rounds of exactly the 3 survivors, {lost} tokens lost, val loss "
               f"{loss:.4f} (3 replicas throughout: {ref_loss:.4f})")
@@ -286,6 +287,52 @@ try:
     print(f"join at round {first['round']} (step {first['step']}): parameters equal the outer parameters "
           f"(crc {first['params_crc32c']}), in all {len(later)} later rounds; a killed worker resumed with "
           f"--resume rejoined at round {resumed['round']}")
+
+    # 3b. Every worker dies (kill -9 of all 3 once the writer has a checkpoint): the writer's
+    # directory resumed with --resume restarts the run from its checkpoint once the dead members'
+    # heartbeats have expired, and two new workers started as usual are taken in at its next round.
+    names = ["w0", "w1", "w2"]
+    rargs = long + ["--set", "train.steps=60", "--set", "train.checkpoint_interval=20"]
+    ps = [start("dead", n, "dead", rargs + ["--set", "elastic.min_workers=3"]) for n in names]
+    deadline = time.time() + 60
+    while not any(os.path.exists(f"dead/{n}/checkpoints/step_00000020/state.safetensors") for n in names):
+        if time.time() > deadline:
+            fail("dead: no checkpoint at step 20 within 60 s")
+        time.sleep(0.01)
+    for p in ps:
+        p.send_signal(signal.SIGKILL)
+    for p in ps:
+        p.wait()
+    writer = [n for n in names if os.path.exists(f"dead/{n}/checkpoints/latest")]
+    if len(writer) != 1:
+        fail(f"dead: expected one checkpoint writer, found {writer}")
+    ck_step = int(open(f"dead/{writer[0]}/checkpoints/latest").read().strip().split("_")[1])
+    resumed = subprocess.Popen([loco, "train", "--resume", f"dead/{writer[0]}", "--quiet", "--join",
+                                f"redis://127.0.0.1:{port}/dead", "--worker", writer[0]], env=ENV,
+                               stdout=open(f"dead-{writer[0]}.log", "a"), stderr=subprocess.STDOUT)
+    procs.append(resumed)
+    fresh = [start("dead", n, "dead", rargs) for n in ("w3", "w4")]
+    wait_all([resumed] + fresh, [writer[0], "w3", "w4"], "dead")
+    r = elastic("dead", writer[0])[1]
+    restart = [x for x in r["rounds"] if "restarted" in x]
+    if len(restart) != 1 or restart[0]["step"] != ck_step:
+        fail(f"dead/{writer[0]}: expected a restart at step {ck_step}: {r['rounds'][:3]}")
+    if not any(e["event"] == "restarted" for e in r["events"]):
+        fail(f"dead/{writer[0]}: no 'restarted' event: {r['events']}")
+    for n in ("w3", "w4"):
+        first = elastic("dead", n)[1]["rounds"][0]
+        if "joined" not in first or first["step"] <= ck_step:
+            fail(f"dead/{n}: expected to join the restarted run after step {ck_step}: {first}")
+    rounds = rounds_by_number("dead", [writer[0], "w3", "w4"])
+    last = max(rounds)
+    if len(rounds[last][0]) != 3:
+        fail(f"dead: the last round should have the 3 members: {rounds[last]}")
+    ref60 = inprocess_loss(rargs, "inproc-dead")
+    loss = val_loss(f"dead/{writer[0]}/summary.json")
+    expect_close("dead", loss, ref60)
+    print(f"all 3 workers killed after the checkpoint at step {ck_step}: --resume of the writer restarted the run "
+          f"from it, 2 new workers joined at step {first['step']}, {len(rounds)} rounds after; val loss {loss:.4f} "
+          f"(3 replicas throughout: {ref60:.4f})")
 
     # 4. SIGSTOP past the timeout, then SIGCONT: dropped, rejoins as a new member.
     names = ["w0", "w1", "w2"]
