@@ -37,6 +37,9 @@ bool parse_count(const std::string& text, int64_t& v) {
 // A member id (positive).
 bool parse_id(const std::string& text, int64_t& id) { return parse_count(text, id) && id > 0; }
 
+// Keys of an attempt of a round after the start expire after this many seconds (a round's
+// attempts are bounded far below it); round 0's stay, since a worker starting late reads them.
+constexpr const char* kAttemptTtl = "21600";
 constexpr int kMaxWarnings = 10;  // forged-entry warnings per worker, then one line saying so
 constexpr const char* kDeleteIfSame =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
@@ -123,6 +126,13 @@ std::vector<int64_t> Membership::sealed_ids(Redis& redis, const std::string& set
 
 void Membership::add_id(const std::string& set_key, int64_t id) {
   redis_->sadd(set_key, seal(set_key, std::to_string(id)));
+  expire_attempt_key(set_key);
+}
+
+void Membership::expire_attempt_key(const std::string& k) {
+  const std::string round_keys = key("round:"), start = round_key(0, 0);
+  if (k.compare(0, round_keys.size(), round_keys) == 0 && k.compare(0, start.size(), start) != 0)
+    redis_->command({"EXPIRE", k, kAttemptTtl});
 }
 
 Roster Membership::read_roster(int64_t generation, int64_t round, int64_t attempt, const std::string& text) const {
@@ -381,6 +391,7 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
     for (const int64_t j : joiners)
       if (reason(j).empty()) r.joiners.push_back(j);
     if (!redis_->set_nx(rk + "roster", seal(rk + "roster", r.to_json().dump()))) return;
+    expire_attempt_key(rk + "roster");
     redis_->rpush(key("rosters"), r.key());
     for (const auto& [m, why] : excluded) {
       const std::string ek = key("excluded:" + std::to_string(m));
@@ -567,7 +578,9 @@ bool Membership::finish(const Roster& roster, bool ok) {
   const std::string rk = key("round:" + roster.key() + ":");
   const auto t0 = SteadyClock::now();
   const std::string ok_key = rk + "outcome";
-  auto decide = [&](const char* outcome) { redis_->set_nx(ok_key, seal(ok_key, outcome)); };
+  auto decide = [&](const char* outcome) {
+    if (redis_->set_nx(ok_key, seal(ok_key, outcome))) expire_attempt_key(ok_key);
+  };
   if (!ok) {  // no commit is possible without this member's vote
     retry([&] {
       std::string o;

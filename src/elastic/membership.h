@@ -180,6 +180,8 @@ class Membership {
   // The ids in a set of sealed ids, ascending (forged or malformed elements ignored); adding one.
   std::vector<int64_t> sealed_ids(Redis& redis, const std::string& set_key);
   void add_id(const std::string& set_key, int64_t id);
+  // Keys of a round's attempt (but round 0's) are deleted by Redis 6 hours after their last write.
+  void expire_attempt_key(const std::string& k);
   Roster read_roster(int64_t generation, int64_t round, int64_t attempt, const std::string& text) const;
   std::atomic<int> warnings_{0};
 

@@ -62,7 +62,15 @@ try:
     rounds = rounds_by_number("fixed", names)
     if sorted(rounds) != [1, 2, 3] or any(len(c) != 3 for c, _ in rounds.values()):
         fail(f"fixed: expected rounds 1-3 with 3 contributors each, got {rounds}")
-    print("fixed membership of 3 == in-process 3 replicas (bitwise model, 3 rounds of 3)")
+    # The keys of the rounds' attempts expire (6 h); the start's stay for workers starting late.
+    def ttl(k):
+        return int(subprocess.run(["redis-cli", "-p", str(port), "TTL", k], env=dict(os.environ, REDISCLI_AUTH=PASSWORD),
+                                  check=True, capture_output=True, text=True).stdout)
+    ttls = {k: ttl(f"loco:fixed:round:{k}") for k in ("2:0:roster", "2:0:arrived", "2:0:done", "2:0:outcome",
+                                                       "0:0:roster")}
+    if not all(0 < ttls[k] <= 21600 for k in ttls if not k.startswith("0:")) or ttls["0:0:roster"] != -1:
+        fail(f"fixed: attempt keys should expire within 6 h, the start's not: {ttls}")
+    print("fixed membership of 3 == in-process 3 replicas (bitwise model, 3 rounds of 3); attempt keys expire")
 
     # 1c. Entries forged in Redis by someone without the run secret, written before the run's
     # members get there: a roster naming one contributor, an outcome aborting a round and another
