@@ -153,6 +153,12 @@ def writer_model(out, names, step=12):
     return model_bytes(f"{out}/{first}/checkpoints/step_{step:08d}/model.safetensors"), first
 
 
+def redis_cli(*args):
+    """One command to the test's Redis; its output."""
+    return subprocess.run(["redis-cli", "-p", str(port), *args], env=dict(os.environ, REDISCLI_AUTH=PASSWORD),
+                          check=True, capture_output=True, text=True, timeout=10).stdout
+
+
 def val_loss(path):
     return json.load(open(path))["final_val_loss"]
 

@@ -64,8 +64,7 @@ try:
         fail(f"fixed: expected rounds 1-3 with 3 contributors each, got {rounds}")
     # The keys of the rounds' attempts expire (6 h); the start's stay for workers starting late.
     def ttl(k):
-        return int(subprocess.run(["redis-cli", "-p", str(port), "TTL", k], env=dict(os.environ, REDISCLI_AUTH=PASSWORD),
-                                  check=True, capture_output=True, text=True).stdout)
+        return int(redis_cli("TTL", k))
     ttls = {k: ttl(f"loco:fixed:round:{k}") for k in ("2:0:roster", "2:0:arrived", "2:0:done", "2:0:outcome",
                                                        "0:0:roster")}
     if not all(0 < ttls[k] <= 21600 for k in ttls if not k.startswith("0:")) or ttls["0:0:roster"] != -1:
@@ -77,8 +76,6 @@ try:
     # committing one, members dropped and excluded, malformed and foreign ids in the run's sets,
     # events that are not the run's and a malformed roster pointer. Every member ignores them
     # with a warning: the same 3 rounds of 3, never rejoined, and the in-process model bit for bit.
-    cli = ["redis-cli", "-p", str(port)]
-    cenv = dict(os.environ, REDISCLI_AUTH=PASSWORD)
     forged = [["SET", "loco:forged:round:2:0:roster", '{"contributors":[1],"joiners":[]}'],
               ["SET", "loco:forged:round:1:0:outcome", "abort"],
               ["SET", "loco:forged:round:3:0:outcome", "commit\n" + "0" * 64],
@@ -88,7 +85,7 @@ try:
               ["RPUSH", "loco:forged:events", "not json", '{"event":"left","member":1,"why":"forged"}'],
               ["RPUSH", "loco:forged:rosters", "garbage", "1:x"], ["SET", "loco:forged:finished", "1"]]
     for c in forged:
-        subprocess.run(cli + c, env=cenv, check=True, stdout=subprocess.DEVNULL)
+        redis_cli(*c)
     ps = [start("forged", n, "forged", common + ["--set", "elastic.min_workers=3"]) for n in names]
     wait_all(ps, names, "forged")
     if writer_model("forged", names)[0] != ref:
@@ -303,7 +300,7 @@ try:
     rargs = long + ["--set", "train.steps=60", "--set", "train.checkpoint_interval=20"]
     ps = [start("dead", n, "dead", rargs + ["--set", "elastic.min_workers=3"]) for n in names]
     deadline = time.time() + 60
-    while not any(os.path.exists(f"dead/{n}/checkpoints/step_00000020/state.safetensors") for n in names):
+    while not any(os.path.exists(f"dead/{n}/checkpoints/latest") for n in names):
         if time.time() > deadline:
             fail("dead: no checkpoint at step 20 within 60 s")
         time.sleep(0.01)
@@ -315,11 +312,18 @@ try:
     if len(writer) != 1:
         fail(f"dead: expected one checkpoint writer, found {writer}")
     ck_step = int(open(f"dead/{writer[0]}/checkpoints/latest").read().strip().split("_")[1])
+    # The new workers first: once both wait to be taken in, the writer is resumed (so that they
+    # are in its first round however slowly they start).
+    fresh = [start("dead", n, "dead", rargs) for n in ("w3", "w4")]
+    deadline = time.time() + 60
+    while int(redis_cli("SCARD", "loco:dead:joiners")) < 2:
+        if time.time() > deadline:
+            fail("dead: the 2 new workers did not wait to be taken in within 60 s")
+        time.sleep(0.05)
     resumed = subprocess.Popen([loco, "train", "--resume", f"dead/{writer[0]}", "--quiet", "--join",
                                 f"redis://127.0.0.1:{port}/dead", "--worker", writer[0]], env=ENV,
                                stdout=open(f"dead-{writer[0]}.log", "a"), stderr=subprocess.STDOUT)
     procs.append(resumed)
-    fresh = [start("dead", n, "dead", rargs) for n in ("w3", "w4")]
     wait_all([resumed] + fresh, [writer[0], "w3", "w4"], "dead")
     r = elastic("dead", writer[0])[1]
     restart = [x for x in r["rounds"] if "restarted" in x]
@@ -414,8 +418,7 @@ try:
     ps = [start("flushed", n, "flushed", long + ["--set", "elastic.min_workers=2", "--set", "train.steps=3000"])
           for n in ["w0", "w1"]]
     wait_step("flushed/w0/metrics.jsonl", 40)
-    subprocess.run(["redis-cli", "-p", str(port), "FLUSHALL"], env=dict(os.environ, REDISCLI_AUTH=PASSWORD),
-                   check=True, capture_output=True, timeout=10)
+    redis_cli("FLUSHALL")
     expect_state_lost(ps, "flushed")
     print("Redis flushed while up (FLUSHALL): both workers stopped with a clear message")
 
