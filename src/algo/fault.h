@@ -1,8 +1,9 @@
 #pragma once
 // A member that misbehaves on purpose, for testing and measuring what a bad member does to a run
 // (elastic.fault for an elastic worker; outer.fault for the last outer.faulty_replicas replicas
-// of any other run): it corrupts its own contribution to every DiLoCo round before sending it. Its outer gradient is delta = theta - params (theta: the outer parameters); it sends
-// theta - f(delta) in place of its parameters, with f:
+// of any other run): it corrupts its own contribution to every DiLoCo round (every Streaming
+// DiLoCo fragment's sync) before sending it. Its outer gradient is delta = theta - params (theta:
+// the outer parameters); it sends theta - f(delta) in place of its parameters, with f:
 //   "nan"      the first entry of delta made NaN
 //   "inf"      the first entry made +Inf
 //   "scale:X"  delta times X (X = -10: a sign-flipped outer gradient ten times too large)

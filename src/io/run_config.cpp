@@ -152,7 +152,7 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "rejected (0: reject only non-finite ones)", 0.0, 1e6);
   s.add("outer.fault", &o2.fault,
         "for robustness tests (not elastic): the last outer.faulty_replicas replicas corrupt their DiLoCo "
-        "contributions: \"\" (none), \"nan\", \"inf\", \"noise\" (Gaussian, the outer gradient's norm) or \"scale:X\" (the outer gradient times X)");
+        "and Streaming DiLoCo contributions: \"\" (none), \"nan\", \"inf\", \"noise\" (Gaussian, the outer gradient's norm) or \"scale:X\" (the outer gradient times X)");
   s.add("outer.faulty_replicas", &o2.faulty_replicas, "replicas that apply outer.fault (the last ones)", 1);
   s.add("outer.block", &o2.block, "values per shared scale of block-scaled codecs", 1, 1 << 20);
   s.add("outer.keep_fraction", &o2.keep_fraction, "fraction of values kept by random-drop and topk", 1e-9, 1.0);
