@@ -274,12 +274,12 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   p.apply_at = step + tau_;
   store_->read(j, p.theta, p.momentum);
   const auto& ranges = ranges_[j];
-  if (robust_) {
-    begin_robust_sync(comm, params, step, p);
-    return;
-  }
   const uint64_t stream = uint64_t(step) * 1024 + j;
   const uint64_t fault_seed = mix_seed(seed_ ^ 0xfa17, uint64_t(rank), stream);
+  if (robust_) {
+    begin_robust_sync(comm, params, stream, fault_seed, p);
+    return;
+  }
   if (codec_->lossless()) {
     if (fault_.kind == Fault::Kind::None) {
       average_.start(comm, params.data(), ranges, p.op);
@@ -324,11 +324,11 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   p.handle = comm.reduce_scatter_gather_start(std::move(shards), reduce, &p.gathered, "outer_gradients");
 }
 
-void Streaming::begin_robust_sync(Communicator& comm, const std::vector<float>& params, int64_t step, Pending& p) {
+void Streaming::begin_robust_sync(Communicator& comm, const std::vector<float>& params, uint64_t stream,
+                                  uint64_t fault_seed, Pending& p) {
   p.robust = true;
   pack_ranges(params.data(), ranges_[p.fragment], p.buffer);  // this member's parameters of the fragment
-  const uint64_t stream = uint64_t(step) * 1024 + p.fragment;
-  apply_fault(fault_, p.theta, p.buffer, mix_seed(seed_ ^ 0xfa17, uint64_t(comm.rank()), stream));
+  apply_fault(fault_, p.theta, p.buffer, fault_seed);
   const int64_t n = int64_t(p.buffer.size());
   if (codec_->lossless() && aggregate_.rule == "mean") {
     p.reduce = EncodedReduce::AllGather;

@@ -99,7 +99,8 @@ class Streaming : public Algorithm {
   // replica's parameters; entries this node does not train are always replaced.
   void apply(Worker& w, Pending& p, bool replace);
   // begin_sync and complete with screening or a robust rule.
-  void begin_robust_sync(Communicator& comm, const std::vector<float>& params, int64_t step, Pending& p);
+  void begin_robust_sync(Communicator& comm, const std::vector<float>& params, uint64_t stream, uint64_t fault_seed,
+                         Pending& p);
   void complete_robust(Communicator& comm, Pending& p);
 
   StreamingConfig cfg_;
