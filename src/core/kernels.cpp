@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/blas.h"
+#include "core/error.h"
 #include "core/fast_math.h"
 #include "core/parallel.h"
 
@@ -175,18 +176,20 @@ T* thread_scratch(size_t n) {
 
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t batch, int seq, int heads,
-                       int head_dim) {
-  const int ld = heads * head_dim;
+                       int kv_heads, int head_dim) {
+  check(kv_heads >= 1 && heads % kv_heads == 0, "internal: key/value heads must divide the query heads");
+  const int ld = heads * head_dim, ld_kv = kv_heads * head_dim, group = heads / kv_heads;
   const T scale = T(1) / std::sqrt(T(head_dim));
   parallel_for(batch * heads, 1, [&](int64_t begin, int64_t end) {
     T* s = thread_scratch<T>(size_t(kAttnRowBlock) * seq);  // (rows, keys) scores, then probabilities
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
-      const int64_t base = b * seq * ld + h * head_dim;
+      const int64_t base = b * seq * ld + h * head_dim, base_kv = b * seq * ld_kv + (h / group) * head_dim;
       T* lh = lse + bh * seq;
       for (int i0 = 0; i0 < seq; i0 += kAttnRowBlock) {
         const int i1 = std::min(seq, i0 + kAttnRowBlock), rows = i1 - i0, keys = i1;
-        gemm(false, true, rows, keys, head_dim, scale, q + base + int64_t(i0) * ld, ld, k + base, ld, T(0), s, keys);
+        gemm(false, true, rows, keys, head_dim, scale, q + base + int64_t(i0) * ld, ld, k + base_kv, ld_kv, T(0), s,
+             keys);
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
           T* row = s + int64_t(r) * keys;
@@ -202,7 +205,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
           std::fill(row + i + 1, row + keys, T(0));
           lh[i] = m + std::log(sum);
         }
-        gemm(false, false, rows, head_dim, keys, T(1), s, keys, v + base, ld, T(0), out + base + int64_t(i0) * ld, ld);
+        gemm(false, false, rows, head_dim, keys, T(1), s, keys, v + base_kv, ld_kv, T(0),
+             out + base + int64_t(i0) * ld, ld);
       }
     }
   });
@@ -210,45 +214,50 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const T* lse, int64_t batch, int seq, int heads, int head_dim) {
-  const int ld = heads * head_dim;
+                        const T* lse, int64_t batch, int seq, int heads, int kv_heads, int head_dim) {
+  check(kv_heads >= 1 && heads % kv_heads == 0, "internal: key/value heads must divide the query heads");
+  const int ld = heads * head_dim, ld_kv = kv_heads * head_dim, group = heads / kv_heads;
   const T scale = T(1) / std::sqrt(T(head_dim));
-  parallel_for(batch * heads, 1, [&](int64_t begin, int64_t end) {
+  // One (batch, key/value head) pair per task: its query heads all add into the same dk, dv.
+  parallel_for(batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     T* p = thread_scratch<T>(2 * size_t(kAttnRowBlock) * seq);  // probabilities (rows, keys)
     T* dp = p + size_t(kAttnRowBlock) * seq;                     // dP, then dS
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / heads, h = bh % heads;
-      const int64_t base = b * seq * ld + h * head_dim;
-      const T* lh = lse + bh * seq;
-      for (int i0 = 0; i0 < seq; i0 += kAttnRowBlock) {
-        const int i1 = std::min(seq, i0 + kAttnRowBlock), rows = i1 - i0, keys = i1;
-        const int64_t row0 = base + int64_t(i0) * ld;
-        gemm(false, true, rows, keys, head_dim, scale, q + row0, ld, k + base, ld, T(0), p, keys);
-        for (int r = 0; r < rows; ++r) {
-          const int i = i0 + r;
-          T* row = p + int64_t(r) * keys;
-          for (int j = 0; j <= i; ++j) row[j] = fast_exp(row[j] - lh[i]);
-          std::fill(row + i + 1, row + keys, T(0));
+    for (int64_t bkv = begin; bkv < end; ++bkv) {
+      const int64_t b = bkv / kv_heads, hkv = bkv % kv_heads;
+      const int64_t base_kv = b * seq * ld_kv + hkv * head_dim;
+      for (int64_t h = hkv * group; h < (hkv + 1) * group; ++h) {
+        const int64_t base = b * seq * ld + h * head_dim;
+        const T* lh = lse + (b * heads + h) * seq;
+        for (int i0 = 0; i0 < seq; i0 += kAttnRowBlock) {
+          const int i1 = std::min(seq, i0 + kAttnRowBlock), rows = i1 - i0, keys = i1;
+          const int64_t row0 = base + int64_t(i0) * ld;
+          gemm(false, true, rows, keys, head_dim, scale, q + row0, ld, k + base_kv, ld_kv, T(0), p, keys);
+          for (int r = 0; r < rows; ++r) {
+            const int i = i0 + r;
+            T* row = p + int64_t(r) * keys;
+            for (int j = 0; j <= i; ++j) row[j] = fast_exp(row[j] - lh[i]);
+            std::fill(row + i + 1, row + keys, T(0));
+          }
+          // dV[keys] += P^T dO[rows]
+          gemm(true, false, keys, head_dim, rows, T(1), p, keys, dout + row0, ld, T(1), dv + base_kv, ld_kv);
+          // dP = dO[rows] V[keys]^T
+          gemm(false, true, rows, keys, head_dim, T(1), dout + row0, ld, v + base_kv, ld_kv, T(0), dp, keys);
+          // dS = P * (dP - rowsum(dO * O)), times the softmax scale
+          for (int r = 0; r < rows; ++r) {
+            const int i = i0 + r;
+            const T* o_row = out + row0 + int64_t(r) * ld;
+            const T* do_row = dout + row0 + int64_t(r) * ld;
+            T d = 0;
+            for (int j = 0; j < head_dim; ++j) d += o_row[j] * do_row[j];
+            const T* prow = p + int64_t(r) * keys;
+            T* drow = dp + int64_t(r) * keys;
+            for (int j = 0; j <= i; ++j) drow[j] = prow[j] * (drow[j] - d) * scale;
+            std::fill(drow + i + 1, drow + keys, T(0));
+          }
+          // dQ[rows] += dS K[keys]; dK[keys] += dS^T Q[rows]
+          gemm(false, false, rows, head_dim, keys, T(1), dp, keys, k + base_kv, ld_kv, T(1), dq + row0, ld);
+          gemm(true, false, keys, head_dim, rows, T(1), dp, keys, q + row0, ld, T(1), dk + base_kv, ld_kv);
         }
-        // dV[keys] += P^T dO[rows]
-        gemm(true, false, keys, head_dim, rows, T(1), p, keys, dout + row0, ld, T(1), dv + base, ld);
-        // dP = dO[rows] V[keys]^T
-        gemm(false, true, rows, keys, head_dim, T(1), dout + row0, ld, v + base, ld, T(0), dp, keys);
-        // dS = P * (dP - rowsum(dO * O)), times the softmax scale
-        for (int r = 0; r < rows; ++r) {
-          const int i = i0 + r;
-          const T* o_row = out + row0 + int64_t(r) * ld;
-          const T* do_row = dout + row0 + int64_t(r) * ld;
-          T d = 0;
-          for (int j = 0; j < head_dim; ++j) d += o_row[j] * do_row[j];
-          const T* prow = p + int64_t(r) * keys;
-          T* drow = dp + int64_t(r) * keys;
-          for (int j = 0; j <= i; ++j) drow[j] = prow[j] * (drow[j] - d) * scale;
-          std::fill(drow + i + 1, drow + keys, T(0));
-        }
-        // dQ[rows] += dS K[keys]; dK[keys] += dS^T Q[rows]
-        gemm(false, false, rows, head_dim, keys, T(1), dp, keys, k + base, ld, T(1), dq + row0, ld);
-        gemm(true, false, keys, head_dim, rows, T(1), dp, keys, q + row0, ld, T(1), dk + base, ld);
       }
     }
   });
@@ -331,9 +340,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
   template void rope_tables<T>(T*, T*, int, int, double);                                                         \
   template void rope_forward<T>(T*, const T*, const T*, const T*, int64_t, int, int, int);                        \
   template void rope_backward<T>(T*, const T*, const T*, const T*, int64_t, int, int, int);                       \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, int64_t, int, int, int);               \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, int64_t, int, int, int, int);          \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,     \
-                                      int64_t, int, int, int);                                                    \
+                                      int64_t, int, int, int, int);                                               \
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                               \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                                \
   template double cross_entropy_forward<T>(T*, const T*, const int32_t*, int64_t, int, double);                   \

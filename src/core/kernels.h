@@ -62,18 +62,21 @@ template <class T>
 void rope_backward(T* din, const T* dout, const T* cos_table, const T* sin_table, int64_t batch, int seq, int heads,
                    int head_dim);
 
-// Causal multi-head attention. q, k, v, out: (B*S, H*Dh); lse: (B, H, S) log-sum-exp of each
-// score row, kept so that backward recomputes the probabilities instead of storing them.
+// Causal multi-head attention. q, out: (B*S, H*Dh); k, v: (B*S, KV*Dh) with KV key/value
+// heads dividing H, query head h reading key/value head h / (H / KV) (grouped-query attention;
+// KV = H: one each). lse: (B, H, S) log-sum-exp of each score row, kept so that backward
+// recomputes the probabilities instead of storing them.
 // Works on blocks of query rows against the keys they can see, so at most one (rows x S)
 // score block per (batch, head) exists at a time, in a per-thread scratch buffer; (batch, head)
 // pairs run in parallel.
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64_t batch, int seq, int heads,
-                       int head_dim);
-// dq, dk, dv (B*S, H*Dh) +=.
+                       int kv_heads, int head_dim);
+// dq (B*S, H*Dh), dk, dv (B*S, KV*Dh) +=. (batch, key/value head) pairs run in parallel, each
+// adding its query heads' contributions in order, so the result does not depend on threads.
 template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                        const T* lse, int64_t batch, int seq, int heads, int head_dim);
+                        const T* lse, int64_t batch, int seq, int heads, int kv_heads, int head_dim);
 
 // SwiGLU activation: out (N, F) = silu(gate) * up.
 template <class T>

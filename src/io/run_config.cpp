@@ -19,6 +19,10 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("model.hidden_size", &m.hidden_size, "model width d", 2);
   s.add("model.num_layers", &m.num_layers, "number of transformer blocks L", 1);
   s.add("model.num_heads", &m.num_heads, "attention heads (head size d / heads, even)", 1);
+  s.add("model.num_kv_heads", &m.num_kv_heads,
+        "key/value heads, each shared by num_heads / num_kv_heads query heads (grouped-query attention); 0: "
+        "num_heads",
+        0);
   s.add("model.intermediate_size", &m.intermediate_size, "SwiGLU hidden size f", 1);
   s.add("model.max_seq_len", &m.max_seq_len, "longest sequence the model accepts", 1);
   s.add("model.tie_embeddings", &m.tie_embeddings, "output head shares the token embedding matrix");
@@ -324,8 +328,11 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
          "partial.slices > 1 needs algorithm = \"diloco\" or \"streaming\"");
     need(c.model.intermediate_size % c.partial.slices == 0,
          "partial.slices must divide model.intermediate_size (" + std::to_string(c.model.intermediate_size) + ")");
-    need(c.partial.strategy == "mlp" || c.model.num_heads % c.partial.slices == 0,
-         "partial.slices must divide model.num_heads (" + std::to_string(c.model.num_heads) + ")");
+    need(c.partial.strategy == "mlp" || c.model.kv_heads() % c.partial.slices == 0,
+         c.model.num_kv_heads > 0 ? "partial.slices must divide model.num_kv_heads (" +
+                                        std::to_string(c.model.num_kv_heads) + ") with strategy mlp+heads"
+                                  : "partial.slices must divide model.num_heads (" +
+                                        std::to_string(c.model.num_heads) + ")");
     need(c.algorithm != "streaming" || c.outer.codec == "fp32",
          "partial updates with streaming send float32 (outer.codec = \"fp32\")");
   }

@@ -19,6 +19,9 @@ void ModelConfig::validate(const std::string& source) const {
        "must divide hidden_size (" + std::to_string(hidden_size) + "), got " + std::to_string(num_heads));
   need(head_dim() % 2 == 0, "num_heads",
        "must give an even head size for RoPE, got head size " + std::to_string(head_dim()));
+  need(num_kv_heads >= 0 && num_kv_heads <= num_heads && num_heads % kv_heads() == 0, "num_kv_heads",
+       "must divide num_heads (" + std::to_string(num_heads) + "), or be 0 for num_heads, got " +
+           std::to_string(num_kv_heads));
   need(intermediate_size >= 1, "intermediate_size", "must be >= 1, got " + std::to_string(intermediate_size));
   need(max_seq_len >= 1, "max_seq_len", "must be >= 1, got " + std::to_string(max_seq_len));
   need(rms_eps > 0 && rms_eps < 1, "rms_eps", "must be in (0, 1)");
@@ -29,7 +32,9 @@ void ModelConfig::validate(const std::string& source) const {
 
 double ModelConfig::block_parameter_count() const {
   const double d = hidden_size, f = intermediate_size;
-  return 4 * d * d + 3 * d * f + 2 * d + (qk_norm ? 2.0 * head_dim() : 0.0);
+  // Key/value width (d without grouped-query attention; no division by an unchecked count).
+  const double kv = num_kv_heads > 0 && num_heads > 0 ? d * num_kv_heads / num_heads : d;
+  return 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d + (qk_norm ? 2.0 * head_dim() : 0.0);
 }
 
 double ModelConfig::stage_parameter_count(double blocks, bool embedding, bool head) const {
@@ -52,7 +57,7 @@ nlohmann::json model_config_to_hf_json(const ModelConfig& c) {
   j["hidden_size"] = c.hidden_size;
   j["num_hidden_layers"] = c.num_layers;
   j["num_attention_heads"] = c.num_heads;
-  j["num_key_value_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.kv_heads();
   j["head_dim"] = c.head_dim();
   j["intermediate_size"] = c.intermediate_size;
   j["max_position_embeddings"] = c.max_seq_len;
@@ -117,9 +122,12 @@ ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string
   c.z_loss = get_key<double>(j, "loco_z_loss", source, false, c.z_loss);
   c.init_std = get_key<double>(j, "initializer_range", source, false, c.init_std);
   c.scale_residual_init = get_key<bool>(j, "loco_scale_residual_init", source, false, c.scale_residual_init);
+  // Stored as 0 when every query head has its own key/value head, as a TOML config says it.
   const int kv_heads = get_key<int>(j, "num_key_value_heads", source, false, c.num_heads);
-  if (kv_heads != c.num_heads)
-    fail(source + ": num_key_value_heads must equal num_attention_heads (grouped-query attention is not supported)");
+  if (kv_heads < 1 || c.num_heads < 1 || c.num_heads % kv_heads != 0)
+    fail(source + ": num_key_value_heads must divide num_attention_heads (" + std::to_string(c.num_heads) + "), got " +
+         std::to_string(kv_heads));
+  c.num_kv_heads = kv_heads == c.num_heads ? 0 : kv_heads;
   if (j.contains("head_dim") && c.num_heads > 0 && c.hidden_size % c.num_heads == 0) {
     const int hd = get_key<int>(j, "head_dim", source, false, 0);
     if (hd != c.hidden_size / c.num_heads) fail(source + ": head_dim must equal hidden_size / num_attention_heads");

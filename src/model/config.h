@@ -13,6 +13,7 @@ struct ModelConfig {
   int hidden_size = 256;         // d
   int num_layers = 6;            // L
   int num_heads = 8;             // head size d / num_heads
+  int num_kv_heads = 0;          // key/value heads (grouped-query attention); 0: num_heads
   int intermediate_size = 688;   // SwiGLU hidden f
   int max_seq_len = 1024;        // max_position_embeddings
   bool tie_embeddings = false;
@@ -24,6 +25,9 @@ struct ModelConfig {
   bool scale_residual_init = true;  // o_proj and down_proj init std scaled by 1/sqrt(2L)
 
   int head_dim() const { return hidden_size / num_heads; }
+  // Key/value heads, each shared by num_heads / kv_heads() query heads, and their width.
+  int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  int kv_dim() const { return kv_heads() * head_dim(); }
   // Parameters of the whole model, and of a stage holding `blocks` blocks and maybe the
   // embedding and/or the final norm and head (in double: a config read from outside may
   // describe a model far too large to lay out).

@@ -11,7 +11,7 @@ ParamLayout::ParamLayout(const ModelConfig& c, StageSpec stage) : config_(c), st
   check(stage_.first_block >= 0 && stage_.first_block <= stage_.last_block && stage_.last_block <= c.num_layers,
         "stage blocks [" + std::to_string(stage_.first_block) + ", " + std::to_string(stage_.last_block) +
             ") are outside the model's " + std::to_string(c.num_layers) + " layers");
-  const int64_t d = c.hidden_size, f = c.intermediate_size, v = c.vocab_size, hd = c.head_dim();
+  const int64_t d = c.hidden_size, f = c.intermediate_size, v = c.vocab_size, hd = c.head_dim(), kv = c.kv_dim();
   if (stage_.embedding || (stage_.head && c.tie_embeddings))
     add("model.embed_tokens.weight", TensorKind::Embedding, -1, v, stage_.embedding_rank > 0 ? stage_.embedding_rank : d,
         false);
@@ -22,8 +22,8 @@ ParamLayout::ParamLayout(const ModelConfig& c, StageSpec stage) : config_(c), st
     block_first_tensor_.push_back(tensors_.size());
     add(p + "input_layernorm.weight", TensorKind::InputNorm, l, 1, d, false);
     add(p + "self_attn.q_proj.weight", TensorKind::Q, l, d, d, false);
-    add(p + "self_attn.k_proj.weight", TensorKind::K, l, d, d, false);
-    add(p + "self_attn.v_proj.weight", TensorKind::V, l, d, d, false);
+    add(p + "self_attn.k_proj.weight", TensorKind::K, l, kv, d, false);
+    add(p + "self_attn.v_proj.weight", TensorKind::V, l, kv, d, false);
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", TensorKind::QNorm, l, 1, hd, false);
       add(p + "self_attn.k_norm.weight", TensorKind::KNorm, l, 1, hd, false);
@@ -73,12 +73,14 @@ std::vector<Range> ParamLayout::nonblock_ranges() const {
 
 int64_t ParamLayout::slice_height(const TensorInfo& t, int num_slices, SliceStrategy strategy) const {
   check(num_slices >= 1, "slice count must be >= 1");
-  const int64_t f = config_.intermediate_size, h = config_.num_heads, hd = config_.head_dim();
+  const int64_t f = config_.intermediate_size, h = config_.num_heads, kv = config_.kv_heads(), hd = config_.head_dim();
   check(f % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
                                  ") must divide the MLP hidden size " + std::to_string(f));
+  // With grouped-query attention a slice holds whole groups: key/value heads [n kv/N, (n+1) kv/N)
+  // and the query heads that read them, [n h/N, (n+1) h/N).
   if (strategy == SliceStrategy::MlpHeads)
-    check(h % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
-                                   ") must divide the number of heads " + std::to_string(h));
+    check(kv % num_slices == 0, "partial.slices (" + std::to_string(num_slices) +
+                                    ") must divide the number of key/value heads " + std::to_string(kv));
   int64_t rows_per_slice = 0;
   switch (t.kind) {
     case TensorKind::Gate:
@@ -87,9 +89,11 @@ int64_t ParamLayout::slice_height(const TensorInfo& t, int num_slices, SliceStra
       rows_per_slice = f / num_slices;
       break;
     case TensorKind::Q:
+      if (strategy == SliceStrategy::MlpHeads) rows_per_slice = h / num_slices * hd;
+      break;
     case TensorKind::K:
     case TensorKind::V:
-      if (strategy == SliceStrategy::MlpHeads) rows_per_slice = h / num_slices * hd;
+      if (strategy == SliceStrategy::MlpHeads) rows_per_slice = kv / num_slices * hd;
       break;
     default:
       break;

@@ -75,7 +75,9 @@ class ParamLayout {
   Range block_range(int block) const;
   std::vector<Range> nonblock_ranges() const;
   // Slice n of num_slices of every block in the stage: rows of gate/up/down for the MLP hidden
-  // units [n f/N, (n+1) f/N) and, with MlpHeads, rows of q/k/v for heads [n h/N, (n+1) h/N).
+  // units [n f/N, (n+1) f/N) and, with MlpHeads, rows of q for heads [n h/N, (n+1) h/N) and of
+  // k/v for key/value heads [n kv/N, (n+1) kv/N) (the same heads without grouped-query attention;
+  // with it, whole groups).
   std::vector<Range> slice_ranges(int n, int num_slices, SliceStrategy strategy) const;
   // The rows of tensor t (as stored) in slice n of num_slices: a row block for the sliced
   // tensors, [0, rows) for every other one.

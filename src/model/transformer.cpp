@@ -19,8 +19,9 @@ void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
 }  // namespace
 
 BackwardScratch::BackwardScratch(const ModelConfig& c, int batch, int seq) {
-  const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size;
-  for (auto* v : {&dx, &dln, &dq, &dk, &dv, &dq2, &dk2, &datt}) v->resize(n * d);
+  const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size, kv = c.kv_dim();
+  for (auto* v : {&dx, &dln, &dq, &dq2, &datt}) v->resize(n * d);
+  for (auto* v : {&dk, &dv, &dk2}) v->resize(n * kv);
   for (auto* v : {&dgate, &dup, &dact}) v->resize(n * f);
 }
 
@@ -32,7 +33,7 @@ int64_t BackwardScratch::floats() const {
 
 int64_t BackwardScratch::floats_for(const ModelConfig& c, int batch, int seq) {
   const int64_t n = int64_t(batch) * seq;
-  return 8 * n * c.hidden_size + 3 * n * c.intermediate_size;
+  return 5 * n * c.hidden_size + 3 * n * c.kv_dim() + 3 * n * c.intermediate_size;
 }
 
 Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_, int seq_,
@@ -43,23 +44,24 @@ Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_
                                   std::to_string(c.max_seq_len));
   StageSpec stage = stage_in;
   if (stage.last_block < 0) stage.last_block = c.num_layers;
-  const int64_t n = rows(), d = c.hidden_size, f = c.intermediate_size, h = c.num_heads;
+  const int64_t n = rows(), d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, kv = c.kv_dim(),
+                kvh = c.kv_heads();
   blocks.resize(size_t(stage.last_block - stage.first_block));
   for (auto& b : blocks) {
     b.x_in.resize(n * d);
     b.ln1.resize(n * d);
     b.rstd1.resize(n);
     b.q_lin.resize(n * d);
-    b.k_lin.resize(n * d);
-    b.v.resize(n * d);
+    b.k_lin.resize(n * kv);
+    b.v.resize(n * kv);
     if (c.qk_norm) {
       b.q_normed.resize(n * d);
-      b.k_normed.resize(n * d);
+      b.k_normed.resize(n * kv);
       b.rstd_q.resize(n * h);
-      b.rstd_k.resize(n * h);
+      b.rstd_k.resize(n * kvh);
     }
     b.q.resize(n * d);
-    b.k.resize(n * d);
+    b.k.resize(n * kv);
     b.att.resize(n * d);
     b.lse.resize(n * h);
     b.x_mid.resize(n * d);
@@ -97,9 +99,10 @@ int64_t Workspace::activation_floats() const {
 int64_t Workspace::activation_floats_for(const ModelConfig& c, const StageSpec& stage_in, int batch, int seq) {
   StageSpec stage = stage_in;
   if (stage.last_block < 0) stage.last_block = c.num_layers;
-  const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size, h = c.num_heads;
-  int64_t per_block = 10 * n * d + 2 * n + n * h + 3 * n * f;
-  if (c.qk_norm) per_block += 2 * n * d + 2 * n * h;
+  const int64_t n = int64_t(batch) * seq, d = c.hidden_size, f = c.intermediate_size, h = c.num_heads,
+                kv = c.kv_dim(), kvh = c.kv_heads();
+  int64_t per_block = 7 * n * d + 3 * n * kv + 2 * n + n * h + 3 * n * f;
+  if (c.qk_norm) per_block += n * d + n * kv + n * h + n * kvh;
   int64_t total = per_block * (stage.last_block - stage.first_block) + n * d;
   if (stage.head) total += n * d + n + n * c.vocab_size + n;
   total += int64_t(seq) * (c.head_dim() / 2) * 2;
@@ -147,7 +150,8 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
   const auto& c = config_;
   const auto& st = layout_.stage();
   const int64_t n = ws.rows();
-  const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim();
+  const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim(), kvh = c.kv_heads(),
+            kv = c.kv_dim();
   auto P = [&](TensorKind k, int block = -1) { return params + layout_.get(k, block).offset; };
 
   float* x = ws.blocks.empty() ? ws.x_out.data() : ws.blocks[0].x_in.data();
@@ -172,21 +176,21 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
     rmsnorm_forward(b.ln1.data(), b.rstd1.data(), b.x_in.data(), P(TensorKind::InputNorm, l), n, d,
                     float(c.rms_eps));
     linear_forward(b.q_lin.data(), b.ln1.data(), P(TensorKind::Q, l), n, d, d);
-    linear_forward(b.k_lin.data(), b.ln1.data(), P(TensorKind::K, l), n, d, d);
-    linear_forward(b.v.data(), b.ln1.data(), P(TensorKind::V, l), n, d, d);
+    linear_forward(b.k_lin.data(), b.ln1.data(), P(TensorKind::K, l), n, d, kv);
+    linear_forward(b.v.data(), b.ln1.data(), P(TensorKind::V, l), n, d, kv);
     const float* q_pre = b.q_lin.data();
     const float* k_pre = b.k_lin.data();
     if (c.qk_norm) {
       rmsnorm_forward(b.q_normed.data(), b.rstd_q.data(), b.q_lin.data(), P(TensorKind::QNorm, l), n * h, hd,
                       float(c.rms_eps));
-      rmsnorm_forward(b.k_normed.data(), b.rstd_k.data(), b.k_lin.data(), P(TensorKind::KNorm, l), n * h, hd,
+      rmsnorm_forward(b.k_normed.data(), b.rstd_k.data(), b.k_lin.data(), P(TensorKind::KNorm, l), n * kvh, hd,
                       float(c.rms_eps));
       q_pre = b.q_normed.data();
       k_pre = b.k_normed.data();
     }
     rope_forward(b.q.data(), q_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
-    rope_forward(b.k.data(), k_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
-    attention_forward(b.att.data(), b.lse.data(), b.q.data(), b.k.data(), b.v.data(), ws.batch, ws.seq, h, hd);
+    rope_forward(b.k.data(), k_pre, ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, kvh, hd);
+    attention_forward(b.att.data(), b.lse.data(), b.q.data(), b.k.data(), b.v.data(), ws.batch, ws.seq, h, kvh, hd);
     linear_forward(b.x_mid.data(), b.att.data(), P(TensorKind::O, l), n, d, d);
     for (int64_t j = 0; j < n * d; ++j) b.x_mid[j] += b.x_in[j];
     // MLP sub-block: x_next = x_mid + down(silu(gate) * up).
@@ -217,7 +221,8 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
   const auto& c = config_;
   const auto& st = layout_.stage();
   const int64_t n = ws.rows();
-  const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim();
+  const int d = c.hidden_size, f = c.intermediate_size, h = c.num_heads, hd = c.head_dim(), kvh = c.kv_heads(),
+            kv = c.kv_dim();
   auto P = [&](TensorKind k, int block = -1) { return params + layout_.get(k, block).offset; };
   BackwardScratch& sc = *ws.scratch;
   // Gradient of a tensor trained as a whole (norms, embeddings, o: never sliced).
@@ -277,11 +282,11 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
     zero(sc.dk);
     zero(sc.dv);
     attention_backward(sc.dq.data(), sc.dk.data(), sc.dv.data(), sc.datt.data(), b.q.data(), b.k.data(), b.v.data(),
-                       b.att.data(), b.lse.data(), ws.batch, ws.seq, h, hd);
+                       b.att.data(), b.lse.data(), ws.batch, ws.seq, h, kvh, hd);
     zero(sc.dq2);
     zero(sc.dk2);
     rope_backward(sc.dq2.data(), sc.dq.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
-    rope_backward(sc.dk2.data(), sc.dk.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, h, hd);
+    rope_backward(sc.dk2.data(), sc.dk.data(), ws.rope_cos.data(), ws.rope_sin.data(), ws.batch, ws.seq, kvh, hd);
     const float* dq_lin = sc.dq2.data();
     const float* dk_lin = sc.dk2.data();
     if (c.qk_norm) {
@@ -291,14 +296,14 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
       rmsnorm_backward(sc.dq.data(), G(TensorKind::QNorm, l), sc.dq2.data(), b.q_lin.data(), P(TensorKind::QNorm, l),
                        b.rstd_q.data(), n * h, hd);
       rmsnorm_backward(sc.dk.data(), G(TensorKind::KNorm, l), sc.dk2.data(), b.k_lin.data(), P(TensorKind::KNorm, l),
-                       b.rstd_k.data(), n * h, hd);
+                       b.rstd_k.data(), n * kvh, hd);
       dq_lin = sc.dq.data();
       dk_lin = sc.dk.data();
     }
     zero(sc.dln);
     linear_back(sc.dln.data(), TensorKind::Q, l, dq_lin, b.ln1.data(), d, d, false);
-    linear_back(sc.dln.data(), TensorKind::K, l, dk_lin, b.ln1.data(), d, d, false);
-    linear_back(sc.dln.data(), TensorKind::V, l, sc.dv.data(), b.ln1.data(), d, d, false);
+    linear_back(sc.dln.data(), TensorKind::K, l, dk_lin, b.ln1.data(), d, kv, false);
+    linear_back(sc.dln.data(), TensorKind::V, l, sc.dv.data(), b.ln1.data(), d, kv, false);
     rmsnorm_backward(sc.dx.data(), G(TensorKind::InputNorm, l), sc.dln.data(), b.x_in.data(),
                      P(TensorKind::InputNorm, l), b.rstd1.data(), n, d);
   }

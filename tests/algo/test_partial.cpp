@@ -15,7 +15,7 @@ using namespace loco;
 
 namespace {
 
-ModelConfig model_config() {
+ModelConfig model_config(int kv_heads = 0) {
   ModelConfig c;
   c.vocab_size = 40;
   c.hidden_size = 16;
@@ -24,6 +24,7 @@ ModelConfig model_config() {
   c.intermediate_size = 24;
   c.max_seq_len = 8;
   c.qk_norm = true;
+  c.num_kv_heads = kv_heads;
   return c;
 }
 
@@ -36,50 +37,54 @@ bool in_ranges(const std::vector<Range>& ranges, int64_t i) {
 }  // namespace
 
 TEST(Partial, SlicedBackwardEqualsTheFullBackwardOnTrainedEntries) {
-  const ModelConfig c = model_config();
-  // A stage without the embedding, so the gradient with respect to its input is visible.
-  const StageSpec stage{0, c.num_layers, false, true};
-  Transformer model(c, stage);
-  const auto& layout = model.layout();
-  std::vector<float> params(size_t(layout.size()));
-  model.init_params(params.data(), 3);
-  const int B = 2, S = 8, d = c.hidden_size;
-  Rng rng(4);
-  std::vector<float> x(size_t(B * S * d));
-  for (auto& v : x) v = float(rng.normal());
-  std::vector<int32_t> targets(size_t(B * S));
-  for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t((i * 13) % 40);
+  for (int kv_heads : {0, 2}) {  // 0: 4 heads of their own; 2: grouped-query attention
+    SCOPED_TRACE("kv_heads " + std::to_string(kv_heads));
+    const ModelConfig c = model_config(kv_heads);
+    // A stage without the embedding, so the gradient with respect to its input is visible.
+    const StageSpec stage{0, c.num_layers, false, true};
+    Transformer model(c, stage);
+    const auto& layout = model.layout();
+    std::vector<float> params(size_t(layout.size()));
+    model.init_params(params.data(), 3);
+    const int B = 2, S = 8, d = c.hidden_size;
+    Rng rng(4);
+    std::vector<float> x(size_t(B * S * d));
+    for (auto& v : x) v = float(rng.normal());
+    std::vector<int32_t> targets(size_t(B * S));
+    for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t((i * 13) % 40);
 
-  Workspace ws(c, stage, B, S);
-  model.forward(params.data(), nullptr, x.data(), targets.data(), ws);
-  std::vector<float> full(params.size(), 0.0f), dx_full(x.size(), 0.0f);
-  model.backward(params.data(), full.data(), nullptr, targets.data(), 1.0, nullptr, dx_full.data(), ws);
+    Workspace ws(c, stage, B, S);
+    model.forward(params.data(), nullptr, x.data(), targets.data(), ws);
+    std::vector<float> full(params.size(), 0.0f), dx_full(x.size(), 0.0f);
+    model.backward(params.data(), full.data(), nullptr, targets.data(), 1.0, nullptr, dx_full.data(), ws);
 
-  for (const std::string strategy : {"mlp", "mlp+heads"})
-    for (int N : {1, 2, 4})
-      for (int n = 0; n < N; ++n) {
-        const TrainableSet set(layout, n, N, strategy);
-        std::vector<float> compact(size_t(set.size()), 0.0f), dx(x.size(), 0.0f);
-        model.forward(params.data(), nullptr, x.data(), targets.data(), ws);
-        model.backward(params.data(), compact.data(), nullptr, targets.data(), 1.0, nullptr, dx.data(), ws, &set);
-        // Activation gradients: unchanged by slicing (the same products, bit for bit).
-        EXPECT_EQ(dx, dx_full) << strategy << " " << N;
-        // Parameter gradients: the full backward's entries, range by range.
-        double worst = 0, scale = 0;
-        for (size_t k = 0; k < set.ranges().size(); ++k) {
-          const auto& r = set.ranges()[k];
-          for (int64_t i = 0; i < r.size(); ++i) {
-            const double a = compact[size_t(set.compact_offsets()[k] + i)], b = full[size_t(r.begin + i)];
-            worst = std::max(worst, std::abs(a - b));
-            scale = std::max(scale, std::abs(b));
+    for (const std::string strategy : {"mlp", "mlp+heads"})
+      for (int N : {1, 2, 4})
+        for (int n = 0; n < N; ++n) {
+          if (strategy == "mlp+heads" && c.kv_heads() % N != 0) continue;  // would split a group
+          const TrainableSet set(layout, n, N, strategy);
+          std::vector<float> compact(size_t(set.size()), 0.0f), dx(x.size(), 0.0f);
+          model.forward(params.data(), nullptr, x.data(), targets.data(), ws);
+          model.backward(params.data(), compact.data(), nullptr, targets.data(), 1.0, nullptr, dx.data(), ws, &set);
+          // Activation gradients: unchanged by slicing (the same products, bit for bit).
+          EXPECT_EQ(dx, dx_full) << strategy << " " << N;
+          // Parameter gradients: the full backward's entries, range by range.
+          double worst = 0, scale = 0;
+          for (size_t k = 0; k < set.ranges().size(); ++k) {
+            const auto& r = set.ranges()[k];
+            for (int64_t i = 0; i < r.size(); ++i) {
+              const double a = compact[size_t(set.compact_offsets()[k] + i)], b = full[size_t(r.begin + i)];
+              worst = std::max(worst, std::abs(a - b));
+              scale = std::max(scale, std::abs(b));
+            }
+          }
+          EXPECT_LT(worst, 1e-6 * scale) << strategy << " N=" << N << " n=" << n;
+          if (N == 1) {
+            EXPECT_TRUE(set.full());
+            EXPECT_EQ(compact, full) << "N = 1 is the full backward, bitwise";
           }
         }
-        EXPECT_LT(worst, 1e-6 * scale) << strategy << " N=" << N << " n=" << n;
-        if (N == 1) {
-          EXPECT_TRUE(set.full());
-          EXPECT_EQ(compact, full) << "N = 1 is the full backward, bitwise";
-        }
-      }
+  }
 }
 
 TEST(Partial, OnlyTrainedEntriesGetGradientAndOptimizerStorage) {
@@ -91,6 +96,12 @@ TEST(Partial, OnlyTrainedEntriesGetGradientAndOptimizerStorage) {
     // Frozen: (1 - 1/N) of gate, up, down (3 f d) and, with heads, of q, k, v (3 d d) per block.
     EXPECT_EQ(mlp.size(), P - L * 3 * f * d * (N - 1) / N) << N;
     EXPECT_EQ(heads.size(), P - L * (3 * f * d + 3 * d * d) * (N - 1) / N) << N;
+    // Grouped-query attention (2 key/value heads of 4): k and v have d / 2 rows.
+    if (N <= 2) {
+      const ParamLayout gqa(model_config(2));
+      const TrainableSet sliced(gqa, N - 1, N, "mlp+heads");
+      EXPECT_EQ(sliced.size(), gqa.size() - L * (3 * f * d + 2 * d * d) * (N - 1) / N) << N;
+    }
     EXPECT_EQ(total_size(heads.ranges()), heads.size());
     AdamW opt({}, layout, &heads);
     EXPECT_EQ(int64_t(opt.m().size() + opt.v().size()), 2 * heads.size());

@@ -40,6 +40,7 @@ mk() { sed "s/^$1 = .*/$1 = $2/" good.toml > "bad_$1.toml"; echo "bad_$1.toml"; 
 expect_error "model.hidden_size must be in" "$loco" init --config "$(mk hidden_size -3)" --seed 1 --out x
 expect_error "model.num_layers must be an integer" "$loco" init --config "$(mk num_layers '"two"')" --seed 1 --out x
 expect_error "model.num_heads must divide hidden_size" "$loco" init --config "$(mk num_heads 5)" --seed 1 --out x
+expect_error "model.num_kv_heads must divide num_heads (4)" "$loco" init --config good.toml --set model.num_kv_heads=3 --seed 1 --out x
 expect_error "model.rms_eps must be in" "$loco" init --config "$(mk vocab_size '96\nrms_eps = 2.0')" --seed 1 --out x
 printf '[model]\nhidden_sise = 32\n' > typo.toml
 expect_error "unknown key model.hidden_sise (did you mean model.hidden_size?)" "$loco" init --config typo.toml --seed 1 --out x
@@ -114,6 +115,8 @@ expect_error "noloco.group_size must be in" "$loco" train --config train.toml --
 expect_error "noloco sends fp32" "$loco" train --config train.toml --set algorithm=noloco --set outer.codec=fp4-e3m0
 expect_error "outer.start_step applies to algorithm = \"diloco\"" "$loco" train --config train.toml --set algorithm=streaming --set outer.start_step=2
 expect_error "must be below train.steps" "$loco" train --config train.toml --set algorithm=diloco --set outer.start_step=100000
+expect_error "partial.slices must divide model.num_kv_heads (2) with strategy mlp+heads" "$loco" train --config train.toml \
+  --set algorithm=diloco --set model.num_kv_heads=2 --set partial.slices=4 --set partial.strategy=mlp+heads
 expect_error "partial.slices > 1 needs" "$loco" train --config train.toml --set algorithm=noloco --set partial.slices=2
 expect_error "would scale its two copies differently" "$loco" train --config train.toml --set pipeline.stages=2 \
   --set model.tie_embeddings=true --set optimizer.clip_scope=stage

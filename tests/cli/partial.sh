@@ -40,6 +40,23 @@ PY
   --set streaming.fragment_blocks=1 --set streaming.tau=1 --set train.out_dir=streaming > /dev/null
 [ -f streaming/$ck/model.safetensors ]
 
+# Grouped-query attention (4 query heads sharing 2 key/value heads): each of the 2 slices holds
+# one whole group; MPI == in-process, and only that group's q, k, v rows are trained.
+gqa=(--set model.num_heads=4 --set model.num_kv_heads=2 --set algorithm=streaming --set streaming.fragment_blocks=1)
+"$loco" train "${base[@]}" "${gqa[@]}" --set distributed.replicas=2 --set train.out_dir=gqa-inproc
+timeout 120 mpirun -np 2 "$loco" train "${base[@]}" "${gqa[@]}" --set train.out_dir=gqa-mpi > mpi.out 2>&1 ||
+  { cat mpi.out; exit 1; }
+for f in $files; do cmp gqa-inproc/$ck/$f gqa-mpi/$ck/$f; done
+$py - gqa-inproc/summary.json <<'PY'
+import json, sys
+w = json.load(open(sys.argv[1]))["workers"][0]
+d, f, L, kv = 32, 64, 2, 16
+P = 2 * 256 * d + d + L * (2 * d * d + 2 * d * kv + 3 * d * f + 2 * d)
+expect = P - L * (3 * f * d + d * d + 2 * kv * d) // 2
+print(f"gqa: trainable {w['trainable_params']} of {w['param_bytes'] // 4} (expected {expect} of {P})")
+sys.exit(0 if w["trainable_params"] == expect and w["param_bytes"] == 4 * P else 1)
+PY
+
 # Errors name the key.
 expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1; shift

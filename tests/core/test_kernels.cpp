@@ -144,23 +144,24 @@ TEST(Kernels, Rope) {
   for (int i = 0; i < heads * hd; ++i) EXPECT_DOUBLE_EQ(out[i], in[i]);
 }
 
-// Random q, k, v and upstream gradient g for attention, f = <attention(q, k, v), g>, and the
-// backward into sentinel-filled gradients.
+// Random q, k, v and upstream gradient g for attention (kv_heads key/value heads, 0: heads),
+// f = <attention(q, k, v), g>, and the backward into sentinel-filled gradients.
 struct AttentionCase {
-  AttentionCase(int batch, int seq, int heads, int hd)
-      : batch(batch), seq(seq), heads(heads), hd(hd), size(size_t(batch) * seq * heads * hd),
-        q(randn(size, 1)), k(randn(size, 2)), v(randn(size, 3)), g(randn(size, 4)), out(size),
-        lse(size_t(batch) * heads * seq), dq(sentinel(size)), dk(sentinel(size)), dv(sentinel(size)) {
+  AttentionCase(int batch, int seq, int heads, int hd, int kv_heads_in = 0)
+      : batch(batch), seq(seq), heads(heads), kv_heads(kv_heads_in > 0 ? kv_heads_in : heads), hd(hd),
+        size(size_t(batch) * seq * heads * hd), kv_size(size_t(batch) * seq * kv_heads * hd), q(randn(size, 1)),
+        k(randn(kv_size, 2)), v(randn(kv_size, 3)), g(randn(size, 4)), out(size), lse(size_t(batch) * heads * seq),
+        dq(sentinel(size)), dk(sentinel(kv_size)), dv(sentinel(kv_size)) {
     f();
     attention_backward(dq.data(), dk.data(), dv.data(), g.data(), q.data(), k.data(), v.data(), out.data(),
-                       lse.data(), batch, seq, heads, hd);
+                       lse.data(), batch, seq, heads, kv_heads, hd);
   }
   double f() {
-    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, kv_heads, hd);
     return dot(out, g);
   }
-  int batch, seq, heads, hd;
-  size_t size;
+  int batch, seq, heads, kv_heads, hd;
+  size_t size, kv_size;
   Vec q, k, v, g, out, lse, dq, dk, dv;
 };
 
@@ -172,17 +173,62 @@ TEST(Kernels, Attention) {
   expect_grad("attention dv", c.v, c.dv, f);
 }
 
+TEST(Kernels, GroupedQueryAttention) {
+  // 6 query heads reading 2 key/value heads (groups of 3), over more rows than one row block.
+  AttentionCase c(2, 70, 6, 4, 2);
+  auto f = [&] { return c.f(); };
+  expect_grad("gqa dq", c.q, c.dq, f);
+  expect_grad("gqa dk", c.k, c.dk, f);
+  expect_grad("gqa dv", c.v, c.dv, f);
+  // The definition: multi-head attention with each key/value head repeated for its group; the
+  // shared heads' gradients are the sums over the group.
+  AttentionCase full(2, 70, 6, 4);
+  const int group = c.heads / c.kv_heads;
+  auto spread = [&](const Vec& kv, Vec& out) {
+    for (size_t r = 0; r < size_t(c.batch) * c.seq; ++r)
+      for (int h = 0; h < c.heads; ++h)
+        for (int j = 0; j < c.hd; ++j)
+          out[(r * c.heads + h) * c.hd + j] = kv[(r * c.kv_heads + h / group) * c.hd + j];
+  };
+  full.q = c.q;
+  full.g = c.g;
+  spread(c.k, full.k);
+  spread(c.v, full.v);
+  full.f();
+  c.f();  // the checks above left the output of a perturbed input
+  full.dq = sentinel(full.size), full.dk = sentinel(full.size), full.dv = sentinel(full.size);
+  attention_backward(full.dq.data(), full.dk.data(), full.dv.data(), full.g.data(), full.q.data(), full.k.data(),
+                     full.v.data(), full.out.data(), full.lse.data(), full.batch, full.seq, full.heads, full.heads,
+                     full.hd);
+  for (size_t i = 0; i < c.size; ++i) {
+    ASSERT_NEAR(c.out[i], full.out[i], 1e-12) << i;
+    ASSERT_NEAR(c.dq[i], full.dq[i], 1e-12) << i;
+  }
+  for (size_t r = 0; r < size_t(c.batch) * c.seq; ++r)
+    for (int hk = 0; hk < c.kv_heads; ++hk)
+      for (int j = 0; j < c.hd; ++j) {
+        double dk = 0, dv = 0;
+        for (int h = hk * group; h < (hk + 1) * group; ++h) {
+          dk += full.dk[(r * c.heads + h) * c.hd + j] - kSentinel;
+          dv += full.dv[(r * c.heads + h) * c.hd + j] - kSentinel;
+        }
+        const size_t i = (r * c.kv_heads + hk) * c.hd + j;
+        ASSERT_NEAR(c.dk[i] - kSentinel, dk, 1e-10) << i;
+        ASSERT_NEAR(c.dv[i] - kSentinel, dv, 1e-10) << i;
+      }
+}
+
 TEST(Kernels, AttentionIsCausal) {
   // Changing a later key/value must not change earlier outputs.
   const int batch = 1, seq = 5, heads = 1, hd = 4;
   const size_t size = size_t(seq) * hd;
   Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), out1(size), out2(size), lse(seq);
-  attention_forward(out1.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
+  attention_forward(out1.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, heads, hd);
   for (int j = 0; j < hd; ++j) {
     k[4 * hd + j] += 1.0;
     v[4 * hd + j] -= 2.0;
   }
-  attention_forward(out2.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
+  attention_forward(out2.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, heads, hd);
   for (size_t i = 0; i < 4 * size_t(hd); ++i) EXPECT_DOUBLE_EQ(out1[i], out2[i]);
   bool last_changed = false;
   for (int j = 0; j < hd; ++j) last_changed |= out1[4 * hd + j] != out2[4 * hd + j];
@@ -235,8 +281,8 @@ TEST(Kernels, FloatMatchesDouble) {
   Vec q = randn(size, 1), k = randn(size, 2), v = randn(size, 3), out(size), lse(heads * seq);
   std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end()), outf(size),
       lsef(heads * seq);
-  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, hd);
-  attention_forward(outf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), batch, seq, heads, hd);
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, heads, hd);
+  attention_forward(outf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), batch, seq, heads, heads, hd);
   for (size_t i = 0; i < size; ++i) EXPECT_NEAR(out[i], outf[i], 1e-5);
 }
 

@@ -34,6 +34,8 @@ cp run/config.toml "$c/run_config/full"
 printf '[pipeline]\nstages = 2\nmicrobatches = 4\nsplit = "1,1"\n[model]\nnum_layers = 2\n' > "$c/run_config/pipeline"
 printf '{"vocab_size":32,"hidden_size":16,"num_hidden_layers":2,"num_attention_heads":2,"intermediate_size":24,' > "$c/hf_config/hf"
 printf '"tie_word_embeddings":true,"rms_norm_eps":1e-6}' >> "$c/hf_config/hf"
+printf '{"vocab_size":32,"hidden_size":16,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2,' > "$c/hf_config/gqa"
+printf '"intermediate_size":24}' >> "$c/hf_config/gqa"
 mkdir -p text && for i in $(seq 1 400); do echo "The jury said line $i of the report was fine and well written, said Mr. Jones $((i * 7))."; done > text/a.txt
 "$loco" data prepare --input text --tokenizer sentencepiece --vocab-size 300 --val-fraction 0 --out sp > /dev/null
 cp sp/tokenizer.model "$c/tokenizer/small"

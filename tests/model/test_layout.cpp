@@ -13,7 +13,7 @@ using namespace loco;
 
 namespace {
 
-ModelConfig tiny(bool tied = false, bool qk = false) {
+ModelConfig tiny(bool tied = false, bool qk = false, int kv_heads = 0) {
   ModelConfig c;
   c.vocab_size = 50;
   c.hidden_size = 16;
@@ -23,6 +23,7 @@ ModelConfig tiny(bool tied = false, bool qk = false) {
   c.max_seq_len = 16;
   c.tie_embeddings = tied;
   c.qk_norm = qk;
+  c.num_kv_heads = kv_heads;
   return c;
 }
 
@@ -122,6 +123,31 @@ TEST(Layout, HeadSliceSelectsQkvRowsOfItsHeads) {
   EXPECT_THROW(layout.slice_ranges(0, 3, SliceStrategy::MlpHeads), Error);  // 3 does not divide 4 heads
 }
 
+TEST(Layout, GroupedQueryHeadSliceHoldsWholeGroups) {
+  // 4 query heads in 2 groups (2 key/value heads of size 4): k and v have 8 rows. Slice n of 2
+  // holds key/value head n and the query heads 2n, 2n + 1 that read it.
+  ParamLayout layout(tiny(false, false, 2));
+  const auto hf = indexed_hf(layout);
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.k_proj.weight").shape, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(hf.at("model.layers.0.self_attn.q_proj.weight").shape, (std::vector<int64_t>{16, 16}));
+  const int N = 2, hd = 4;
+  for (int n = 0; n < N; ++n) {
+    const auto idx = indices(layout.slice_ranges(n, N, SliceStrategy::MlpHeads));
+    for (int l = 0; l < 3; ++l)
+      for (const char* m : {"q_proj", "k_proj", "v_proj"}) {
+        const auto& t = hf.at("model.layers." + std::to_string(l) + ".self_attn." + m + ".weight");
+        const int rows = int(t.shape[0]), per_slice = rows / N;
+        for (int row = 0; row < rows; ++row)
+          for (int j = 0; j < 16; ++j)
+            EXPECT_EQ(idx.count(int64_t(t.data[row * 16 + j])) == 1, row / per_slice == n) << m << " row " << row;
+        EXPECT_EQ(per_slice, std::string(m) == "q_proj" ? 2 * hd : hd);
+      }
+  }
+  // 4 slices would split a group: refused, though 4 divides the query heads.
+  EXPECT_THROW(layout.slice_ranges(0, 4, SliceStrategy::MlpHeads), Error);
+  EXPECT_NO_THROW(layout.slice_ranges(0, 4, SliceStrategy::Mlp));
+}
+
 TEST(Layout, ExportImportRoundTrip) {
   for (bool tied : {false, true}) {
     const auto c = tiny(tied, true);
@@ -138,7 +164,7 @@ TEST(Layout, ExportImportRoundTrip) {
 }
 
 TEST(Stages, PipelineOfStagesEqualsFullModel) {
-  const auto c = tiny(true, true);
+  const auto c = tiny(true, true, 2);
   const int B = 2, S = 12;
   Transformer full(c);
   std::vector<float> params(size_t(full.layout().size())), grads(params.size(), 0.0f);
@@ -210,13 +236,15 @@ TEST(Determinism, ForwardBackwardIsBitwiseRepeatable) {
 
 TEST(Layout, ParameterCountFromTheConfigEqualsTheLayout) {
   for (bool tied : {false, true})
-    for (bool qk : {false, true}) EXPECT_EQ(tiny(tied, qk).parameter_count(), double(ParamLayout(tiny(tied, qk)).size()));
+    for (bool qk : {false, true})
+      for (int kv : {0, 1, 2})
+        EXPECT_EQ(tiny(tied, qk, kv).parameter_count(), double(ParamLayout(tiny(tied, qk, kv)).size())) << kv;
 }
 
 TEST(Workspace, SizeFormulaMatchesAllocation) {
   for (bool qk : {false, true})
     for (bool head : {false, true}) {
-      const auto c = tiny(false, qk);
+      const auto c = tiny(false, qk, qk ? 2 : 1);
       const StageSpec st{1, 3, !head, head};
       Workspace ws(c, st, 3, 7);
       EXPECT_EQ(ws.floats(), Workspace::floats_for(c, st, 3, 7));

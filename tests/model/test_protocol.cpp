@@ -19,7 +19,7 @@ using namespace loco;
 
 namespace {
 
-ModelConfig model_config(int layers) {
+ModelConfig model_config(int layers, int kv_heads = 0) {
   ModelConfig m;
   m.vocab_size = 64;
   m.hidden_size = 32;
@@ -27,6 +27,7 @@ ModelConfig model_config(int layers) {
   m.num_heads = 4;
   m.intermediate_size = 48;
   m.max_seq_len = 16;
+  m.num_kv_heads = kv_heads;
   return m;
 }
 
@@ -43,8 +44,8 @@ struct ProtocolPipeline {
   std::vector<std::unique_ptr<TransformerStage>> compute;
   std::vector<double> a;  // Grassmann accumulator of the last stage
 
-  ProtocolPipeline(int layers, int S, bool compress, uint64_t seed = 5)
-      : model(model_config(layers)), sub(model, kRank, 9, 1.0), specs(partition_stages(model, S, "")) {
+  ProtocolPipeline(int layers, int S, bool compress, uint64_t seed = 5, int kv_heads = 0)
+      : model(model_config(layers, kv_heads)), sub(model, kRank, 9, 1.0), specs(partition_stages(model, S, "")) {
     specs.front().embedding_rank = kRank;
     for (auto& s : specs) s.constrained_end = specs.back().first_block;
     for (int s = 0; s < S; ++s) {
@@ -114,7 +115,8 @@ TEST(Protocol, CompressedPipelineEqualsUncompressed) {
   std::vector<int32_t> inputs, targets;
   make_batch(inputs, targets, 3);
   for (int S : {2, 3}) {
-    ProtocolPipeline full(5, S, false), comp(5, S, true);
+    const int kv_heads = S == 3 ? 2 : 0;  // 3 stages: grouped-query attention (2 key/value heads of 4)
+    ProtocolPipeline full(5, S, false, 5, kv_heads), comp(5, S, true, 5, kv_heads);
     const double l_full = full.run(inputs, targets), l_comp = comp.run(inputs, targets);
     EXPECT_NEAR(l_full, l_comp, 1e-6 * std::abs(l_full)) << "S " << S;
     double worst = 0;
@@ -137,7 +139,8 @@ TEST(Protocol, AWeightOutsideTheSubspaceBreaksExactness) {
   std::vector<int32_t> inputs, targets;
   make_batch(inputs, targets, 3);
   for (int S : {2, 3}) {
-    ProtocolPipeline full(5, S, false), comp(5, S, true);
+    const int kv_heads = S == 3 ? 2 : 0;  // 3 stages: grouped-query attention (2 key/value heads of 4)
+    ProtocolPipeline full(5, S, false, 5, kv_heads), comp(5, S, true, 5, kv_heads);
     for (auto* p : {&full, &comp}) {
       const auto& layout = p->stages[0]->layout();
       const auto& o = layout.get(TensorKind::O, 0);

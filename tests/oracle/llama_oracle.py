@@ -50,6 +50,7 @@ class Llama:
         self.d = cfg["hidden_size"]
         self.h = cfg["num_attention_heads"]
         self.hd = self.d // self.h
+        self.kv = cfg.get("num_key_value_heads", self.h)
         self.eps = cfg["rms_norm_eps"]
         self.tied = cfg.get("tie_word_embeddings", False)
         self.qk_norm = cfg.get("qk_norm", False)
@@ -76,13 +77,16 @@ class Llama:
             p = f"model.layers.{l}."
             a = self.rms(x, w[p + "input_layernorm.weight"])
             q = (a @ w[p + "self_attn.q_proj.weight"].T).view(B, S, self.h, self.hd)
-            k = (a @ w[p + "self_attn.k_proj.weight"].T).view(B, S, self.h, self.hd)
-            v = (a @ w[p + "self_attn.v_proj.weight"].T).view(B, S, self.h, self.hd)
+            k = (a @ w[p + "self_attn.k_proj.weight"].T).view(B, S, self.kv, self.hd)
+            v = (a @ w[p + "self_attn.v_proj.weight"].T).view(B, S, self.kv, self.hd)
             if self.qk_norm:
                 q = self.rms(q, w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, w[p + "self_attn.k_norm.weight"])
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             q, k = self.rope(q, S), self.rope(k, S)
+            # Grouped-query attention as Hugging Face's Llama computes it: each key/value head
+            # repeated for the h / kv query heads that read it.
+            k, v = (t.repeat_interleave(self.h // self.kv, dim=1) for t in (k, v))
             att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.hd) + mask, -1) @ v
             att = att.transpose(1, 2).reshape(B, S, self.d)
             x = x + att @ w[p + "self_attn.o_proj.weight"].T

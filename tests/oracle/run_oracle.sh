@@ -21,6 +21,7 @@ case $variant in
   plain) sets=() ;;
   bf16) sets=(--set model.tie_embeddings=true --set model.qk_norm=true); precision=bf16 ;;
   tied-qknorm) sets=(--set model.tie_embeddings=true --set model.qk_norm=true) ;;
+  gqa) sets=(--set model.num_kv_heads=2 --set model.qk_norm=true) ;;
   zloss) sets=(--set model.z_loss=0.05 --set model.qk_norm=true) ;;
   protocol-s2 | protocol-s3) sets=(--set model.num_layers=${variant: -1}) ;;
   *) echo "unknown variant $variant"; exit 2 ;;

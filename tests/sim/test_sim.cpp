@@ -167,12 +167,14 @@ TEST(SimCu, ProfileErrors) {
 
 TEST(Estimate, ParameterCountsEqualTheEngineLayout) {
   for (bool tied : {false, true})
-    for (bool qk : {false, true}) {
-      ModelConfig c = small_model(97, 24, 3, 4, 40);
-      c.tie_embeddings = tied;
-      c.qk_norm = qk;
-      EXPECT_EQ(param_counts(arch_of(c)).total, double(ParamLayout(c).size())) << tied << qk;
-    }
+    for (bool qk : {false, true})
+      for (int kv : {0, 2}) {
+        ModelConfig c = small_model(97, 24, 3, 4, 40);
+        c.tie_embeddings = tied;
+        c.qk_norm = qk;
+        c.num_kv_heads = kv;
+        EXPECT_EQ(param_counts(arch_of(c)).total, double(ParamLayout(c).size())) << tied << qk << kv;
+      }
 }
 
 TEST(Estimate, SlicedTrainableCountsFollowTheSlices) {
@@ -186,8 +188,10 @@ TEST(Estimate, SlicedTrainableCountsFollowTheSlices) {
 
 TEST(Estimate, MatmulFlopsEqualTheKernelsProducts) {
   // Two sequence lengths: one attention row block, and several (causal blocks of 64 rows).
-  for (int S : {24, 150}) {
-    ModelConfig c = small_model(50, 16, 2, 2, 24);
+  // Last: grouped-query attention (4 query heads, 2 key/value heads).
+  for (int S : {24, 150, 70}) {
+    ModelConfig c = small_model(50, 16, 2, S == 70 ? 4 : 2, 24);
+    if (S == 70) c.num_kv_heads = 2;
     c.max_seq_len = S;
     const int B = 2;
     Transformer model(c);
