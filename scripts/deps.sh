@@ -4,7 +4,8 @@ loco_packages() {
   case $1 in
     build) echo build-essential cmake pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev \
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
-                libopenmpi-dev openmpi-bin zlib1g-dev libhiredis-dev libsodium-dev libdnnl-dev ;;
+                libopenmpi-dev openmpi-bin zlib1g-dev libhiredis-dev libsodium-dev libdnnl-dev \
+                python3-dev pybind11-dev ;;
     test) echo python3 python3-numpy python3-torch python3-protobuf gnuplot-nox iproute2 iputils-ping chromium redis-server redis-tools ;;
     netlab) echo iproute2 iputils-ping ;;
     elastic) echo redis-server redis-tools ;;

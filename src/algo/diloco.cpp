@@ -36,7 +36,7 @@ class Diloco : public Algorithm {
         start_step_(cfg.outer.start_step),
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f),
-        average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
+        average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
         whole_{{0, int64_t(w.params.size())}} {
     aggregate_ = aggregate_options(cfg.outer, false);
     if (w.rank >= w.replicas - cfg.outer.faulty_replicas) fault_ = parse_fault(cfg.outer.fault, "outer.fault");

@@ -31,7 +31,7 @@ void grassmann_update(WorkerRun& run) {
   if (!u_new.empty()) std::memcpy(u_new.data(), bytes.data(), u_new.size() * sizeof(float));
   // Every linear per-parameter quantity moves with the basis: the parameters and AdamW's first
   // moments (the second moments stay: they cannot be rotated exactly).
-  run.subspace->change_basis(u_new, run.w.model.layout(), {run.w.params.data(), run.w.adamw.m().data()});
+  run.subspace->change_basis(u_new, run.w.layout(), {run.w.params.data(), run.w.adamw->m().data()});
   ++run.grassmann_updates;
   run.grassmann_seconds += clock.now() - t0;
 }
@@ -39,15 +39,15 @@ void grassmann_update(WorkerRun& run) {
 }  // namespace
 
 void protocol_init(WorkerRun& run) {
-  if (run.subspace) run.subspace->init_constrained(run.w.model.layout(), run.w.params.data());
+  if (run.subspace) run.subspace->init_constrained(run.w.layout(), run.w.params.data());
 }
 
 void protocol_after_backward(WorkerRun& run) {
-  if (run.subspace) run.subspace->project_constrained(run.w.model.layout(), run.w.grads.data());
+  if (run.subspace) run.subspace->project_constrained(run.w.layout(), run.w.grads.data());
 }
 
 void protocol_after_optimizer(WorkerRun& run) {
-  if (run.subspace && projecting(run)) run.subspace->project_constrained(run.w.model.layout(), run.w.params.data());
+  if (run.subspace && projecting(run)) run.subspace->project_constrained(run.w.layout(), run.w.params.data());
 }
 
 void protocol_after_step(WorkerRun& run, int64_t done) {

@@ -38,7 +38,7 @@ std::vector<float> assemble_model(WorkerRun& run, const std::vector<float>& stag
   // Protocol models: the first stage's embedding E = E_fixed + E_s U^T materialised, so the model
   // is an ordinary Llama.
   std::vector<float> materialised;
-  if (run.subspace && run.first_stage) materialised = run.subspace->materialise(run.w.model.layout(), stage_params.data());
+  if (run.subspace && run.first_stage) materialised = run.subspace->materialise(run.w.layout(), stage_params.data());
   const std::vector<float>& eval_params = materialised.empty() ? stage_params : materialised;
   if (!run.reporter) {
     auto h = run.chain.send_start(run.grid.stages - 1,
@@ -102,14 +102,14 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
   const std::string state_path = worker_state_path(ck, run.stage, run.replica, run.grid.stages);
   const auto rep = read_state_file(state_path);
   rep.take("params", w.params);
-  rep.take("optimizer.m", w.adamw.m());
-  rep.take("optimizer.v", w.adamw.v());
+  rep.take("optimizer.m", w.adamw->m());
+  rep.take("optimizer.v", w.adamw->v());
   if (rep.get_int("optimizer.steps") != step)
     fail(state_path + ": optimizer.steps " + std::to_string(rep.get_int("optimizer.steps")) + " differs from step " +
          std::to_string(step));
-  w.adamw.set_steps(step);
+  w.adamw->set_steps(step);
   if (run.first_stage)
-    w.loader.set_position({rep.get_int("data.epoch"), rep.get_int("data.taken"),
+    w.loader->set_position({rep.get_int("data.epoch"), rep.get_int("data.taken"),
                            rep.meta.count("data.offset") ? rep.get_int("data.offset") : 0});
   run.algo->load_state(rep);
   protocol_load(run, rep, state_path);
@@ -149,10 +149,10 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
   run.world.barrier();
   TrainingState rep;
   rep.tensors["params"] = w.params;
-  rep.tensors["optimizer.m"] = w.adamw.m();
-  rep.tensors["optimizer.v"] = w.adamw.v();
-  const auto pos = w.loader.position();
-  rep.meta = {{"optimizer.steps", std::to_string(w.adamw.steps())},
+  rep.tensors["optimizer.m"] = w.adamw->m();
+  rep.tensors["optimizer.v"] = w.adamw->v();
+  const auto pos = w.loader->position();
+  rep.meta = {{"optimizer.steps", std::to_string(w.adamw->steps())},
               {"data.epoch", std::to_string(pos.epoch)},
               {"data.taken", std::to_string(pos.taken)}};
   if (pos.offset != 0) rep.meta["data.offset"] = std::to_string(pos.offset);

@@ -45,7 +45,7 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
   me["trainable_params"] = w.trainable.size();
   me["param_bytes"] = int64_t(w.params.size() * sizeof(float));
   me["grad_bytes"] = int64_t(w.grads.size() * sizeof(float));
-  me["optimizer_bytes"] = int64_t((w.adamw.m().size() + w.adamw.v().size()) * sizeof(float));
+  me["optimizer_bytes"] = int64_t((w.adamw->m().size() + w.adamw->v().size()) * sizeof(float));
   me["activation_bytes"] = run.stage_model.activation_bytes();
   me["microbatches_in_flight"] = run.stage_model.in_flight();
   me["blocks"] = {run.s.stages[size_t(run.stage)].first_block, run.s.stages[size_t(run.stage)].last_block};
@@ -67,7 +67,7 @@ nlohmann::json worker_report(WorkerRun& run, double wall) {
   me["train_bytes_sent"] = train_bytes;
   me["pipeline_bytes_sent"] = pipeline_bytes;
   if (run.subspace) {
-    const auto& layout = w.model.layout();
+    const auto& layout = w.layout();
     me["protocol"] = {{"rank", run.subspace->k()},
                       {"boundary_floats_per_token", run.cfg.protocol.compress ? run.subspace->k() : run.subspace->d()},
                       {"max_residual", run.subspace->max_residual(layout, w.params.data())},

@@ -93,12 +93,12 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w)
       tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
       seed_(uint64_t(cfg.train.seed)),
       run_steps_(cfg.train.steps),
-      average_(w.model.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
+      average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
       comm_(w.comm),
       num_params_(w.params.size()) {
   set_robustness(aggregate_options(cfg.outer, false),
                  w.rank >= w.replicas - cfg.outer.faulty_replicas ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
-  const auto& layout = w.model.layout();
+  const auto& layout = w.layout();
   // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
   const auto& stage = layout.stage();
   for (const auto& f : plan_) {

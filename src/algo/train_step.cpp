@@ -29,7 +29,7 @@ namespace {
 // index in the full model's layout; a tied embedding on the last of several stages is left to
 // the first stage.
 std::vector<double> tensor_square_sums(const WorkerRun& run) {
-  const auto& layout = run.w.model.layout();
+  const auto& layout = run.w.layout();
   const ParamLayout full(run.cfg.model);
   std::vector<double> out;  // pairs (full index, sum)
   for (size_t i = 0; i < layout.tensors().size(); ++i) {
@@ -63,7 +63,7 @@ double global_grad_norm(WorkerRun& run) {
 // A tied embedding on the first and the last stage: each adds the other's gradient.
 void exchange_tied_embedding(WorkerRun& run) {
   auto& w = run.w;
-  const auto& layout = w.model.layout();
+  const auto& layout = w.layout();
   const auto& t = layout.get(TensorKind::Embedding);
   float* g = w.grads.data() + w.trainable.rows(size_t(&t - layout.tensors().data())).compact;
   const size_t bytes = size_t(t.numel()) * sizeof(float);
@@ -136,7 +136,7 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
   const Clock& clock = run.world.clock();
   const double t0 = clock.now();
   std::fill(w.grads.begin(), w.grads.end(), 0.0f);
-  if (run.first_stage) w.loader.next(run.inputs, run.targets);
+  if (run.first_stage) w.loader->next(run.inputs, run.targets);
   run.stage_model.begin_step(step + 1, w.params.data(), w.grads.data(), &w.trainable, &run.inputs, &run.targets);
   const double compute_before = run.pipe.compute_seconds();
   run.route_step = step + 1;
@@ -156,7 +156,7 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr) {
 
   const double t2 = clock.now();
   scale_to_norm(w.grads.data(), int64_t(w.grads.size()), result.grad_norm, run.cfg.optim.clip);
-  w.adamw.step(w.params.data(), w.grads.data(), lr);
+  w.adamw->step(w.params.data(), w.grads.data(), lr);
   protocol_after_optimizer(run);
   run.trace->span("optimizer", "compute", 0, t2, clock.now());
   emulate_straggling(run, step, pipeline_compute + (clock.now() - t2));

@@ -4,6 +4,7 @@
 // data-parallel group (the replicas of its stage). Algorithms act on it through the hooks of
 // algorithm.h and see only that group: `rank` is the replica index and `replicas` its size.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -24,25 +25,45 @@ struct Worker {
         rank(comm.rank()),
         replicas(comm.size()),
         world_rank(world_rank < 0 ? comm.rank() : world_rank),
-        model(cfg.model, stage),
-        trainable(cfg.partial.slices > 1 ? TrainableSet(model.layout(), rank % cfg.partial.slices,
+        model(std::in_place, cfg.model, stage),
+        trainable(cfg.partial.slices > 1 ? TrainableSet(model->layout(), rank % cfg.partial.slices,
                                                         cfg.partial.slices, cfg.partial.strategy)
-                                         : TrainableSet(model.layout())),
-        params(size_t(model.layout().size())),
+                                         : TrainableSet(model->layout())),
+        params(size_t(model->layout().size())),
         grads(size_t(trainable.size())),
-        adamw(cfg.optim.adamw, model.layout(), &trainable, cfg.protocol.constraint == "subspace-adamw"),
-        loader(std::move(train_tokens), cfg.data.seq_len, cfg.data.batch_size, rank, replicas,
+        adamw(std::in_place, cfg.optim.adamw, model->layout(), &trainable,
+              cfg.protocol.constraint == "subspace-adamw"),
+        loader(std::in_place, std::move(train_tokens), cfg.data.seq_len, cfg.data.batch_size, rank, replicas,
                uint64_t(cfg.data.seed)) {}
+
+  // A model loco does not hold (the Python layer's torch modules): parameters laid out by
+  // `layout` (named tensors, blocks as fragments), trained by the caller, which owns the inner
+  // optimizer and the data; the algorithms see params and grads as for loco's own model.
+  Worker(const RunConfig& cfg, Communicator& comm, ParamLayout foreign_layout)
+      : cfg(cfg),
+        comm(comm),
+        rank(comm.rank()),
+        replicas(comm.size()),
+        world_rank(comm.rank()),
+        foreign(std::move(foreign_layout)),
+        trainable(cfg.partial.slices > 1 ? TrainableSet(*foreign, rank % cfg.partial.slices, cfg.partial.slices,
+                                                        cfg.partial.strategy)
+                                         : TrainableSet(*foreign)),
+        params(size_t(foreign->size())),
+        grads(size_t(trainable.size())) {}
+
+  const ParamLayout& layout() const { return model ? model->layout() : *foreign; }
 
   const RunConfig& cfg;
   Communicator& comm;
   const int rank, replicas;  // replica index and count (this stage's data-parallel group)
   const int world_rank;
-  Transformer model;
+  std::optional<Transformer> model;  // loco's model (absent for a foreign one)
+  std::optional<ParamLayout> foreign;  // a foreign model's layout
   TrainableSet trainable;          // what this replica trains (partial.slices); grads are compact
   std::vector<float> params, grads;
-  AdamW adamw;
-  DataLoader loader;               // read by the first stage only
+  std::optional<AdamW> adamw;      // loco's inner optimizer (absent for a foreign model)
+  std::optional<DataLoader> loader;  // read by the first stage only (absent for a foreign model)
   double compute_seconds = 0;  // forward, backward, optimizer and outer updates
   int64_t step = 0;            // inner steps completed before the one being taken
   bool restored = false;       // from a checkpoint (a resumed run)

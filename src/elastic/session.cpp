@@ -99,7 +99,7 @@ void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
     return;
   }
   epoch_ = r.contributors;
-  w.loader.assign(slot, int(epoch_.size()), 0, 0);
+  w.loader->assign(slot, int(epoch_.size()), 0, 0);
   last_round_step_ = 0;
 }
 
@@ -121,7 +121,7 @@ CommOptions ElasticSession::comm_options() const { return {membership_.options()
 
 void ElasticSession::assign_data(Worker& w, const DataLoader::Position& at) {
   const int slot = int(std::find(epoch_.begin(), epoch_.end(), membership_.id()) - epoch_.begin());
-  w.loader.assign(slot, int(epoch_.size()), at.epoch, at.offset);
+  w.loader->assign(slot, int(epoch_.size()), at.epoch, at.offset);
 }
 
 bool ElasticSession::run_round(Worker& w, const Round& round, const Install& install) {
@@ -145,7 +145,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
     std::vector<int64_t> next_epoch = roster.contributors;
     next_epoch.insert(next_epoch.end(), roster.joiners.begin(), roster.joiners.end());
     std::sort(next_epoch.begin(), next_epoch.end());
-    const DataLoader::Position next_data = w.loader.next_start();
+    const DataLoader::Position next_data = w.loader->next_start();
     std::string error;
     std::vector<int64_t> blamed;  // members this one holds responsible for a failure
     {
@@ -160,8 +160,8 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
         round.reduce(*comm, me, C);
         // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
         if (me == 0 && !roster.joiners.empty()) {
-          JoinState s{round.step, next_data.epoch, next_data.offset, w.adamw.steps(), next_epoch, {}, {},
-                      w.adamw.m(), w.adamw.v()};
+          JoinState s{round.step, next_data.epoch, next_data.offset, w.adamw->steps(), next_epoch, {}, {},
+                      w.adamw->m(), w.adamw->v()};
           const auto t_outer = std::chrono::steady_clock::now();
           round.outer_state(s.theta, s.momentum);
           round_compute_s_ += seconds_since(t_outer);
@@ -273,7 +273,7 @@ void ElasticSession::rejoin(Worker& w, const std::string& why, const Install& in
 void ElasticSession::join(Worker& w, const std::string& why, const Install& install, bool can_restart) {
   for (;;) {
     Roster roster;
-    const int64_t step = w.adamw.steps();
+    const int64_t step = w.adamw->steps();
     const auto waited = membership_.wait_for_join_roster(roster, can_restart, step);
     if (waited == Membership::JoinWait::Finished) {
       jump_to_ = cfg_.train.steps;  // the run finished before this worker got in
@@ -304,7 +304,7 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
         auto h = comm->recv_start(0, &bytes, "join_state");
         comm->wait(h);
-        s = decode(bytes, num_params_, w.adamw.m().size());
+        s = decode(bytes, num_params_, w.adamw->m().size());
         if (std::find(s.epoch.begin(), s.epoch.end(), membership_.id()) == s.epoch.end())
           fail("elastic: the state received does not list this member");
       } catch (const std::exception& e) {
@@ -319,9 +319,9 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         continue;
       }
     }
-    w.adamw.m() = std::move(s.m);
-    w.adamw.v() = std::move(s.v);
-    w.adamw.set_steps(s.optimizer_steps);
+    w.adamw->m() = std::move(s.m);
+    w.adamw->v() = std::move(s.v);
+    w.adamw->set_steps(s.optimizer_steps);
     install(w, s);
     const uint32_t crc = crc32c(w.params.data(), w.params.size() * sizeof(float));
     epoch_ = s.epoch;

@@ -1,6 +1,7 @@
 #include "model/layout.h"
 
 #include <algorithm>
+#include <set>
 
 #include "core/error.h"
 
@@ -34,6 +35,33 @@ ParamLayout::ParamLayout(const ModelConfig& c, StageSpec stage) : config_(c), st
     add(p + "mlp.up_proj.weight", TensorKind::Up, l, f, d, false);
     add(p + "mlp.down_proj.weight", TensorKind::Down, l, f, d, true);
   }
+}
+
+ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int num_blocks) {
+  check(num_blocks >= 0, "a model's block count must be >= 0");
+  ModelConfig c;
+  c.num_layers = num_blocks;
+  ParamLayout out(c, StageSpec{0, 0, false, false});
+  out.config_ = c;
+  out.stage_ = StageSpec{0, num_blocks, false, false};
+  std::set<std::string> names;
+  int block = -1;
+  for (const auto& t : tensors) {
+    check(!t.name.empty(), "a parameter without a name");
+    check(names.insert(t.name).second, "parameter " + t.name + " appears twice");
+    check(t.rows >= 1 && t.cols >= 1, "parameter " + t.name + " has no elements");
+    check(t.block >= -1 && t.block < num_blocks,
+          "parameter " + t.name + ": block " + std::to_string(t.block) + " is outside [0, " +
+              std::to_string(num_blocks) + ")");
+    check(t.block >= block && (t.block == block || t.block == block + 1 || (block == -1 && t.block == 0)),
+          "parameter " + t.name + " is out of order: non-block parameters first, then blocks 0, 1, ... each together");
+    if (t.block != block) out.block_first_tensor_.push_back(out.tensors_.size());
+    block = t.block;
+    out.add(t.name, TensorKind::Foreign, t.block, t.rows, t.cols, false);
+  }
+  check(block == num_blocks - 1, "blocks " + std::to_string(block + 1) + " .. " + std::to_string(num_blocks - 1) +
+                                     " have no parameters");
+  return out;
 }
 
 void ParamLayout::add(const std::string& name, TensorKind kind, int block, int64_t rows, int64_t cols,

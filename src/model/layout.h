@@ -18,7 +18,8 @@
 
 namespace loco {
 
-enum class TensorKind { Embedding, LmHead, FinalNorm, InputNorm, Q, K, V, QNorm, KNorm, O, PostNorm, Gate, Up, Down };
+// Foreign: a tensor of a model loco does not define (the Python layer's torch modules).
+enum class TensorKind { Embedding, LmHead, FinalNorm, InputNorm, Q, K, V, QNorm, KNorm, O, PostNorm, Gate, Up, Down, Foreign };
 
 struct TensorInfo {
   std::string name;     // Hugging Face name
@@ -59,9 +60,22 @@ inline bool is_constrained(const StageSpec& stage, const TensorInfo& t) {
 
 enum class SliceStrategy { Mlp, MlpHeads };
 
+// A tensor of a foreign model: its name, the block (fragment unit) it belongs to (-1: none) and
+// its shape as (rows, cols) of its elements in storage order.
+struct ForeignTensor {
+  std::string name;
+  int block = -1;
+  int64_t rows = 0, cols = 0;
+};
+
 class ParamLayout {
  public:
   ParamLayout(const ModelConfig& config, StageSpec stage = {});
+  // A foreign model's parameters: the non-block tensors first, then blocks 0 .. num_blocks - 1
+  // in order, each block's tensors together, as this layout's invariants need (checked: an
+  // error names the first tensor out of order, a block without tensors, an empty or duplicate
+  // name). Stage: every block, no embedding or head semantics; partial slicing is not defined.
+  static ParamLayout foreign(const std::vector<ForeignTensor>& tensors, int num_blocks);
 
   int64_t size() const { return size_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "model/layout.h"
+#include "model/trainable.h"
 #include "model/transformer.h"
 
 using namespace loco;
@@ -146,6 +147,35 @@ TEST(Layout, GroupedQueryHeadSliceHoldsWholeGroups) {
   // 4 slices would split a group: refused, though 4 divides the query heads.
   EXPECT_THROW(layout.slice_ranges(0, 4, SliceStrategy::MlpHeads), Error);
   EXPECT_NO_THROW(layout.slice_ranges(0, 4, SliceStrategy::Mlp));
+}
+
+TEST(Layout, ForeignModelsLayOutBlocksAsFragments) {
+  // A torch model's parameters (the Python layer): non-block tensors first, then blocks.
+  const auto layout = ParamLayout::foreign({{"embed.weight", -1, 10, 4}, {"norm.weight", -1, 1, 4},
+                                            {"layers.0.w", 0, 4, 4}, {"layers.0.b", 0, 1, 4},
+                                            {"layers.1.w", 1, 4, 4}, {"layers.1.b", 1, 1, 4}},
+                                           2);
+  EXPECT_EQ(layout.size(), 40 + 4 + 2 * 20);
+  EXPECT_EQ(layout.num_blocks(), 2);
+  EXPECT_EQ(layout.nonblock_ranges(), (std::vector<Range>{{0, 44}}));
+  EXPECT_EQ(layout.block_range(0), (Range{44, 64}));
+  EXPECT_EQ(layout.block_range(1), (Range{64, 84}));
+  EXPECT_EQ(TrainableSet(layout).size(), layout.size());
+  auto refused = [](const std::vector<ForeignTensor>& t, int blocks, const std::string& what) {
+    try {
+      ParamLayout::foreign(t, blocks);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{"a", 0, 1, 1}, {"b", -1, 1, 1}}, 1, "b is out of order");
+  refused({{"a", 1, 1, 1}}, 2, "a is out of order");
+  refused({{"a", 0, 1, 1}, {"b", 1, 1, 1}, {"c", 0, 1, 1}}, 2, "c is out of order");
+  refused({{"a", 0, 1, 1}}, 2, "blocks 1 .. 1 have no parameters");
+  refused({{"a", -1, 1, 1}, {"a", -1, 1, 1}}, 0, "a appears twice");
+  refused({{"a", 3, 1, 1}}, 2, "outside [0, 2)");
+  refused({{"a", -1, 0, 1}}, 0, "a has no elements");
 }
 
 TEST(Layout, ExportImportRoundTrip) {

@@ -1,0 +1,74 @@
+"""loco: low-communication training (DiLoCo, Streaming DiLoCo, NoLoCo, data-parallel) for
+models loco does not define, with the same C++ communicators, codecs and algorithms as the
+`loco` program. `loco.torch` wraps a PyTorch training loop; see docs/python.md.
+
+    loco.init()        # under mpirun: the MPI world; otherwise a world of one process
+    sync = loco.torch.wrap(model, inner_opt, method="diloco", inner_steps=30, outer_lr=0.7)
+"""
+import atexit as _atexit
+import os as _os
+
+from . import _loco
+
+Error = _loco.Error
+Endpoint = _loco.Endpoint
+codec_roundtrip = _loco.codec_roundtrip
+config_keys = _loco.config_keys
+
+_endpoint = None
+
+
+def _under_mpirun():
+    return any(k in _os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def init(url=None, *, network_bandwidth="inf", network_latency="0ms", network_tcp=False, network_timeout="60s",
+         threads=None):
+    """Joins this process's world and makes it the default for `loco.torch.wrap`.
+
+    url: None for mpirun's world when launched by mpirun, else a world of one process;
+    "mpi" to require MPI. The network_* arguments are loco's config keys network.bandwidth,
+    network.latency, network.tcp and network.timeout: the link model every message crosses
+    (e.g. "1Gbit", "20ms"), and how long any wait on a peer may last. threads: loco's compute
+    threads for its outer steps (default 1; the model's own threads are torch's).
+    Returns the Endpoint (rank, size)."""
+    global _endpoint
+    if _endpoint is not None:
+        raise Error("loco.init was already called in this process")
+    link = dict(bandwidth=str(network_bandwidth), latency=str(network_latency), tcp=bool(network_tcp),
+                timeout=str(network_timeout))
+    if url is None:
+        url = "mpi" if _under_mpirun() else "local"
+    if url == "mpi":
+        _endpoint = _loco.mpi_world(**link)
+        _atexit.register(_loco.finalize_mpi)
+    elif url == "local":
+        _endpoint = _loco.inprocess_world(1, **link)[0]
+    elif isinstance(url, str) and url.startswith("redis://"):
+        raise Error("elastic worlds (redis://) are not available from Python yet; use mpirun or loco train --join")
+    else:
+        raise Error(f"loco.init: unknown world {url!r} (expected None, 'mpi' or 'local')")
+    _loco.set_threads(int(threads) if threads else 1)
+    return _endpoint
+
+
+def inprocess(size, *, network_bandwidth="inf", network_latency="0ms", network_tcp=False, network_timeout="60s"):
+    """Endpoints of `size` members inside this process, one per thread (for tests and
+    experiments on one machine): pass one to each thread's `loco.torch.wrap(..., endpoint=e)`."""
+    return _loco.inprocess_world(int(size), bandwidth=str(network_bandwidth), latency=str(network_latency),
+                                 tcp=bool(network_tcp), timeout=str(network_timeout))
+
+
+def endpoint():
+    """The endpoint of `loco.init`; an error before it was called."""
+    if _endpoint is None:
+        raise Error("loco.init() has not been called (call it once before wrapping a model)")
+    return _endpoint
+
+
+def rank():
+    return endpoint().rank
+
+
+def world_size():
+    return endpoint().size

@@ -1,0 +1,348 @@
+"""loco's training methods around an unchanged PyTorch loop.
+
+    sync = loco.torch.wrap(model, inner_opt, method="diloco", inner_steps=30, outer_lr=0.7)
+    for batch in data:
+        loss = model(batch); loss.backward(); inner_opt.step(); inner_opt.zero_grad()
+        sync.step()
+
+wrap() lays the model's parameters and gradients onto the flat buffers of a C++ Method (torch
+tensors that are views of its memory: no copy on CPU) and hooks the inner optimizer's step so
+that the method sees the gradients before it (data-parallel averaging happens there). sync.step()
+after the optimizer step runs the method's end of step: DiLoCo's outer step every H steps,
+Streaming DiLoCo's fragment syncs, NoLoCo's group averaging. Keyword arguments are loco's config
+keys (docs/configs.md): first a key of the method's own sections (NoLoCo: noloco.*; Streaming
+DiLoCo: streaming.*, then outer.*; DiLoCo: outer.*), so inner_steps is outer.inner_steps for
+DiLoCo and noloco.inner_steps for NoLoCo; else the key with the first underscore written as a
+dot (outer_lr = outer.lr, train_steps = train.steps); else the key whose last part it is, where
+that names one key (codec = outer.codec).
+"""
+import functools
+import json
+import os
+import re
+import time
+
+import numpy as _np
+import torch as _torch
+
+import loco as _loco_pkg
+from loco import _loco
+
+METHODS = ("ddp", "diloco", "streaming", "noloco")
+
+
+# The config sections a method reads first, so that a keyword means that method's key: NoLoCo's
+# outer_lr is noloco.outer_lr, Streaming DiLoCo's inner_steps outer.inner_steps.
+_SECTIONS = {"ddp": [], "diloco": ["outer"], "streaming": ["streaming", "outer"], "noloco": ["noloco"]}
+
+
+def _config_setting(name, value, keys, method):
+    """'key=value' for keyword `name` (config-key rules above)."""
+    dotted = name.replace("_", ".", 1)
+    own = [f"{sec}.{name}" for sec in _SECTIONS.get(method, []) if f"{sec}.{name}" in keys]
+    if own:
+        key = own[0]
+    elif dotted in keys:
+        key = dotted
+    else:
+        matches = [k for k in keys if k.rsplit(".", 1)[-1] == name]
+        if len(matches) == 1:
+            key = matches[0]
+        elif matches:
+            raise _loco.Error(f"keyword {name} is ambiguous: it could be {', '.join(matches)} "
+                              f"(write the full key with an underscore for the dot, e.g. {matches[0].replace('.', '_', 1)})")
+        else:
+            raise _loco.Error(f"unknown keyword {name}: no loco config key {dotted} or ending in .{name} "
+                              "(docs/configs.md lists them)")
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, (int, float)):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    else:
+        raise _loco.Error(f"keyword {name}: expected a number, a string or a bool, got {type(value).__name__}")
+    return f"{key}={text}"
+
+
+_BLOCK = re.compile(r"^(.*?)\.(\d+)\.")
+
+
+def _auto_blocks(names):
+    """Block index of each parameter name: the numbered children of the module list with the
+    most of them (model.layers.3.mlp... -> 3); -1 for the rest."""
+    counts = {}
+    for n in names:
+        m = _BLOCK.match(n)
+        if m:
+            counts.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if not counts:
+        return [-1] * len(names)
+    prefix = max(counts, key=lambda p: (len(counts[p]), -len(p)))
+    order = {i: b for b, i in enumerate(sorted(counts[prefix]))}
+    out = []
+    for n in names:
+        m = _BLOCK.match(n)
+        out.append(order[int(m.group(2))] if m and m.group(1) == prefix else -1)
+    return out
+
+
+class Sync:
+    """A training method bound to one model and its inner optimizer (see wrap)."""
+
+    def __init__(self, model, inner_opt, method, endpoint, blocks, settings, out_dir, log_interval):
+        if method not in METHODS:
+            raise _loco.Error(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise _loco.Error("the model has no trainable parameters")
+        for n, p in named:
+            if p.dtype != _torch.float32:
+                raise _loco.Error(f"parameter {n} is {p.dtype}; loco's methods keep float32 parameters "
+                                  "(train in bf16 with torch.autocast and keep the parameters float32)")
+            if p.layout != _torch.strided or p.is_sparse:
+                raise _loco.Error(f"parameter {n} is not a dense tensor")
+        names = [n for n, _ in named]
+        self._model_order = names
+        if blocks is None:
+            block_of = _auto_blocks(names)
+        else:
+            owner = {}
+            for b, module in enumerate(blocks):
+                for p in module.parameters():
+                    owner[id(p)] = b
+            block_of = [owner.get(id(p), -1) for _, p in named]
+        num_blocks = max(block_of) + 1
+        order = sorted(range(len(named)), key=lambda i: (block_of[i], i))
+        self._model = model
+        self._opt = inner_opt
+        self._names = [names[i] for i in order]
+        self._params = [named[i][1] for i in order]
+        self._ids = [id(p) for p in self._params]
+        tensors = []
+        for i in order:
+            p = named[i][1]
+            rows = p.shape[0] if p.dim() >= 1 else 1
+            tensors.append(_loco.Tensor(names[i], block_of[i], int(rows), int(p.numel() // max(rows, 1))))
+        self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks)
+        self.method = method
+        self.rank = self._core.rank
+        self.size = self._core.size
+        self._flat = _torch.from_numpy(self._core.params())
+        self._gflat = _torch.from_numpy(self._core.grads())
+        self._slices = []
+        at = 0
+        for p in self._params:
+            self._slices.append((at, at + p.numel()))
+            at += p.numel()
+        self._device = self._params[0].device
+        if any(p.device != self._device for p in self._params):
+            raise _loco.Error("the model's parameters are on more than one device")
+        self._staged = self._device.type != "cpu"
+        with _torch.no_grad():
+            for p, (a, b) in zip(self._params, self._slices):
+                self._flat[a:b].copy_(p.detach().reshape(-1).to("cpu"))
+        self._core.broadcast_params()  # every replica starts from member 0's parameters
+        with _torch.no_grad():
+            for p, (a, b) in zip(self._params, self._slices):
+                if self._staged:
+                    p.copy_(self._flat[a:b].view_as(p))
+                else:
+                    p.data = self._flat[a:b].view_as(p)
+                    p.grad = self._gflat[a:b].view_as(p)
+        self._core.start(False)
+        self._stepped = self._synced = False
+        self._out_dir, self._log_interval = out_dir, log_interval
+        self._t0 = time.monotonic()
+        self._tokens = 0
+        self._losses = []
+        self._last_loss = float("nan")
+        if out_dir is not None and self.rank == 0:
+            if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
+                raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
+            os.makedirs(out_dir, exist_ok=True)
+            _write_atomic(os.path.join(out_dir, "config.toml"), self._core.config_toml())
+        original = inner_opt.step
+
+        @functools.wraps(original)  # keeps what a learning-rate scheduler marked on it
+        def step(*args, **kwargs):
+            if not self._synced:
+                self.sync_gradients()
+            self._synced = False
+            self._stepped = True
+            return original(*args, **kwargs)
+
+        inner_opt.step = step
+        self._original_step = original
+
+    # -- the hooks --------------------------------------------------------------------------
+    def _check_parameters(self):
+        current = [id(p) for n, p in self._model.named_parameters() if p.requires_grad]
+        if sorted(current) != sorted(self._ids):
+            raise _loco.Error("the model's trainable parameters changed since loco.torch.wrap "
+                              "(added, removed or frozen); wrap the model again")
+
+    def _gather_grads(self):
+        """Makes the flat gradient buffer hold this step's gradients (a missing one as zeros)."""
+        with _torch.no_grad():
+            for p, (a, b) in zip(self._params, self._slices):
+                view = self._gflat[a:b]
+                g = p.grad
+                if g is None:
+                    view.zero_()
+                elif self._staged or g.data_ptr() != view.data_ptr():
+                    if g.is_sparse:
+                        raise _loco.Error("sparse gradients are not supported")
+                    view.copy_(g.detach().reshape(-1).to("cpu"))
+                    if not self._staged:
+                        p.grad = view.view_as(p)
+
+    def _to_host(self):
+        if self._staged:
+            with _torch.no_grad():
+                for p, (a, b) in zip(self._params, self._slices):
+                    self._flat[a:b].copy_(p.detach().reshape(-1), non_blocking=False)
+
+    def _from_host(self):
+        if self._staged:
+            with _torch.no_grad():
+                for p, (a, b) in zip(self._params, self._slices):
+                    p.copy_(self._flat[a:b].view_as(p), non_blocking=False)
+
+    def sync_gradients(self):
+        """The method's gradient hook (data-parallel: the gradients averaged over the replicas).
+        The inner optimizer's step runs it when it has not run since the last step; call it
+        yourself after backward to clip the averaged gradients, as `loco train` does:
+        loss.backward(); sync.sync_gradients(); clip_grad_norm_(...); inner_opt.step()."""
+        if self._synced:
+            raise _loco.Error("sync_gradients() was called twice before the optimizer's step")
+        self._check_parameters()
+        self._gather_grads()
+        self._core.on_gradients()
+        with _torch.no_grad():  # gradients that are not views of the buffer (staged ones) get its values
+            for p, (a, b) in zip(self._params, self._slices):
+                if p.grad is not None and p.grad.data_ptr() != self._gflat[a:b].data_ptr():
+                    p.grad.copy_(self._gflat[a:b].view_as(p))
+        self._synced = True
+
+    def step(self, loss=None, tokens=None):
+        """After the inner optimizer's step: the method's end of step (outer steps, syncs).
+        With out_dir, pass this member's loss (a float) and its tokens of the step: every
+        log_interval steps the members' mean loss, bytes and waits go to out_dir/metrics.jsonl
+        (every member must pass them at the same steps)."""
+        if not self._stepped:
+            raise _loco.Error("sync.step() was called without an inner optimizer step since the last one "
+                              "(call inner_opt.step() first, once per step)")
+        self._stepped = False
+        self._to_host()
+        self._core.after_step()
+        self._from_host()
+        if self._out_dir is not None and loss is not None:
+            self._losses.append(float(loss))
+            self._tokens += int(tokens or 0) * self.size
+            if self._core.step % self._log_interval == 0:
+                self._record()
+
+    def _record(self, val_loss=float("nan")):
+        # A record without new steps (finish's) repeats the last training loss, as loco train's does.
+        mean = sum(self._losses) / len(self._losses) if self._losses else self._last_loss
+        self._losses = []
+        rec = self._core.record(mean, self._tokens, val_loss, time.monotonic() - self._t0)
+        self._last_loss = json.loads(rec)["train_loss"]
+        if self.rank == 0:
+            with open(os.path.join(self._out_dir, "metrics.jsonl"), "a") as f:
+                f.write(rec + "\n")
+
+    def finish(self, val_loss=None):
+        """Ends the run's records (out_dir): a last metrics record with the validation loss, if
+        given, and summary.json (every member's traffic, waits and compute utilization, as `loco
+        train` writes them; `loco report` and `loco compare` read the directory). Collective."""
+        if self._out_dir is None:
+            raise _loco.Error("finish() writes the run directory: pass out_dir to wrap()")
+        val = float("nan") if val_loss is None else float(val_loss)
+        if self._losses or val_loss is not None:
+            self._record(val)
+        seconds = time.monotonic() - self._t0
+        workers = [json.loads(w) for w in self._core.worker_summaries(seconds)]
+        if self.rank == 0:
+            summary = {"algorithm": self.method, "backend": "python", "replicas": self.size, "stages": 1,
+                       "steps": self._core.step, "tokens": self._tokens, "seconds": seconds,
+                       "final_train_loss": self._last_loss, "final_val_loss": -1 if val_loss is None else val,
+                       "workers": workers}
+            _write_atomic(os.path.join(self._out_dir, "summary.json"), json.dumps(summary, indent=1) + "\n")
+
+    # -- what a loop may want ----------------------------------------------------------------
+    @property
+    def steps_done(self):
+        return self._core.step
+
+    def eval_parameters(self):
+        """{name: tensor} of the parameters to evaluate or save (DiLoCo: the outer parameters),
+        the same on every replica. Every member must call it at the same step."""
+        flat = _torch.from_numpy(self._core.eval_params())
+        out = {n: flat[a:b].view_as(p).clone() for n, p, (a, b) in zip(self._names, self._params, self._slices)}
+        return {n: out[n] for n in self._model_order}
+
+    def metrics(self):
+        """This member's traffic, waits and the method's own fields (metrics.jsonl's names)."""
+        import json
+        return json.loads(self._core.metrics())
+
+    def report(self):
+        """The method's accounting (outer-state bytes, ...) and this member's traffic by
+        operation (traffic.by_operation: bytes and messages of each kind of exchange)."""
+        import json
+        return json.loads(self._core.report())
+
+    def state_dict(self):
+        """The method's state (outer parameters, momentum, step); the model and the inner
+        optimizer have their own state_dicts."""
+        return {"loco": {k: (v if not isinstance(v, _np.ndarray) else _torch.from_numpy(v.copy()))
+                         for k, v in self._core.state().items()},
+                "method": self.method, "names": list(self._names)}
+
+    def load_state_dict(self, state):
+        if state.get("method") != self.method:
+            raise _loco.Error(f"the state is of method {state.get('method')!r}, this sync runs {self.method!r}")
+        if state.get("names") != self._names:
+            raise _loco.Error("the state was saved for a model with other parameters")
+        core = {k: (v.numpy() if isinstance(v, _torch.Tensor) else v) for k, v in state["loco"].items()}
+        self._core.load_state(core)
+
+    def close(self):
+        """Ends communication (also done when the object is collected)."""
+        self._opt.step = self._original_step
+        self._core.close()
+
+
+def _write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, **config):
+    """Binds `method` ("ddp", "diloco", "streaming", "noloco") to `model` trained by `inner_opt`.
+
+    endpoint: this member's loco Endpoint (default: loco.init()'s). blocks: a list of modules
+    whose parameters form the model's blocks, in order (Streaming DiLoCo's fragments are made
+    of blocks); default: the numbered children of the model's largest module list (e.g.
+    model.layers.0, model.layers.1, ...). Every other keyword is a loco config key (see the
+    module's doc), e.g. inner_steps=30, outer_lr=0.7, outer_momentum=0.9, codec="fp4-e3m0",
+    tau=1, alpha=0.5, fragment_blocks=1, train_steps=N (the last step then ends every round,
+    as in `loco train`), out_dir="runs/x" (a run directory `loco report` reads: see
+    Sync.step and Sync.finish), log_interval=10."""
+    if endpoint is None:
+        endpoint = _loco_pkg.endpoint()
+    keys = set(_loco.config_keys())
+    settings = [_config_setting(k, v, keys, method) for k, v in config.items()]
+    if not any(s.startswith("train.steps=") for s in settings):
+        settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
+    out_dir = next((_unquote(s.split("=", 1)[1]) for s in settings if s.startswith("train.out_dir=")), None)
+    log = next((int(s.split("=", 1)[1]) for s in settings if s.startswith("train.log_interval=")), 10)
+    return Sync(model, inner_opt, method, endpoint, blocks, settings, out_dir, log)
+
+
+def _unquote(text):
+    return text[1:-1].replace('\\"', '"').replace("\\\\", "\\") if text.startswith('"') else text

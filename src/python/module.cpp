@@ -1,0 +1,462 @@
+// loco's Python extension (_loco): the same communicators, codecs and training methods as
+// `loco train`, around a model loco does not hold. Python (python/loco/torch.py) lays a torch
+// model's parameters and gradients onto a Method's flat buffers (numpy views of them, no copy),
+// and calls the method's hooks around its own optimizer step; every algorithm is the C++ one
+// the native trainer runs (algo/algorithm.h), on a Worker built from a foreign ParamLayout.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "algo/algorithm.h"
+#include "algo/noloco.h"
+#include "algo/streaming.h"
+#include "algo/worker.h"
+#include "comm/codec.h"
+#include "comm/communicator.h"
+#include "comm/inprocess.h"
+#include "comm/link.h"
+#include "comm/mpi_transport.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "io/config_schema.h"
+#include "io/run_config.h"
+#include "io/train_state.h"
+
+namespace py = pybind11;
+
+namespace loco {
+namespace {
+
+// One member of a world of processes or threads: its transport (with the link model, if any).
+struct Endpoint {
+  std::shared_ptr<Transport> transport;
+  CommOptions comm;
+  int rank() const { return transport->rank(); }
+  int size() const { return transport->size(); }
+};
+
+LinkConfig link_from(const std::string& bandwidth, const std::string& latency, bool tcp) {
+  return {parse_bandwidth(bandwidth, "network.bandwidth"), parse_duration(latency, "network.latency"), tcp};
+}
+
+std::shared_ptr<Transport> with_link(std::unique_ptr<Transport> t, const LinkConfig& link) {
+  if (link.enabled()) return wrap_with_link(std::move(t), link, real_clock());
+  return t;
+}
+
+CommOptions comm_options(const std::string& timeout) {
+  CommOptions o;
+  o.timeout_s = parse_duration(timeout, "network.timeout");
+  return o;
+}
+
+std::vector<Endpoint> inprocess_world(int size, const std::string& bandwidth, const std::string& latency, bool tcp,
+                                      const std::string& timeout) {
+  if (size < 1 || size > 4096) fail("an in-process world needs 1 to 4096 members, got " + std::to_string(size));
+  const LinkConfig link = link_from(bandwidth, latency, tcp);
+  std::vector<Endpoint> out;
+  for (auto& t : make_inprocess_transports(size)) out.push_back({with_link(std::move(t), link), comm_options(timeout)});
+  return out;
+}
+
+// The MPI transport behind a handle that finalize_mpi can cut: Python objects (a Sync kept in a
+// global) may outlive the interpreter's exit handlers, and MPI's objects must go before
+// MPI_Finalize. After the cut every use fails with a clear error.
+class Detachable : public Transport {
+ public:
+  explicit Detachable(std::shared_ptr<Transport> inner)
+      : inner_(std::move(inner)), rank_(inner_->rank()), size_(inner_->size()), name_(inner_->name()) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  SendTiming send(int peer, int channel, std::string message) override {
+    return get()->send(peer, channel, std::move(message));
+  }
+  std::string recv(int peer, int channel, double timeout_s) override { return get()->recv(peer, channel, timeout_s); }
+  void abort(const std::string& reason) override {
+    std::shared_ptr<Transport> t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      t = inner_;
+    }
+    if (t) t->abort(reason);
+  }
+  std::string name() const override { return name_; }
+  const Clock& clock() const override { return *clock_; }
+  std::shared_ptr<Transport> detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(inner_);
+  }
+
+ private:
+  std::shared_ptr<Transport> get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!inner_) fail("MPI was finalized (loco's exit handler); this member can no longer communicate");
+    return inner_;
+  }
+  std::mutex mu_;
+  std::shared_ptr<Transport> inner_;
+  const int rank_, size_;
+  const std::string name_;
+  std::shared_ptr<Clock> clock_ = real_clock();
+};
+
+class Method;
+std::mutex mpi_mu;
+bool mpi_started = false;
+std::shared_ptr<Detachable> mpi_transport;
+std::set<Method*> live_methods;  // under mpi_mu
+
+Endpoint mpi_world(const std::string& bandwidth, const std::string& latency, bool tcp, const std::string& timeout) {
+  std::lock_guard<std::mutex> lock(mpi_mu);
+  if (mpi_started) fail("loco.init: MPI is already initialized in this process (call init once)");
+  auto t = make_mpi_transport();
+  mpi_started = true;
+  mpi_transport = std::make_shared<Detachable>(with_link(std::move(t), link_from(bandwidth, latency, tcp)));
+  return {mpi_transport, comm_options(timeout)};
+}
+
+// A training method around a foreign model's flat parameter and gradient buffers.
+class Method {
+ public:
+  Method(const Endpoint& ep, const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
+         int num_blocks)
+      : cfg_(make_config(settings, num_blocks)),
+        traffic_(std::make_shared<TrafficStats>(ep.comm.peak_window_s)),
+        comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
+        w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks)),
+        algo_(make_algorithm(cfg_, w_)) {
+    if (cfg_.distributed.replicas != comm_.size() && cfg_.distributed.replicas != 1)
+      fail("distributed.replicas (" + std::to_string(cfg_.distributed.replicas) + ") differs from the world size (" +
+           std::to_string(comm_.size()) + "); leave it unset");
+    params_at_ = w_.params.data();
+    grads_at_ = w_.grads.data();
+    std::lock_guard<std::mutex> lock(mpi_mu);
+    live_methods.insert(this);
+  }
+  ~Method() {
+    // Collected by Python (the lock held): other threads may be what this member's last
+    // operations wait for, so they run without it.
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      close();
+    } else {
+      close();
+    }
+    std::lock_guard<std::mutex> lock(mpi_mu);
+    live_methods.erase(this);
+  }
+
+  // Ends communication before the buffers it may write into go (after an error: at once).
+  // Called without Python's lock: the other members' threads must be able to run.
+  void close() {
+    if (failed_) comm_.abort("a member's training method failed");
+    comm_.shutdown();
+  }
+
+  // Every member takes member 0's parameters (the replicas must start equal).
+  void broadcast_params() {
+    guard([&] {
+      std::string bytes;
+      if (comm_.rank() == 0) bytes.assign(reinterpret_cast<const char*>(w_.params.data()), w_.params.size() * 4);
+      auto h = comm_.broadcast_start(&bytes, 0, "broadcast");
+      comm_.wait(h);
+      if (bytes.size() != w_.params.size() * 4)
+        fail("member 0 sent " + std::to_string(bytes.size()) + " bytes of parameters, expected " +
+             std::to_string(w_.params.size() * 4) + ": the members' models differ");
+      std::memcpy(w_.params.data(), bytes.data(), bytes.size());
+    });
+  }
+  void start(bool resumed) {
+    guard([&] { algo_->start(w_, resumed); });
+  }
+  // Before the inner optimizer's step: the gradients of step `step_` are in grads().
+  void on_gradients() {
+    guard([&] {
+      w_.step = step_;
+      algo_->on_gradients(w_);
+    });
+  }
+  // After it: step_ + 1 inner steps are done.
+  void after_step() {
+    guard([&] {
+      w_.step = step_;
+      const int64_t done = step_ + 1;
+      algo_->after_step(w_, done, done == cfg_.train.steps);
+      step_ = done;
+      check(w_.params.data() == params_at_ && w_.grads.data() == grads_at_,
+            "internal: the method moved its parameter buffers");
+    });
+  }
+
+  py::array params(py::object self) { return view(w_.params, self); }
+  py::array grads(py::object self) { return view(w_.grads, self); }
+  // The parameters to evaluate and save (the outer parameters for DiLoCo), a copy.
+  py::array eval_params() {
+    std::vector<float> out;
+    guard([&] {
+      w_.step = step_ > 0 ? step_ - 1 : 0;
+      out = algo_->eval_params(w_);
+    });
+    py::array_t<float> a(py::ssize_t(out.size()));
+    std::memcpy(a.mutable_data(), out.data(), out.size() * 4);
+    return a;
+  }
+
+  // The method's state (outer parameters, momentum, ...) and the step, for checkpoints.
+  py::dict state() {
+    TrainingState st;
+    guard([&] { algo_->save_state(st); });
+    py::dict d;
+    for (const auto& [name, v] : st.tensors) {
+      py::array_t<float> a(py::ssize_t(v.size()));
+      std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
+      d[py::str(name)] = a;
+    }
+    py::dict meta;
+    for (const auto& [k, v] : st.meta) meta[py::str(k)] = v;
+    d["__meta__"] = meta;
+    d["__step__"] = step_;
+    return d;
+  }
+  void load_state(const py::dict& d) {
+    TrainingState st;
+    for (auto item : d) {
+      const std::string name = py::str(item.first);
+      if (name == "__step__" || name == "__meta__") continue;
+      auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(item.second);
+      if (!a) fail("state entry " + name + " is not an array of numbers");
+      st.tensors[name].assign(a.data(), a.data() + a.size());
+    }
+    if (d.contains("__meta__"))
+      for (auto item : d["__meta__"].cast<py::dict>())
+        st.meta[py::str(item.first)] = py::str(item.second);
+    if (!d.contains("__step__")) fail("the state has no __step__");
+    const int64_t step = d["__step__"].cast<int64_t>();
+    if (step < 0 || step > cfg_.train.steps)
+      fail("the state's step " + std::to_string(step) + " is outside [0, train.steps = " +
+           std::to_string(cfg_.train.steps) + "]");
+    guard([&] {
+      algo_->load_state(st);
+      w_.restored = true;
+      step_ = step;
+    });
+  }
+
+  // This member's metrics: traffic, waits, the algorithm's own fields (as written to
+  // metrics.jsonl by `loco train`), as JSON text.
+  std::string metrics() {
+    nlohmann::json rec;
+    rec["step"] = step_;
+    rec["bytes_sent"] = traffic_->bytes_sent();
+    rec["bytes_received"] = traffic_->bytes_received();
+    rec["messages_sent"] = traffic_->messages_sent();
+    rec["comm_wait_s"] = comm_.wait_seconds() + algo_->wait_seconds();
+    algo_->annotate(rec);
+    return rec.dump();
+  }
+  std::string report() {
+    nlohmann::json out;
+    algo_->report(out);
+    out["traffic"] = traffic_->to_json();
+    return out.dump();
+  }
+
+  // Collective: a metrics record as `loco train` writes it (metrics.jsonl), the loss the mean
+  // of the members', bytes summed over them; every member gets it, member 0 writes it.
+  std::string record(double loss, int64_t tokens, double val_loss, double seconds) {
+    std::vector<double> sums;
+    guard([&] {
+      sums = comm_.sum_doubles({loss, double(traffic_->bytes_sent()), comm_.wait_seconds() + algo_->wait_seconds()},
+                               "metrics");
+    });
+    nlohmann::json rec;
+    rec["step"] = step_;
+    rec["tokens"] = tokens;
+    rec["train_loss"] = sums[0] / comm_.size();
+    rec["bytes_sent"] = int64_t(sums[1]);
+    rec["comm_wait"] = sums[2] / comm_.size();
+    rec["time"] = seconds;
+    if (val_loss == val_loss) rec["val_loss"] = val_loss;
+    algo_->annotate(rec);
+    return rec.dump();
+  }
+  // Collective: every member's entry of summary.json's "workers" (traffic by operation, time
+  // waiting on peers, the rest of `seconds` counted as compute), in rank order.
+  std::vector<std::string> worker_summaries(double seconds) {
+    nlohmann::json me = traffic_->to_json();
+    const double wait = comm_.wait_seconds() + algo_->wait_seconds();
+    me["rank"] = comm_.rank();
+    me["replica"] = comm_.rank();
+    me["stage"] = 0;
+    me["wall_s"] = seconds;
+    me["comm_wait_s"] = wait;
+    me["compute_s"] = std::max(0.0, seconds - wait);
+    me["compute_utilization"] = seconds > 0 ? std::max(0.0, seconds - wait) / seconds : 0.0;
+    me["param_bytes"] = int64_t(w_.params.size() * 4);
+    me["trainable_params"] = w_.trainable.size();
+    me["steps_run"] = step_;
+    algo_->report(me);
+    std::vector<std::string> all;
+    guard([&] { all = comm_.all_gather(me.dump(), "metrics"); });
+    return all;
+  }
+
+  int64_t step() const { return step_; }
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+  std::string config_toml() const { return run_config_to_toml(cfg_); }
+
+ private:
+  static RunConfig make_config(const std::vector<std::string>& settings, int num_blocks) {
+    // The model is the caller's: its blocks are the fragment units. Defaults resolved as for
+    // `loco train` (the methods' paper values).
+    std::vector<std::string> all{"model.num_layers=" + std::to_string(std::max(1, num_blocks))};
+    all.insert(all.end(), settings.begin(), settings.end());
+    RunConfig cfg = load_run_config("", all);
+    if (cfg.partial.slices > 1) fail("partial.slices > 1 is not available for torch models yet");
+    return cfg;
+  }
+
+  py::array view(std::vector<float>& v, py::object self) {
+    return py::array_t<float>({py::ssize_t(v.size())}, {py::ssize_t(4)}, v.data(), self);
+  }
+
+  template <class F>
+  void guard(F&& f) {
+    if (failed_) fail("this training method failed earlier; make a new one");
+    try {
+      py::gil_scoped_release release;
+      f();
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+  }
+
+  RunConfig cfg_;
+  std::shared_ptr<TrafficStats> traffic_;
+  Communicator comm_;
+  Worker w_;
+  std::unique_ptr<Algorithm> algo_;
+  int64_t step_ = 0;
+  bool failed_ = false;
+  const float* params_at_ = nullptr;
+  const float* grads_at_ = nullptr;
+};
+
+// Encodes and decodes like the outer gradients of Streaming DiLoCo (outer.codec).
+py::tuple codec_roundtrip(const std::string& name, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                          const std::string& rounding, int block, uint64_t seed) {
+  auto codec = make_codec({name, rounding, block, 0.1});
+  std::vector<float> in(x.data(), x.data() + x.size());
+  std::string bytes;
+  std::vector<float> out(in.size(), 0.0f);
+  {
+    py::gil_scoped_release release;
+    Rng rng(seed);
+    bytes = codec->encode(in.data(), int64_t(in.size()), rng);
+    codec->decode_add(bytes, out.data(), int64_t(out.size()));
+  }
+  py::array_t<float> a(py::ssize_t(out.size()));
+  std::memcpy(a.mutable_data(), out.data(), out.size() * 4);
+  return py::make_tuple(a, py::bytes(bytes));
+}
+
+std::vector<std::string> config_keys() {
+  RunConfig cfg;
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : run_config_schema(cfg).values()) keys.push_back(k);
+  return keys;
+}
+
+}  // namespace
+}  // namespace loco
+
+PYBIND11_MODULE(_loco, m) {
+  using namespace loco;
+  m.doc() = "loco's C++ core: communicators, codecs and the low-communication training methods";
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  py::class_<Endpoint>(m, "Endpoint")
+      .def_property_readonly("rank", &Endpoint::rank)
+      .def_property_readonly("size", &Endpoint::size)
+      .def("abort", [](Endpoint& e, const std::string& why) { e.transport->abort(why); });
+  m.def("inprocess_world", &inprocess_world, py::arg("size"), py::arg("bandwidth") = "inf", py::arg("latency") = "0ms",
+        py::arg("tcp") = false, py::arg("timeout") = "60s",
+        "Endpoints of `size` members of one process (threads), with the link model if given");
+  m.def("mpi_world", &mpi_world, py::arg("bandwidth") = "inf", py::arg("latency") = "0ms", py::arg("tcp") = false,
+        py::arg("timeout") = "60s", "This process's endpoint of the MPI world (under mpirun)");
+  m.def("finalize_mpi", [] {
+    // Every method's communication ends, then the MPI transport, then MPI itself.
+    std::lock_guard<std::mutex> lock(mpi_mu);
+    if (!mpi_started) return;
+    {
+      py::gil_scoped_release release;
+      for (Method* method : live_methods) method->close();
+      if (mpi_transport) mpi_transport->detach().reset();
+      finalize_mpi();
+    }
+    mpi_transport.reset();
+    mpi_started = false;
+  });
+  m.def("set_threads", [](int n) {
+    if (n < 1 || n > 1024) fail("threads must be in [1, 1024], got " + std::to_string(n));
+    set_compute_threads(n);
+  });
+  m.def("config_keys", &config_keys, "Every run-config key, in schema order");
+  m.def("codec_bytes", [](const std::string& codec, int64_t n, int block) {
+    if (n < 0) fail("a value count must be >= 0");
+    return make_codec({codec, "nearest", block, 0.1})->encoded_bytes(n);
+  }, py::arg("codec"), py::arg("n"), py::arg("block") = 128, "Bytes of n values encoded by an outer-gradient codec");
+  m.def("plan_fragments", [](int blocks, int fragment_blocks, const std::string& pattern, int64_t inner_steps) {
+    if (blocks < 1 || inner_steps < 1) fail("plan_fragments needs blocks >= 1 and inner_steps >= 1");
+    py::list out;
+    for (const auto& f : plan_fragments(blocks, fragment_blocks, pattern, inner_steps))
+      out.append(py::dict(py::arg("blocks") = f.blocks, py::arg("nonblock") = f.nonblock, py::arg("offset") = f.offset));
+    return out;
+  }, py::arg("blocks"), py::arg("fragment_blocks"), py::arg("pattern") = "strided", py::arg("inner_steps") = 30,
+        "Streaming DiLoCo's fragments: blocks, whether it holds the non-block parameters, sync offset");
+  m.def("noloco_groups", [](int replicas, int group_size, uint64_t seed, int64_t k) {
+    if (replicas < 1 || group_size < 2 || k < 1) fail("noloco_groups needs replicas >= 1, group_size >= 2, k >= 1");
+    return noloco_groups(replicas, group_size, seed, k);
+  }, py::arg("replicas"), py::arg("group_size"), py::arg("seed"), py::arg("k"),
+        "NoLoCo's groups of outer step k (1-based), as every member derives them");
+  m.def("codec_roundtrip", &codec_roundtrip, py::arg("codec"), py::arg("x"), py::arg("rounding") = "nearest",
+        py::arg("block") = 128, py::arg("seed") = 0,
+        "(decoded values, encoded bytes) of x under an outer-gradient codec");
+
+  py::class_<ForeignTensor>(m, "Tensor")
+      .def(py::init([](std::string name, int block, int64_t rows, int64_t cols) {
+             return ForeignTensor{std::move(name), block, rows, cols};
+           }),
+           py::arg("name"), py::arg("block"), py::arg("rows"), py::arg("cols"));
+
+  py::class_<Method>(m, "Method")
+      .def(py::init<const Endpoint&, const std::vector<std::string>&, const std::vector<ForeignTensor>&, int>(),
+           py::arg("endpoint"), py::arg("settings"), py::arg("tensors"), py::arg("num_blocks"))
+      .def("params", [](py::object self) { return self.cast<Method&>().params(self); })
+      .def("grads", [](py::object self) { return self.cast<Method&>().grads(self); })
+      .def("broadcast_params", &Method::broadcast_params)
+      .def("start", &Method::start, py::arg("resumed") = false)
+      .def("on_gradients", &Method::on_gradients)
+      .def("after_step", &Method::after_step)
+      .def("eval_params", &Method::eval_params)
+      .def("state", &Method::state)
+      .def("load_state", &Method::load_state)
+      .def("metrics", &Method::metrics)
+      .def("report", &Method::report)
+      .def("record", &Method::record, py::arg("loss"), py::arg("tokens"), py::arg("val_loss"), py::arg("seconds"))
+      .def("worker_summaries", &Method::worker_summaries, py::arg("seconds"))
+      .def("close", &Method::close, py::call_guard<py::gil_scoped_release>())
+      .def("config_toml", &Method::config_toml)
+      .def_property_readonly("step", &Method::step)
+      .def_property_readonly("rank", &Method::rank)
+      .def_property_readonly("size", &Method::size);
+}

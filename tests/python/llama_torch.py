@@ -1,0 +1,161 @@
+"""The Python layer's tests' model (examples/llama.py, small), batches, and reference implementations of
+loco's methods written in plain torch (torch.optim.SGD with Nesterov for the outer step), to
+which loco.torch's runs are compared."""
+import torch
+from torch import nn
+
+from llama import Llama  # examples/llama.py
+
+VOCAB, SEQ, BATCH = 64, 16, 4
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return Llama(VOCAB, d=32, layers=2, heads=4, f=48)
+
+
+def make_opt(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def batch(replica, step):
+    """Replica `replica`'s batch of step `step` (its own data)."""
+    g = torch.Generator().manual_seed(1000 * replica + step)
+    t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    return t[:, :-1], t[:, 1:]
+
+
+def inner_step(model, opt, replica, step):
+    x, y = batch(replica, step)
+    loss = model.loss(x, y)
+    loss.backward()
+    return loss
+
+
+def params_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def reference_ddp(M, steps, clip=None):
+    """One model per replica, gradients averaged (then clipped to norm `clip`) before each AdamW
+    step."""
+    models, opts = _replicas(M)
+    for t in range(steps):
+        for r in range(M):
+            inner_step(models[r], opts[r], r, t)
+        with torch.no_grad():
+            for ps in zip(*(m.parameters() for m in models)):
+                mean = sum(p.grad for p in ps) / M
+                for p in ps:
+                    p.grad.copy_(mean)
+        if clip is not None:
+            for m in models:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    return [params_of(m) for m in models]
+
+
+def _replicas(M):
+    """M replicas from one initialization, each with its own AdamW."""
+    models = [make_model(0) for _ in range(M)]
+    return models, [make_opt(m) for m in models]
+
+
+def _inner_steps(models, opts, step):
+    """Step `step` of every replica on its own data."""
+    for r, (m, o) in enumerate(zip(models, opts)):
+        inner_step(m, o, r, step)
+        o.step()
+        o.zero_grad()
+
+
+def _outer(model0, lr, momentum, nesterov=True):
+    outer = [nn.Parameter(p.detach().clone()) for p in model0.parameters()]
+    return outer, torch.optim.SGD(outer, lr=lr, momentum=momentum, nesterov=nesterov)
+
+
+def reference_diloco(M, steps, H, outer_lr, outer_momentum):
+    """DiLoCo: every H steps the outer gradient theta - mean(theta_m) takes an SGD step with
+    Nesterov momentum, and every replica restarts from the outer parameters."""
+    models, opts = _replicas(M)
+    outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
+    for t in range(steps):
+        _inner_steps(models, opts, t)
+        if (t + 1) % H == 0:
+            with torch.no_grad():
+                for i, o in enumerate(outer):
+                    avg = sum(list(m.parameters())[i] for m in models) / M
+                    o.grad = o.detach() - avg
+            outer_opt.step()
+            with torch.no_grad():
+                for m in models:
+                    for p, o in zip(m.parameters(), outer):
+                        p.copy_(o)
+    return [params_of(m) for m in models], [o.detach().clone() for o in outer]
+
+
+def reference_streaming(M, steps, H, outer_lr, outer_momentum, fragments, tau, alpha):
+    """Streaming DiLoCo: fragment j (a list of parameter indices) syncs at steps offset_j + kH
+    (offset_j = j floor(H / F)); its outer step is taken on the replicas' mean when the sync
+    starts, and merged tau steps later as alpha local + (1 - alpha) outer."""
+    models, opts = _replicas(M)
+    outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
+    F = len(fragments)
+    offsets = [j * (H // F) for j in range(F)]
+    pending = []
+    for done in range(1, steps + 1):
+        _inner_steps(models, opts, done - 1)
+        for j, frag in enumerate(fragments):
+            if done > offsets[j] and (done - offsets[j]) % H == 0:
+                with torch.no_grad():
+                    for o in outer:
+                        o.grad = None
+                    for i in frag:
+                        avg = sum(list(m.parameters())[i] for m in models) / M
+                        outer[i].grad = outer[i].detach() - avg
+                outer_opt.step()  # parameters without a gradient are left alone
+                pending.append((done + tau, frag, [outer[i].detach().clone() for i in frag]))
+        for at, frag, values in [p for p in pending if p[0] == done]:
+            with torch.no_grad():
+                for m in models:
+                    ps = list(m.parameters())
+                    for i, v in zip(frag, values):
+                        ps[i].copy_(alpha * ps[i] + (1 - alpha) * v)
+        pending = [p for p in pending if p[0] != done]
+    return [params_of(m) for m in models]
+
+
+def reference_noloco(M, steps, H, beta, alpha, gamma, groups_of):
+    """NoLoCo: every H steps, within each group of the round (groups_of(k), loco's partition):
+    d_j = theta_j - phi_j; delta_i = alpha delta_i + beta mean(d) - gamma (phi_i - mean(phi));
+    phi_i += delta_i; theta_i = phi_i."""
+    models, opts = _replicas(M)
+    phi = [params_of(models[0]) for _ in range(M)]
+    delta = [[torch.zeros_like(p) for p in phi[0]] for _ in range(M)]
+    for t in range(steps):
+        _inner_steps(models, opts, t)
+        if (t + 1) % H == 0:
+            k = (t + 1) // H
+            theta = [params_of(m) for m in models]
+            new_phi = [None] * M
+            for group in groups_of(k):
+                for i in group:
+                    out = []
+                    for n in range(len(phi[i])):
+                        mean_d = sum(theta[j][n] - phi[j][n] for j in group) / len(group)
+                        mean_phi = sum(phi[j][n] for j in group) / len(group)
+                        delta[i][n] = alpha * delta[i][n] + beta * mean_d - gamma * (phi[i][n] - mean_phi)
+                        out.append(phi[i][n] + delta[i][n])
+                    new_phi[i] = out
+            phi = new_phi
+            with torch.no_grad():
+                for r in range(M):
+                    for p, v in zip(models[r].parameters(), phi[r]):
+                        p.copy_(v)
+    return [params_of(m) for m in models]
+
+
+def max_diff(a, b):
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))

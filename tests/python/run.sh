@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# run.sh PYTHON_DIR torch|mpi|example [LOCO WORK]: the Python layer's tests against the package
+# built in PYTHON_DIR (build/python). mpi runs test_mpi.py under mpirun -np 2 with a free port for
+# torch.distributed; example checks examples/torch_train.py: at most 10 lines added for loco, the
+# loop without them runs, and under mpirun -np 2 it writes a run directory `loco report` renders.
+set -euo pipefail
+pkg=$1 which=$2 loco=${3:-} work=${4:-}
+here=$(cd "$(dirname "$0")" && pwd)
+export PYTHONPATH="$pkg:$here:$here/../../examples"
+py=/usr/bin/python3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+example=$here/../../examples/torch_train.py
+case $which in
+  torch) exec timeout 600 "$py" "$here/test_torch.py" ;;
+  mpi)
+    port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    exec timeout 300 mpirun -np 2 -x PYTHONPATH -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \
+      "$py" "$here/test_mpi.py" ;;
+  example)
+    rm -rf "$work" && mkdir -p "$work" && cd "$work"
+    "$py" "$here/../tools/make_tokens.py" train.tok 256 60000 3
+    "$py" "$here/../tools/make_tokens.py" val.tok 256 8000 4
+    added=$(grep -c '# loco$' "$example")
+    echo "lines added for loco: $added"
+    [ "$added" -le 10 ] || { echo "FAIL: the example adds $added lines for loco (at most 10)"; exit 1; }
+    grep -v '# loco$' "$example" > plain.py
+    timeout 300 "$py" plain.py --data . --steps 3 --seq 32 | tee plain.out
+    grep -q "validation loss" plain.out
+    for method in diloco streaming; do
+      timeout 300 mpirun -np 2 -x PYTHONPATH "$py" "$example" --data . --method $method --steps 40 --seq 32 \
+        --inner-steps 10 --out run-$method | tee $method.out
+      grep -q "validation loss" $method.out
+      [ -s run-$method/summary.json ] && [ "$(grep -c . run-$method/metrics.jsonl)" -ge 4 ]
+    done
+    "$loco" report run-diloco run-streaming --out report.html
+    grep -q "run-streaming" report.html
+    "$py" - run-diloco/summary.json <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+w = s["workers"]
+print(f"summary: {s['algorithm']}, {len(w)} workers, bytes sent {[x['bytes_sent'] for x in w]}, "
+      f"CU {[round(x['compute_utilization'], 3) for x in w]}, final val {s['final_val_loss']:.4f}")
+ok = s["algorithm"] == "diloco" and len(w) == 2 and all(x["bytes_sent"] > 0 for x in w) and s["final_val_loss"] > 0
+sys.exit(0 if ok else 1)
+PY
+    echo "python.example: OK" ;;
+  *) echo "unknown test $which"; exit 2 ;;
+esac

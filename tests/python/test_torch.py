@@ -1,0 +1,218 @@
+"""loco.torch against plain-torch references of the same methods (llama_torch.py), with the
+replicas as threads of this process (loco.inprocess), and its errors. Run by ctest as
+python.torch; `python3 tests/python/test_torch.py` with PYTHONPATH=build/python."""
+import sys
+import threading
+
+import torch
+
+import loco
+import loco.torch
+from llama_torch import (inner_step, make_model, make_opt, max_diff, params_of, reference_ddp, reference_diloco,
+                         reference_noloco, reference_streaming)
+
+TOL = 1e-6
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def run_loco(method, M, steps, clip=None, **kwargs):
+    """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
+    replica from replica 0's parameters) with loco.torch; returns params, eval params, metrics."""
+    endpoints = loco.inprocess(M)
+    out, errors = [None] * M, []
+    models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
+
+    def worker(r):
+        try:
+            torch.set_num_threads(1)
+            model = models[r]
+            opt = make_opt(model)
+            sync = loco.torch.wrap(model, opt, method, endpoint=endpoints[r], **kwargs)
+            for t in range(steps):
+                inner_step(model, opt, r, t)
+                if clip is not None:  # the averaged gradients clipped, as loco train does
+                    sync.sync_gradients()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                opt.zero_grad()
+                sync.step()
+            out[r] = (params_of(model), list(sync.eval_parameters().values()), sync.metrics(), sync.report())
+            sync.close()
+        except Exception as e:  # reported by the main thread
+            errors.append(f"replica {r}: {e}")
+            endpoints[r].abort(str(e))
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(M)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return out
+
+
+def compare(name, got, ref):
+    worst = max(max_diff(g[0], r) for g, r in zip(got, ref))
+    check(worst <= TOL, f"{name}: replicas' parameters within {TOL} of the plain-torch reference (max diff {worst:.2e})")
+
+
+torch.set_num_threads(1)
+
+# Data-parallel: gradients averaged before each step.
+got = run_loco("ddp", 2, 6)
+compare("ddp", got, reference_ddp(2, 6))
+got = run_loco("ddp", 2, 6, clip=0.5)
+compare("ddp, sync_gradients then clipping", got, reference_ddp(2, 6, clip=0.5))
+
+# DiLoCo: 3 rounds of H = 4.
+got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9)
+ref, ref_outer = reference_diloco(2, 12, 4, 0.7, 0.9)
+compare("diloco", got, ref)
+worst = max(max_diff(g[1], ref_outer) for g in got)
+check(worst <= TOL, f"diloco: eval parameters are the outer parameters (max diff {worst:.2e})")
+check(got[0][2].get("outer_delta_norm", 0) > 0, "diloco: metrics carry the outer-gradient norm")
+
+# Streaming DiLoCo, fp32: fragments block 0, block 1, the rest (strided, one block each);
+# H = 6 so offsets 0, 2, 4; tau = 1 overlap merged with alpha = 0.5.
+model = make_model(0)
+names = [n for n, _ in model.named_parameters()]
+frag = [[i for i, n in enumerate(names) if n.startswith("layers.0.")],
+        [i for i, n in enumerate(names) if n.startswith("layers.1.")],
+        [i for i, n in enumerate(names) if not n.startswith("layers.")]]
+got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0.9, fragment_blocks=1, tau=1,
+               alpha=0.5)
+compare("streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
+
+# The fragments the reference used are loco's plan (blocks 0 and 1, then the rest; offsets 0, 2, 4).
+plan = loco._loco.plan_fragments(2, 1, "strided", 6)
+check([(f["blocks"], f["nonblock"], f["offset"]) for f in plan] == [([0], False, 0), ([1], False, 2), ([], True, 4)],
+      f"streaming: the reference's fragments are loco's plan {plan}")
+
+# The link model: at 10 Mbit/s a DiLoCo round's ring all-reduce of 86,656 bytes of parameters
+# between 2 replicas sends each member's two halves one after the other, so it takes at least
+# one half's wire time (a conservative bound).
+ends = loco.inprocess(2, network_bandwidth="10Mbit")
+def linked(r, out):
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, "diloco", endpoint=ends[r], inner_steps=2)
+    for t in range(2):
+        inner_step(model, opt, r, t)
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    out[r] = sync.metrics()
+    sync.close()
+res = [None, None]
+threads = [threading.Thread(target=linked, args=(r, res)) for r in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+wire = 86656 / 2 * 8 / 10e6
+check(res[0]["outer_sync_s"] >= wire, f"link model: a round at 10 Mbit/s took {res[0]['outer_sync_s']:.3f} s "
+      f">= its wire time {wire:.3f} s")
+
+# Streaming DiLoCo with fp4 outer gradients: bytes sent equal the codec's formula (2 replicas:
+# each sends its encoded fragment to the other at each of its syncs).
+# With train_steps the last step ends every fragment's round, as `loco train` does: fragment 0
+# syncs at 6 and 12, fragments 1 and 2 at 8 and 10 and take a final sync at 12.
+got = run_loco("streaming", 2, 12, inner_steps=6, fragment_blocks=1, codec="fp4-e3m0", tau=1, train_steps=12)
+sizes = [sum(list(model.parameters())[i].numel() for i in f) for f in frag]
+syncs = {0: [6, 12], 1: [8, 12], 2: [10, 12]}
+expect = sum(loco._loco.codec_bytes("fp4-e3m0", sizes[j]) * len(s) for j, s in syncs.items())
+ops = got[0][3]["traffic"]["by_operation"]
+sent = sum(v["bytes_sent"] for k, v in ops.items() if k != "broadcast")  # the start's parameters aside
+check(sent == expect, f"streaming fp4: bytes sent {sent} == the fp4 formula {expect}")
+
+# NoLoCo: 4 replicas in random groups of 2 (loco's partition, exposed as noloco_groups).
+groups = lambda k: loco._loco.noloco_groups(4, 2, 0, k)
+got = run_loco("noloco", 4, 12, inner_steps=4, outer_lr=0.7, momentum=0.5, pull=0.3, seed=0)
+compare("noloco", got, reference_noloco(4, 12, 4, 0.7, 0.5, 0.3, groups))
+check(len({tuple(g) for k in (1, 2, 3) for g in groups(k)}) > 2, "noloco: the groups change between rounds")
+
+# Bad calls give clear errors.
+def expect_error(what, pattern, fn):
+    try:
+        fn()
+    except loco.Error as e:
+        check(pattern in str(e), f"{what}: '{e}'")
+        return
+    except Exception as e:
+        check(False, f"{what}: raised {type(e).__name__}: {e}")
+        return
+    check(False, f"{what}: no error")
+
+
+def wrap1(model, **kw):
+    return loco.torch.wrap(model, make_opt(model), endpoint=loco.inprocess(1)[0], **kw)
+
+
+expect_error("wrap before init", "loco.init() has not been called", lambda: loco.torch.wrap(make_model(0), None))
+expect_error("bf16 parameters", "loco's methods keep float32 parameters", lambda: wrap1(make_model(0).to(torch.bfloat16)))
+expect_error("unknown keyword", "unknown keyword outer_lrr", lambda: wrap1(make_model(0), outer_lrr=0.1))
+expect_error("unknown method", "method must be one of", lambda: wrap1(make_model(0), method="fsdp"))
+expect_error("bad value", "outer.momentum", lambda: wrap1(make_model(0), outer_momentum=2.0))
+
+
+def changed_parameters():
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, endpoint=loco.inprocess(1)[0])
+    model.extra = torch.nn.Parameter(torch.zeros(3))
+    inner_step(model, opt, 0, 0)
+    opt.step()
+
+
+expect_error("parameters changed", "trainable parameters changed", changed_parameters)
+
+
+def step_without_optimizer():
+    model = make_model(0)
+    sync = loco.torch.wrap(model, make_opt(model), endpoint=loco.inprocess(1)[0])
+    sync.step()
+
+
+expect_error("step without an optimizer step", "without an inner optimizer step", step_without_optimizer)
+
+# State: a DiLoCo run stopped after 6 steps and resumed from state_dicts ends as the full run.
+def diloco_resumed():
+    ep = loco.inprocess(1)[0]
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, "diloco", endpoint=ep, inner_steps=4, outer_lr=0.7)
+    for t in range(6):
+        inner_step(model, opt, 0, t)
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
+    sync.close()
+    model2 = make_model(5)
+    model2.load_state_dict(saved[0])
+    opt2 = make_opt(model2)
+    sync2 = loco.torch.wrap(model2, opt2, "diloco", endpoint=loco.inprocess(1)[0], inner_steps=4, outer_lr=0.7)
+    opt2.load_state_dict(saved[1])
+    sync2.load_state_dict(saved[2])
+    for t in range(6, 12):
+        inner_step(model2, opt2, 0, t)
+        opt2.step()
+        opt2.zero_grad()
+        sync2.step()
+    return params_of(model2)
+
+
+full = run_loco("diloco", 1, 12, inner_steps=4, outer_lr=0.7)[0][0]
+resumed = diloco_resumed()
+d = max_diff(full, resumed)
+check(d == 0, f"diloco: stopped at step 6 and resumed from state_dicts == uninterrupted (max diff {d:.1e})")
+
+if failures:
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1)
+print("python.torch: OK")
