@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,8 @@ namespace {
 struct Endpoint {
   std::shared_ptr<Transport> transport;
   CommOptions comm;
+  // Set while a method uses the endpoint: two methods on one transport would mix their messages.
+  std::shared_ptr<std::atomic<bool>> busy = std::make_shared<std::atomic<bool>>(false);
   int rank() const { return transport->rank(); }
   int size() const { return transport->size(); }
 };
@@ -127,7 +130,9 @@ class Method {
  public:
   Method(const Endpoint& ep, const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
          int num_blocks)
-      : cfg_(make_config(settings, num_blocks)),
+      : busy_(claim(ep)),
+        release_{busy_},
+        cfg_(make_config(settings, num_blocks)),
         traffic_(std::make_shared<TrafficStats>(ep.comm.peak_window_s)),
         comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
         w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks)),
@@ -139,6 +144,7 @@ class Method {
     grads_at_ = w_.grads.data();
     std::lock_guard<std::mutex> lock(mpi_mu);
     live_methods.insert(this);
+    release_.armed = false;  // close() frees the endpoint from now on
   }
   ~Method() {
     // Collected by Python (the lock held): other threads may be what this member's last
@@ -158,6 +164,7 @@ class Method {
   void close() {
     if (failed_) comm_.abort("a member's training method failed");
     comm_.shutdown();
+    busy_->store(false);
   }
 
   // Every member takes member 0's parameters (the replicas must start equal).
@@ -314,6 +321,21 @@ class Method {
   std::string config_toml() const { return run_config_to_toml(cfg_); }
 
  private:
+  static std::shared_ptr<std::atomic<bool>> claim(const Endpoint& ep) {
+    if (ep.busy->exchange(true))
+      fail("this endpoint already runs a training method (one per member: close() it before wrapping another "
+           "model)");
+    return ep.busy;
+  }
+  // Releases the endpoint when construction fails after claiming it.
+  struct Release {
+    std::shared_ptr<std::atomic<bool>> busy;
+    bool armed = true;
+    ~Release() {
+      if (armed) busy->store(false);
+    }
+  };
+
   static RunConfig make_config(const std::vector<std::string>& settings, int num_blocks) {
     // The model is the caller's: its blocks are the fragment units. Defaults resolved as for
     // `loco train` (the methods' paper values).
@@ -340,6 +362,8 @@ class Method {
     }
   }
 
+  std::shared_ptr<std::atomic<bool>> busy_;
+  Release release_;  // frees the endpoint if the constructor fails past this point
   RunConfig cfg_;
   std::shared_ptr<TrafficStats> traffic_;
   Communicator comm_;

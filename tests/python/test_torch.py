@@ -172,6 +172,31 @@ def changed_parameters():
 expect_error("parameters changed", "trainable parameters changed", changed_parameters)
 
 
+def two_methods_on_one_endpoint():
+    ep = loco.inprocess(1)[0]
+    m1, m2 = make_model(0), make_model(1)
+    s1 = loco.torch.wrap(m1, make_opt(m1), endpoint=ep)
+    try:
+        loco.torch.wrap(m2, make_opt(m2), endpoint=ep)
+    finally:
+        s1.close()
+
+
+expect_error("two models on one endpoint", "already runs a training method", two_methods_on_one_endpoint)
+ep = loco.inprocess(1)[0]
+try:
+    loco.torch.wrap(make_model(0), make_opt(make_model(0)), endpoint=ep, outer_momentum=5.0)
+except loco.Error:
+    pass
+m = make_model(0)
+try:
+    loco.torch.wrap(m, make_opt(m), endpoint=ep).close()
+    reused = "yes"
+except loco.Error as e:
+    reused = str(e)
+check(reused == "yes", f"an endpoint whose wrap failed can be used again ({reused})")
+
+
 def step_without_optimizer():
     model = make_model(0)
     sync = loco.torch.wrap(model, make_opt(model), endpoint=loco.inprocess(1)[0])
