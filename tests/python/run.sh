@@ -34,6 +34,8 @@ case $which in
     done
     "$loco" report run-diloco run-streaming --out report.html
     grep -q "run-streaming" report.html
+    "$loco" compare run-diloco run-streaming | tee compare.txt
+    grep -q "^run-streaming  *streaming  *2 " compare.txt
     "$py" - run-diloco/summary.json <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
