@@ -11,7 +11,8 @@ that the method sees the gradients before it (data-parallel averaging happens th
 after the optimizer step runs the method's end of step: DiLoCo's outer step every H steps,
 Streaming DiLoCo's fragment syncs, NoLoCo's group averaging. Keyword arguments are loco's config
 keys (docs/configs.md): first a key of the method's own sections (NoLoCo: noloco.*; Streaming
-DiLoCo: streaming.*, then outer.*; DiLoCo: outer.*), so inner_steps is outer.inner_steps for
+DiLoCo: streaming.*, then outer.*; DiLoCo and data-parallel, which ignores them: outer.*), so
+inner_steps is outer.inner_steps for
 DiLoCo and noloco.inner_steps for NoLoCo; else the key with the first underscore written as a
 dot (outer_lr = outer.lr, train_steps = train.steps); else the key whose last part it is, where
 that names one key (codec = outer.codec).
@@ -33,7 +34,9 @@ METHODS = ("ddp", "diloco", "streaming", "noloco")
 
 # The config sections a method reads first, so that a keyword means that method's key: NoLoCo's
 # outer_lr is noloco.outer_lr, Streaming DiLoCo's inner_steps outer.inner_steps.
-_SECTIONS = {"ddp": [], "diloco": ["outer"], "streaming": ["streaming", "outer"], "noloco": ["noloco"]}
+# Data-parallel reads no method keys; it takes outer.* ones like DiLoCo, unused, so that one loop
+# can pass the same keywords to every method.
+_SECTIONS = {"ddp": ["outer"], "diloco": ["outer"], "streaming": ["streaming", "outer"], "noloco": ["noloco"]}
 
 
 def _config_setting(name, value, keys, method):

@@ -26,16 +26,16 @@ case $which in
     grep -v '# loco$' "$example" > plain.py
     timeout 300 "$py" plain.py --data . --steps 3 --seq 32 | tee plain.out
     grep -q "validation loss" plain.out
-    for method in diloco streaming; do
+    for method in diloco streaming ddp noloco; do
       timeout 300 mpirun -np 2 -x PYTHONPATH "$py" "$example" --data . --method $method --steps 40 --seq 32 \
         --inner-steps 10 --out run-$method | tee $method.out
       grep -q "validation loss" $method.out
       [ -s run-$method/summary.json ] && [ "$(grep -c . run-$method/metrics.jsonl)" -ge 4 ]
     done
-    "$loco" report run-diloco run-streaming --out report.html
+    "$loco" report run-diloco run-streaming run-ddp run-noloco --out report.html
     grep -q "run-streaming" report.html
-    "$loco" compare run-diloco run-streaming | tee compare.txt
-    grep -q "^run-streaming  *streaming  *2 " compare.txt
+    "$loco" compare run-diloco run-streaming run-ddp run-noloco | tee compare.txt
+    for method in diloco streaming ddp noloco; do grep -q "^run-$method  *$method  *2 " compare.txt; done
     "$py" - run-diloco/summary.json <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
