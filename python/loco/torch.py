@@ -12,10 +12,9 @@ after the optimizer step runs the method's end of step: DiLoCo's outer step ever
 Streaming DiLoCo's fragment syncs, NoLoCo's group averaging. Keyword arguments are loco's config
 keys (docs/configs.md): first a key of the method's own sections (NoLoCo: noloco.*; Streaming
 DiLoCo: streaming.*, then outer.*; DiLoCo and data-parallel, which ignores them: outer.*), so
-inner_steps is outer.inner_steps for
-DiLoCo and noloco.inner_steps for NoLoCo; else the key with the first underscore written as a
-dot (outer_lr = outer.lr, train_steps = train.steps); else the key whose last part it is, where
-that names one key (codec = outer.codec).
+inner_steps is outer.inner_steps for DiLoCo and noloco.inner_steps for NoLoCo; else the key
+with the first underscore written as a dot (outer_lr = outer.lr, train_steps = train.steps);
+else the key whose last part it is, where that names one key (codec = outer.codec).
 """
 import functools
 import json
@@ -39,8 +38,8 @@ METHODS = ("ddp", "diloco", "streaming", "noloco")
 _SECTIONS = {"ddp": ["outer"], "diloco": ["outer"], "streaming": ["streaming", "outer"], "noloco": ["noloco"]}
 
 
-def _config_setting(name, value, keys, method):
-    """'key=value' for keyword `name` (config-key rules above)."""
+def _config_key(name, keys, method):
+    """The config key keyword `name` names (rules above)."""
     dotted = name.replace("_", ".", 1)
     own = [f"{sec}.{name}" for sec in _SECTIONS.get(method, []) if f"{sec}.{name}" in keys]
     if own:
@@ -57,6 +56,11 @@ def _config_setting(name, value, keys, method):
         else:
             raise _loco.Error(f"unknown keyword {name}: no loco config key {dotted} or ending in .{name} "
                               "(docs/configs.md lists them)")
+    return key
+
+
+def _toml(name, value):
+    """`value` as a TOML value for `key=value` settings."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif isinstance(value, (int, float)):
@@ -65,7 +69,7 @@ def _config_setting(name, value, keys, method):
         text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     else:
         raise _loco.Error(f"keyword {name}: expected a number, a string or a bool, got {type(value).__name__}")
-    return f"{key}={text}"
+    return text
 
 
 _BLOCK = re.compile(r"^(.*?)\.(\d+)\.")
@@ -93,7 +97,7 @@ def _auto_blocks(names):
 class Sync:
     """A training method bound to one model and its inner optimizer (see wrap)."""
 
-    def __init__(self, model, inner_opt, method, endpoint, blocks, settings, out_dir, log_interval):
+    def __init__(self, model, inner_opt, method, endpoint, blocks, settings, out_dir):
         if method not in METHODS:
             raise _loco.Error(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -155,11 +159,11 @@ class Sync:
                     p.grad = self._gflat[a:b].view_as(p)
         self._core.start(False)
         self._stepped = self._synced = False
-        self._out_dir, self._log_interval = out_dir, log_interval
+        self._out_dir = out_dir
         self._t0 = time.monotonic()
         self._tokens = 0
         self._losses = []
-        self._last_loss = float("nan")
+        self._last = None  # the last metrics record
         if out_dir is not None and self.rank == 0:
             if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
                 raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
@@ -242,16 +246,19 @@ class Sync:
         self._from_host()
         if self._out_dir is not None and loss is not None:
             self._losses.append(float(loss))
-            self._tokens += int(tokens or 0) * self.size
-            if self._core.step % self._log_interval == 0:
+            self._tokens += int(tokens or 0)
+            if self._core.step % self._core.log_interval == 0:
                 self._record()
 
     def _record(self, val_loss=float("nan")):
         # A record without new steps (finish's) repeats the last training loss, as loco train's does.
-        mean = sum(self._losses) / len(self._losses) if self._losses else self._last_loss
+        if self._losses:
+            mean = sum(self._losses) / len(self._losses)
+        else:
+            mean = self._last["train_loss"] if self._last else float("nan")
         self._losses = []
         rec = self._core.record(mean, self._tokens, val_loss, time.monotonic() - self._t0)
-        self._last_loss = json.loads(rec)["train_loss"]
+        self._last = json.loads(rec)
         if self.rank == 0:
             with open(os.path.join(self._out_dir, "metrics.jsonl"), "a") as f:
                 f.write(rec + "\n")
@@ -263,14 +270,14 @@ class Sync:
         if self._out_dir is None:
             raise _loco.Error("finish() writes the run directory: pass out_dir to wrap()")
         val = float("nan") if val_loss is None else float(val_loss)
-        if self._losses or val_loss is not None:
+        if self._losses or val_loss is not None or self._last is None:
             self._record(val)
         seconds = time.monotonic() - self._t0
         workers = [json.loads(w) for w in self._core.worker_summaries(seconds)]
         if self.rank == 0:
             summary = {"algorithm": self.method, "backend": "python", "replicas": self.size, "stages": 1,
-                       "steps": self._core.step, "tokens": self._tokens, "seconds": seconds,
-                       "final_train_loss": self._last_loss, "final_val_loss": -1 if val_loss is None else val,
+                       "steps": self._core.step, "tokens": self._last["tokens"], "seconds": seconds,
+                       "final_train_loss": self._last["train_loss"], "final_val_loss": -1 if val_loss is None else val,
                        "workers": workers}
             _write_atomic(os.path.join(self._out_dir, "summary.json"), json.dumps(summary, indent=1) + "\n")
 
@@ -288,13 +295,11 @@ class Sync:
 
     def metrics(self):
         """This member's traffic, waits and the method's own fields (metrics.jsonl's names)."""
-        import json
         return json.loads(self._core.metrics())
 
     def report(self):
         """The method's accounting (outer-state bytes, ...) and this member's traffic by
         operation (traffic.by_operation: bytes and messages of each kind of exchange)."""
-        import json
         return json.loads(self._core.report())
 
     def state_dict(self):
@@ -313,7 +318,8 @@ class Sync:
         self._core.load_state(core)
 
     def close(self):
-        """Ends communication (also done when the object is collected)."""
+        """Ends communication and gives the optimizer its own step back. Call it when done: until
+        then the optimizer's wrapped step keeps this object (and its communication) alive."""
         self._opt.step = self._original_step
         self._core.close()
 
@@ -339,13 +345,9 @@ def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, **con
     if endpoint is None:
         endpoint = _loco_pkg.endpoint()
     keys = set(_loco.config_keys())
-    settings = [_config_setting(k, v, keys, method) for k, v in config.items()]
-    if not any(s.startswith("train.steps=") for s in settings):
+    values = {_config_key(k, keys, method): (k, v) for k, v in config.items()}
+    settings = [f"{key}={_toml(k, v)}" for key, (k, v) in values.items()]
+    if "train.steps" not in values:
         settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
-    out_dir = next((_unquote(s.split("=", 1)[1]) for s in settings if s.startswith("train.out_dir=")), None)
-    log = next((int(s.split("=", 1)[1]) for s in settings if s.startswith("train.log_interval=")), 10)
-    return Sync(model, inner_opt, method, endpoint, blocks, settings, out_dir, log)
-
-
-def _unquote(text):
-    return text[1:-1].replace('\\"', '"').replace("\\\\", "\\") if text.startswith('"') else text
+    out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
+    return Sync(model, inner_opt, method, endpoint, blocks, settings, out_dir)

@@ -41,9 +41,8 @@ ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int 
   check(num_blocks >= 0, "a model's block count must be >= 0");
   ModelConfig c;
   c.num_layers = num_blocks;
-  ParamLayout out(c, StageSpec{0, 0, false, false});
-  out.config_ = c;
-  out.stage_ = StageSpec{0, num_blocks, false, false};
+  ParamLayout out(c, StageSpec{0, 0, false, false});  // no tensors; the stage is every block
+  out.stage_.last_block = num_blocks;
   std::set<std::string> names;
   int block = -1;
   for (const auto& t : tensors) {
@@ -53,7 +52,7 @@ ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int 
     check(t.block >= -1 && t.block < num_blocks,
           "parameter " + t.name + ": block " + std::to_string(t.block) + " is outside [0, " +
               std::to_string(num_blocks) + ")");
-    check(t.block >= block && (t.block == block || t.block == block + 1 || (block == -1 && t.block == 0)),
+    check(t.block == block || t.block == block + 1,
           "parameter " + t.name + " is out of order: non-block parameters first, then blocks 0, 1, ... each together");
     if (t.block != block) out.block_first_tensor_.push_back(out.tensors_.size());
     block = t.block;

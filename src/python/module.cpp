@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,13 @@ namespace py = pybind11;
 
 namespace loco {
 namespace {
+
+// A numpy copy of v.
+py::array_t<float> to_array(const std::vector<float>& v) {
+  py::array_t<float> a(py::ssize_t(v.size()));
+  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
+  return a;
+}
 
 // One member of a world of processes or threads: its transport (with the link model, if any).
 struct Endpoint {
@@ -160,8 +168,10 @@ class Method {
   }
 
   // Ends communication before the buffers it may write into go (after an error: at once).
-  // Called without Python's lock: the other members' threads must be able to run.
+  // Called without Python's lock: the other members' threads must be able to run. Once: the
+  // endpoint it frees may already serve the next method when this one is collected.
   void close() {
+    if (closed_.exchange(true)) return;
     if (failed_) comm_.abort("a member's training method failed");
     comm_.shutdown();
     busy_->store(false);
@@ -211,9 +221,7 @@ class Method {
       w_.step = step_ > 0 ? step_ - 1 : 0;
       out = algo_->eval_params(w_);
     });
-    py::array_t<float> a(py::ssize_t(out.size()));
-    std::memcpy(a.mutable_data(), out.data(), out.size() * 4);
-    return a;
+    return to_array(out);
   }
 
   // The method's state (outer parameters, momentum, ...) and the step, for checkpoints.
@@ -221,11 +229,7 @@ class Method {
     TrainingState st;
     guard([&] { algo_->save_state(st); });
     py::dict d;
-    for (const auto& [name, v] : st.tensors) {
-      py::array_t<float> a(py::ssize_t(v.size()));
-      std::memcpy(a.mutable_data(), v.data(), v.size() * 4);
-      d[py::str(name)] = a;
-    }
+    for (const auto& [name, v] : st.tensors) d[py::str(name)] = to_array(v);
     py::dict meta;
     for (const auto& [k, v] : st.meta) meta[py::str(k)] = v;
     d["__meta__"] = meta;
@@ -264,7 +268,7 @@ class Method {
     rec["bytes_sent"] = traffic_->bytes_sent();
     rec["bytes_received"] = traffic_->bytes_received();
     rec["messages_sent"] = traffic_->messages_sent();
-    rec["comm_wait_s"] = comm_.wait_seconds() + algo_->wait_seconds();
+    rec["comm_wait_s"] = wait_seconds();
     algo_->annotate(rec);
     return rec.dump();
   }
@@ -275,22 +279,21 @@ class Method {
     return out.dump();
   }
 
-  // Collective: a metrics record as `loco train` writes it (metrics.jsonl), the loss the mean
-  // of the members', bytes summed over them; every member gets it, member 0 writes it.
+  // Collective: a metrics record as `loco train` writes it (metrics.jsonl): the members' mean
+  // loss and wait, their tokens so far and bytes summed; every member gets it, member 0 writes it.
   std::string record(double loss, int64_t tokens, double val_loss, double seconds) {
     std::vector<double> sums;
     guard([&] {
-      sums = comm_.sum_doubles({loss, double(traffic_->bytes_sent()), comm_.wait_seconds() + algo_->wait_seconds()},
-                               "metrics");
+      sums = comm_.sum_doubles({loss, double(tokens), double(traffic_->bytes_sent()), wait_seconds()}, "metrics");
     });
     nlohmann::json rec;
     rec["step"] = step_;
-    rec["tokens"] = tokens;
+    rec["tokens"] = int64_t(sums[1]);
     rec["train_loss"] = sums[0] / comm_.size();
-    rec["bytes_sent"] = int64_t(sums[1]);
-    rec["comm_wait"] = sums[2] / comm_.size();
+    rec["bytes_sent"] = int64_t(sums[2]);
+    rec["comm_wait"] = sums[3] / comm_.size();
     rec["time"] = seconds;
-    if (val_loss == val_loss) rec["val_loss"] = val_loss;
+    if (!std::isnan(val_loss)) rec["val_loss"] = val_loss;
     algo_->annotate(rec);
     return rec.dump();
   }
@@ -298,7 +301,7 @@ class Method {
   // waiting on peers, the rest of `seconds` counted as compute), in rank order.
   std::vector<std::string> worker_summaries(double seconds) {
     nlohmann::json me = traffic_->to_json();
-    const double wait = comm_.wait_seconds() + algo_->wait_seconds();
+    const double wait = wait_seconds();
     me["rank"] = comm_.rank();
     me["replica"] = comm_.rank();
     me["stage"] = 0;
@@ -316,6 +319,7 @@ class Method {
   }
 
   int64_t step() const { return step_; }
+  int64_t log_interval() const { return cfg_.train.log_interval; }
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   std::string config_toml() const { return run_config_to_toml(cfg_); }
@@ -346,6 +350,9 @@ class Method {
     return cfg;
   }
 
+  // Time blocked on peers: the communicator's waits and the algorithm's own (as loco train's).
+  double wait_seconds() const { return comm_.wait_seconds() + algo_->wait_seconds(); }
+
   py::array view(std::vector<float>& v, py::object self) {
     return py::array_t<float>({py::ssize_t(v.size())}, {py::ssize_t(4)}, v.data(), self);
   }
@@ -371,6 +378,7 @@ class Method {
   std::unique_ptr<Algorithm> algo_;
   int64_t step_ = 0;
   bool failed_ = false;
+  std::atomic<bool> closed_{false};
   const float* params_at_ = nullptr;
   const float* grads_at_ = nullptr;
 };
@@ -388,9 +396,7 @@ py::tuple codec_roundtrip(const std::string& name, py::array_t<float, py::array:
     bytes = codec->encode(in.data(), int64_t(in.size()), rng);
     codec->decode_add(bytes, out.data(), int64_t(out.size()));
   }
-  py::array_t<float> a(py::ssize_t(out.size()));
-  std::memcpy(a.mutable_data(), out.data(), out.size() * 4);
-  return py::make_tuple(a, py::bytes(bytes));
+  return py::make_tuple(to_array(out), py::bytes(bytes));
 }
 
 std::vector<std::string> config_keys() {
@@ -481,6 +487,7 @@ PYBIND11_MODULE(_loco, m) {
       .def("close", &Method::close, py::call_guard<py::gil_scoped_release>())
       .def("config_toml", &Method::config_toml)
       .def_property_readonly("step", &Method::step)
+      .def_property_readonly("log_interval", &Method::log_interval)
       .def_property_readonly("rank", &Method::rank)
       .def_property_readonly("size", &Method::size);
 }

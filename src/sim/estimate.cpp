@@ -29,7 +29,7 @@ void validate_slicing(const Arch& a, const Slicing& s) {
   check(s.strategy == "mlp" || s.strategy == "mlp+heads", "strategy must be mlp or mlp+heads");
   check(std::fmod(a.ff, s.slices) == 0, "the MLP hidden size must be divisible by the number of slices");
   if (s.strategy == "mlp+heads")
-    check(std::fmod(a.kv_heads > 0 ? a.kv_heads : a.heads, s.slices) == 0,
+    check(std::fmod(a.kv_count(), s.slices) == 0,
           "heads (key/value heads with grouped-query attention) must be divisible by the slices");
 }
 

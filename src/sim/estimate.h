@@ -11,7 +11,8 @@ namespace loco::sim {
 struct Arch {
   double d = 2048, layers = 24, ff = 8192, vocab = 32000, heads = 16;
   double kv_heads = 0;      // key/value heads (grouped-query attention); 0: heads
-  double kv_width() const { return kv_heads > 0 ? d * kv_heads / heads : d; }  // of k and of v
+  double kv_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  double kv_width() const { return d * kv_count() / heads; }  // of k and of v
   bool tied = true;
   bool qk_norm = false;
   int mlp_matrices = 2;     // 2: GPT MLP (W, V); 3: SwiGLU (gate, up, down)
