@@ -197,6 +197,28 @@ except loco.Error as e:
 check(reused == "yes", f"an endpoint whose wrap failed can be used again ({reused})")
 
 
+def collected_after_close_frees_nothing():
+    # A sync closed, its endpoint taken by a second one, then the first collected: the
+    # endpoint must stay taken.
+    import gc
+    ep = loco.inprocess(1)[0]
+    m1, m2, m3 = make_model(0), make_model(1), make_model(2)
+    o1 = make_opt(m1)
+    first = loco.torch.wrap(m1, o1, endpoint=ep)
+    first.close()
+    second = loco.torch.wrap(m2, make_opt(m2), endpoint=ep)
+    del first, o1
+    gc.collect()
+    try:
+        loco.torch.wrap(m3, make_opt(m3), endpoint=ep)
+    finally:
+        second.close()
+
+
+expect_error("an old sync collected after close leaves its successor's endpoint taken", "already runs a training method",
+             collected_after_close_frees_nothing)
+
+
 def step_without_optimizer():
     model = make_model(0)
     sync = loco.torch.wrap(model, make_opt(model), endpoint=loco.inprocess(1)[0])
