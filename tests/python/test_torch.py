@@ -207,7 +207,7 @@ def collected_after_close_frees_nothing():
     first = loco.torch.wrap(m1, o1, endpoint=ep)
     first.close()
     second = loco.torch.wrap(m2, make_opt(m2), endpoint=ep)
-    del first, o1
+    del first, o1, m1  # the model too: its parameters are views of the method's buffer
     gc.collect()
     try:
         loco.torch.wrap(m3, make_opt(m3), endpoint=ep)
