@@ -22,12 +22,16 @@ def _under_mpirun():
     return any(k in _os.environ for k in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
 
 
-def init(url=None, *, network_bandwidth="inf", network_latency="0ms", network_tcp=False, network_timeout="60s",
-         threads=None):
+def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms", network_tcp=False,
+         network_timeout="60s", threads=None):
     """Joins this process's world and makes it the default for `loco.torch.wrap`.
 
     url: None for mpirun's world when launched by mpirun, else a world of one process;
-    "mpi" to require MPI. The network_* arguments are loco's config keys network.bandwidth,
+    "mpi" to require MPI; "redis://HOST:PORT/RUN" for an elastic run (as `loco train --join`),
+    with worker=NAME: workers come and go, and the method's rounds are among the members of
+    their moment (docs/elastic.md; the password and the run secret come from
+    elastic.password_file / elastic.secret_file given to wrap(), or $LOCO_REDIS_PASSWORD and
+    $LOCO_RUN_SECRET). The network_* arguments are loco's config keys network.bandwidth,
     network.latency, network.tcp and network.timeout: the link model every message crosses
     (e.g. "1Gbit", "20ms"), and how long any wait on a peer may last. threads: loco's compute
     threads for its outer steps (default 1; the model's own threads are torch's).
@@ -45,9 +49,11 @@ def init(url=None, *, network_bandwidth="inf", network_latency="0ms", network_tc
     elif url == "local":
         _endpoint = _loco.inprocess_world(1, **link)[0]
     elif isinstance(url, str) and url.startswith("redis://"):
-        raise Error("elastic worlds (redis://) are not available from Python yet; use mpirun or loco train --join")
+        if worker is None:
+            raise Error("loco.init(redis://...) needs worker=NAME (this worker's name in the run)")
+        _endpoint = _loco.elastic_world(url, str(worker), **link)
     else:
-        raise Error(f"loco.init: unknown world {url!r} (expected None, 'mpi' or 'local')")
+        raise Error(f"loco.init: unknown world {url!r} (expected None, 'mpi', 'local' or 'redis://HOST:PORT/RUN')")
     _loco.set_threads(int(threads) if threads else 1)
     return _endpoint
 

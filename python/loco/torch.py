@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import struct
 import time
 
 import numpy as _np
@@ -94,6 +95,97 @@ def _auto_blocks(names):
     return out
 
 
+# An optimizer's state_dict as bytes without pickle (what an elastic joiner receives comes from
+# a peer: decoding it runs no code): a JSON tree of dicts, lists, tuples and plain values whose
+# tensors point into the raw bytes that follow it.
+_DTYPES = {str(t): t for t in (_torch.float32, _torch.float64, _torch.float16, _torch.bfloat16, _torch.int64,
+                               _torch.int32, _torch.int16, _torch.int8, _torch.uint8, _torch.bool)}
+
+
+def pack_state(obj):
+    """obj (dicts, lists, tuples, None, bool, int, float, str and tensors) as bytes."""
+    chunks, at = [], [0]
+
+    def enc(x):
+        if isinstance(x, _torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            if str(t.dtype) not in _DTYPES:
+                raise _loco.Error(f"the inner optimizer's state holds a {t.dtype} tensor, which loco cannot send")
+            raw = t.view(-1).view(_torch.uint8).numpy().tobytes() if t.numel() else b""
+            chunks.append(raw)
+            at[0] += len(raw)
+            return {"T": [at[0] - len(raw), len(raw), str(t.dtype), list(t.shape)]}
+        if isinstance(x, dict):
+            return {"d": [[enc(k), enc(v)] for k, v in x.items()]}
+        if isinstance(x, (list, tuple)):
+            return {"l" if isinstance(x, list) else "t": [enc(v) for v in x]}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return {"v": x}
+        raise _loco.Error(f"the inner optimizer's state holds a {type(x).__name__}, which loco cannot send")
+
+    head = json.dumps(enc(obj)).encode()
+    return struct.pack("<Q", len(head)) + head + b"".join(chunks)
+
+
+def unpack_state(data):
+    """The object pack_state encoded; every size and type checked (the bytes may be hostile)."""
+    data = bytes(data)
+    if len(data) < 8:
+        raise _loco.Error("the inner optimizer state received is corrupt (too short)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise _loco.Error("the inner optimizer state received is corrupt (header size)")
+    try:
+        tree = json.loads(data[8:8 + n])
+    except ValueError as e:
+        raise _loco.Error(f"the inner optimizer state received is corrupt ({e})") from None
+    raw = memoryview(data)[8 + n:]
+
+    def dec(x, depth=0):
+        if depth > 64 or not isinstance(x, dict) or len(x) != 1:
+            raise _loco.Error("the inner optimizer state received is corrupt (structure)")
+        (kind, v), = x.items()
+        if kind == "v" and (v is None or isinstance(v, (bool, int, float, str))):
+            return v
+        if kind in ("l", "t") and isinstance(v, list):
+            out = [dec(e, depth + 1) for e in v]
+            return out if kind == "l" else tuple(out)
+        if kind == "d" and isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 for e in v):
+            return {dec(k, depth + 1): dec(e, depth + 1) for k, e in v}
+        if kind == "T" and isinstance(v, list) and len(v) == 4:
+            off, size, dtype, shape = v
+            ok = (isinstance(off, int) and isinstance(size, int) and dtype in _DTYPES and isinstance(shape, list)
+                  and all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= off <= len(raw) - size and size >= 0)
+            if ok:
+                dt = _DTYPES[dtype]
+                numel = 1
+                for d in shape:
+                    numel *= d
+                ok = numel * _torch.tensor([], dtype=dt).element_size() == size
+            if not ok:
+                raise _loco.Error("the inner optimizer state received is corrupt (a tensor's extent)")
+            if size == 0:
+                return _torch.zeros(shape, dtype=dt)
+            return _torch.frombuffer(bytearray(raw[off:off + size]), dtype=dt).reshape(shape)
+        raise _loco.Error("the inner optimizer state received is corrupt (structure)")
+
+    return dec(tree)
+
+
+class _InnerState:
+    """What an elastic member's session calls: the inner optimizer's state for a joiner, and
+    installing it in one."""
+
+    def __init__(self, opt):
+        self._opt = opt
+
+    def save_inner(self):
+        return pack_state(self._opt.state_dict())
+
+    def load_inner(self, data):
+        self._opt.load_state_dict(unpack_state(data))
+
+
 class Sync:
     """A training method bound to one model and its inner optimizer (see wrap)."""
 
@@ -131,7 +223,13 @@ class Sync:
             p = named[i][1]
             rows = p.shape[0] if p.dim() >= 1 else 1
             tensors.append(_loco.Tensor(names[i], block_of[i], int(rows), int(p.numel() // max(rows, 1))))
-        self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks)
+        elastic = bool(endpoint.worker)
+        if elastic and not any(s.startswith("train.steps=") and not s.endswith("=4611686018427387904")
+                               for s in settings):
+            raise _loco.Error("an elastic run needs train_steps= (where the run ends: members finish and "
+                              "joiners stop waiting there)")
+        self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
+                                  _InnerState(inner_opt) if elastic else None)
         self.method = method
         self.rank = self._core.rank
         self.size = self._core.size
@@ -157,8 +255,11 @@ class Sync:
                 else:
                     p.data = self._flat[a:b].view_as(p)
                     p.grad = self._gflat[a:b].view_as(p)
-        self._core.start(False)
+        self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
+        self._from_host()
         self._stepped = self._synced = False
+        if out_dir is not None and elastic:
+            out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
         self._out_dir = out_dir
         self._t0 = time.monotonic()
         self._tokens = 0
@@ -284,7 +385,16 @@ class Sync:
     # -- what a loop may want ----------------------------------------------------------------
     @property
     def steps_done(self):
+        """Inner steps the run has done. An elastic member that joins (or rejoins after being
+        dropped) continues from the run's step, so loop on it: while sync.steps_done < total."""
         return self._core.step
+
+    @property
+    def data_share(self):
+        """(slot, members): which share of the data this member reads now. A fixed world:
+        (rank, size). An elastic run: this member's place among the members of the last round,
+        which changes as members come and go (read it every step)."""
+        return tuple(self._core.data_share)
 
     def eval_parameters(self):
         """{name: tensor} of the parameters to evaluate or save (DiLoCo: the outer parameters),

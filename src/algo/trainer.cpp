@@ -28,6 +28,7 @@
 #include "data/token_file.h"
 #include "elastic/fingerprint.h"
 #include "elastic/methods.h"
+#include "elastic/options.h"
 #include "io/fs.h"
 #include "io/metrics.h"
 #include "io/tensorboard.h"
@@ -144,46 +145,6 @@ std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w
                                               std::shared_ptr<TraceRecorder> trace) {
   if (s.backend == "elastic") return make_elastic_algorithm(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
   return make_algorithm(s.cfg, w);
-}
-
-// Elastic workers' secrets come from a file or the environment, never from the command line
-// (where other users of the machine could read them): the file named by config key `key`
-// (trailing newlines dropped), else $`env`; false if neither is set.
-bool read_secret(const std::string& key, const std::string& file, const char* env, std::string& out) {
-  if (!file.empty()) {
-    if (!file_exists(file)) fail(key + ": " + file + " does not exist");
-    out = read_file(file);
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-    return true;
-  }
-  if (const char* v = std::getenv(env)) {
-    out = v;
-    return true;
-  }
-  return false;
-}
-
-// The Redis password ("": none).
-std::string redis_password(const ElasticConfig& e) {
-  std::string pw;
-  read_secret("elastic.password_file", e.password_file, "LOCO_REDIS_PASSWORD", pw);
-  return pw;
-}
-
-// The run secret, shared by every member: without it nothing reaches the data plane.
-std::string run_secret(const ElasticConfig& e) {
-  std::string secret;
-  if (!read_secret("elastic.secret_file", e.secret_file, "LOCO_RUN_SECRET", secret))
-    fail("elastic: the run needs a secret shared by its members, in elastic.secret_file or $LOCO_RUN_SECRET "
-         "(create one with: head -c 32 /dev/urandom | base64 > run.secret; see docs/security.md)");
-  return secret;
-}
-
-void check_worker_name(const std::string& name) {
-  if (name.empty()) fail("--join needs --worker NAME (this worker's name; its run directory is train.out_dir/NAME)");
-  for (const char c : name)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') || name == "." || name == "..")
-      fail("--worker " + name + ": use letters, digits, '-', '_' and '.' only");
 }
 
 }  // namespace
@@ -526,27 +487,9 @@ TrainSummary run_training(const TrainOptions& opt) {
     fail("--join needs distributed.backend = \"elastic\" (or \"auto\"), not \"" + backend + "\"");
   if (backend == "elastic") {
     if (opt.join_url.empty()) fail("distributed.backend = \"elastic\" needs --join redis://HOST:PORT/RUN and --worker NAME");
-    check_worker_name(opt.worker_name);
     s->cfg.distributed.backend = "elastic";  // recorded in config.toml; its checks apply
     validate_run_config(s->cfg, config_source(s->config_path, opt.overrides));
-    auto& e = s->elastic;
-    e.where = parse_join_url(opt.join_url);
-    e.password = redis_password(cfg.elastic);
-    e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
-    e.fault = parse_fault(cfg.elastic.fault);
-    e.exclude_after = cfg.elastic.exclude_after;
-    if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco" && cfg.algorithm != "streaming")
-      fail("elastic.fault is implemented for algorithm = \"diloco\" and \"streaming\" only");
-    e.name = opt.worker_name;
-    e.address = cfg.elastic.address;
-    e.min_workers = cfg.elastic.min_workers;
-    e.timeout_s = parse_duration(cfg.elastic.timeout, "elastic.timeout");
-    e.start_timeout_s = parse_duration(cfg.elastic.start_timeout, "elastic.start_timeout");
-    e.straggler_timeout_s = parse_duration(cfg.elastic.straggler_timeout, "elastic.straggler_timeout");
-    e.coordinator_timeout_s = parse_duration(cfg.elastic.coordinator_timeout, "elastic.coordinator_timeout");
-    if (cfg.distributed.replicas != 1)
-      fail("distributed.backend = \"elastic\": the members are the workers started with --join; leave "
-           "distributed.replicas at 1");
+    s->elastic = elastic_options(cfg, opt.join_url, opt.worker_name);
     if (!s->resuming) s->run_dir = cfg.train.out_dir + "/" + opt.worker_name;
   } else if (!opt.worker_name.empty()) {
     fail("--worker is for elastic workers (with --join)");

@@ -11,18 +11,29 @@ namespace loco {
 
 namespace {
 
-std::string digest(const std::vector<int32_t>& tokens) {
-  if (sodium_init() < 0) fail("elastic: libsodium could not start");
-  unsigned char h[16];
-  crypto_generichash(h, sizeof h, reinterpret_cast<const unsigned char*>(tokens.data()),
-                     tokens.size() * sizeof(int32_t), nullptr, 0);
-  return std::to_string(tokens.size()) + " tokens, blake2b " + to_hex(h, sizeof h);
-}
-
 bool per_worker(const std::string& key) {
   for (const auto& k : per_worker_keys())
     if (k.back() == '.' ? key.compare(0, k.size(), k) == 0 : key == k) return true;
   return false;
+}
+
+std::string blake2b(const void* data, size_t bytes) {
+  if (sodium_init() < 0) fail("elastic: libsodium could not start");
+  unsigned char h[16];
+  crypto_generichash(h, sizeof h, static_cast<const unsigned char*>(data), bytes, nullptr, 0);
+  return "blake2b " + to_hex(h, sizeof h);
+}
+
+std::string digest(const std::vector<int32_t>& tokens) {
+  return std::to_string(tokens.size()) + " tokens, " + blake2b(tokens.data(), tokens.size() * sizeof(int32_t));
+}
+
+nlohmann::json config_fingerprint(const RunConfig& cfg) {
+  RunConfig copy = cfg;
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, value] : run_config_schema(copy).values())
+    if (!per_worker(key)) out[key] = value;
+  return out;
 }
 
 }  // namespace
@@ -38,12 +49,18 @@ const std::vector<std::string>& per_worker_keys() {
 
 nlohmann::json run_fingerprint(const RunConfig& cfg, const std::vector<int32_t>& train_tokens,
                                const std::vector<int32_t>* val_tokens) {
-  RunConfig copy = cfg;
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [key, value] : run_config_schema(copy).values())
-    if (!per_worker(key)) out[key] = value;
+  nlohmann::json out = config_fingerprint(cfg);
   out["data.train tokens"] = digest(train_tokens);
   out["data.val tokens"] = val_tokens ? digest(*val_tokens) : "none";
+  return out;
+}
+
+nlohmann::json foreign_fingerprint(const RunConfig& cfg, const std::vector<ForeignTensor>& tensors) {
+  nlohmann::json out = config_fingerprint(cfg);
+  std::string shapes;
+  for (const auto& t : tensors)
+    shapes += t.name + ":" + std::to_string(t.block) + ":" + std::to_string(t.rows) + "x" + std::to_string(t.cols) + "\n";
+  out["model tensors"] = std::to_string(tensors.size()) + " tensors, " + blake2b(shapes.data(), shapes.size());
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/run_config.h"
+#include "model/layout.h"
 
 namespace loco {
 
@@ -20,6 +21,10 @@ const std::vector<std::string>& per_worker_keys();
 // key -> value as printed, plus "data.train tokens" / "data.val tokens" (digests).
 nlohmann::json run_fingerprint(const RunConfig& cfg, const std::vector<int32_t>& train_tokens,
                                const std::vector<int32_t>* val_tokens);
+
+// A model loco does not hold (the Python layer, which reads its own data): the run config's keys
+// as above, and instead of the data files the model's tensors (names and shapes, by digest).
+nlohmann::json foreign_fingerprint(const RunConfig& cfg, const std::vector<ForeignTensor>& tensors);
 
 // The keys on which `mine` and `run` differ, each with both values, "; "-separated ("" if none).
 std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::json& run);

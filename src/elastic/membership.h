@@ -39,6 +39,17 @@
 
 namespace loco {
 
+// A worker whose model loco does not hold (the Python layer): the caller owns the inner
+// optimizer and the data, so a joiner receives the inner optimizer's state as the bytes
+// `save_inner` gave on the sending member (installed by `load_inner`), and the worker learns its
+// share of the data (its slot among the round's members) from `assign_data`. The members that
+// start the run take the first one's parameters (their models may have been initialized apart).
+struct ForeignWorker {
+  std::function<std::string()> save_inner;
+  std::function<void(const std::string&)> load_inner;
+  std::function<void(int slot, int members)> assign_data;
+};
+
 struct ElasticOptions {
   JoinAddress where;
   std::string password;
@@ -54,6 +65,7 @@ struct ElasticOptions {
   double straggler_timeout_s = 60;    // waiting for a live member to arrive at a round
   int exclude_after = 3;              // elastic.exclude_after
   LinkConfig link;                    // the link model (network.*) over the data plane
+  std::shared_ptr<ForeignWorker> foreign;  // set for a model loco does not hold
 };
 
 // "ROUND:ATTEMPT", or "gG.ROUND:ATTEMPT" in generation G > 0 (a run restarted after all its

@@ -22,7 +22,8 @@ std::string encode(const JoinState& s) {
                                {"data_offset", s.data_offset},
                                {"optimizer_steps", s.optimizer_steps},
                                {"epoch", s.epoch},
-                               {"floats", s.theta.size()}};
+                               {"floats", s.theta.size()},
+                               {"inner_bytes", s.inner.size()}};
   const std::string h = head.dump();
   std::string out;
   const uint64_t hn = h.size();
@@ -30,6 +31,7 @@ std::string encode(const JoinState& s) {
   out += h;
   for (const auto* t : {&s.theta, &s.momentum, &s.m, &s.v})
     out.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
+  out += s.inner;
   const uint32_t crc = crc32c(out.data(), out.size());
   out.append(reinterpret_cast<const char*>(&crc), sizeof crc);
   return out;
@@ -52,14 +54,16 @@ JoinState decode(const std::string& bytes, size_t n_params, size_t n_trainable) 
   s.optimizer_steps = head.at("optimizer_steps");
   s.epoch = head.at("epoch").get<std::vector<int64_t>>();
   if (head.at("floats").get<size_t>() != n_params) bad("another model size");
-  const size_t expect = 8 + hn + (2 * n_params + 2 * n_trainable) * sizeof(float) + 4;
-  if (bytes.size() != expect) bad("size");
+  const size_t floats = 8 + hn + (2 * n_params + 2 * n_trainable) * sizeof(float) + 4;
+  const size_t inner = head.at("inner_bytes").get<size_t>();
+  if (floats > bytes.size() || bytes.size() - floats != inner) bad("size");
   const char* p = bytes.data() + 8 + hn;
   for (auto [t, n] : {std::pair{&s.theta, n_params}, {&s.momentum, n_params}, {&s.m, n_trainable}, {&s.v, n_trainable}}) {
     t->resize(n);
     std::memcpy(t->data(), p, n * sizeof(float));
     p += n * sizeof(float);
   }
+  s.inner.assign(p, inner);
   return s;
 }
 
@@ -99,8 +103,44 @@ void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
     return;
   }
   epoch_ = r.contributors;
-  w.loader->assign(slot, int(epoch_.size()), 0, 0);
+  assign_data(w, {});
   last_round_step_ = 0;
+  if (membership_.options().foreign && epoch_.size() > 1) equalize_start(w, r, install);
+}
+
+void ElasticSession::equalize_start(Worker& w, const Roster& r, const Install& install) {
+  const int me = r.rank_of(membership_.id()), C = int(r.contributors.size());
+  std::string bytes, error;  // bytes outlives the communicator that writes into it
+  {
+    std::shared_ptr<Transport> transport;
+    std::unique_ptr<Communicator> comm;
+    try {
+      transport = connect(r.transport_name() + ":start", me, C);
+      comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
+      if (me == 0) bytes.assign(reinterpret_cast<const char*>(w.params.data()), w.params.size() * sizeof(float));
+      auto h = comm->broadcast_start(&bytes, 0, "start_params");
+      comm->wait(h);
+      if (bytes.size() != num_params_ * sizeof(float))
+        fail("elastic: the first member sent " + std::to_string(bytes.size()) + " bytes of parameters, expected " +
+             std::to_string(num_params_ * sizeof(float)));
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (transport) transport->abort(error);
+    }
+    if (comm) comm->shutdown();
+  }
+  if (me == 0) return;  // its parameters are the run's, whoever received them
+  if (!error.empty()) {
+    // Without the first member's parameters this one cannot contribute: it joins as a new
+    // member, taking the state of a round's first contributor.
+    rejoin(w, "the run's starting parameters did not arrive (" + error + ")", install);
+    return;
+  }
+  JoinState s;
+  s.theta.resize(num_params_);
+  std::memcpy(s.theta.data(), bytes.data(), bytes.size());
+  s.momentum.assign(num_params_, 0.0f);
+  install(w, s);
 }
 
 std::unique_ptr<Transport> ElasticSession::connect(const std::string& name, int rank, int size) {
@@ -121,7 +161,8 @@ CommOptions ElasticSession::comm_options() const { return {membership_.options()
 
 void ElasticSession::assign_data(Worker& w, const DataLoader::Position& at) {
   const int slot = int(std::find(epoch_.begin(), epoch_.end(), membership_.id()) - epoch_.begin());
-  w.loader->assign(slot, int(epoch_.size()), at.epoch, at.offset);
+  if (w.loader) w.loader->assign(slot, int(epoch_.size()), at.epoch, at.offset);
+  if (const auto& f = membership_.options().foreign) f->assign_data(slot, int(epoch_.size()));
 }
 
 bool ElasticSession::run_round(Worker& w, const Round& round, const Install& install) {
@@ -145,7 +186,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
     std::vector<int64_t> next_epoch = roster.contributors;
     next_epoch.insert(next_epoch.end(), roster.joiners.begin(), roster.joiners.end());
     std::sort(next_epoch.begin(), next_epoch.end());
-    const DataLoader::Position next_data = w.loader->next_start();
+    const DataLoader::Position next_data = w.loader ? w.loader->next_start() : DataLoader::Position{};
     std::string error;
     std::vector<int64_t> blamed;  // members this one holds responsible for a failure
     {
@@ -160,8 +201,14 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
         round.reduce(*comm, me, C);
         // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
         if (me == 0 && !roster.joiners.empty()) {
-          JoinState s{round.step, next_data.epoch, next_data.offset, w.adamw->steps(), next_epoch, {}, {},
-                      w.adamw->m(), w.adamw->v()};
+          JoinState s{round.step, next_data.epoch, next_data.offset, 0, next_epoch, {}, {}, {}, {}, {}};
+          if (w.adamw) {
+            s.optimizer_steps = w.adamw->steps();
+            s.m = w.adamw->m();
+            s.v = w.adamw->v();
+          } else {
+            s.inner = membership_.options().foreign->save_inner();
+          }
           const auto t_outer = std::chrono::steady_clock::now();
           round.outer_state(s.theta, s.momentum);
           round_compute_s_ += seconds_since(t_outer);
@@ -273,7 +320,7 @@ void ElasticSession::rejoin(Worker& w, const std::string& why, const Install& in
 void ElasticSession::join(Worker& w, const std::string& why, const Install& install, bool can_restart) {
   for (;;) {
     Roster roster;
-    const int64_t step = w.adamw->steps();
+    const int64_t step = w.adamw ? w.adamw->steps() : w.step;
     const auto waited = membership_.wait_for_join_roster(roster, can_restart, step);
     if (waited == Membership::JoinWait::Finished) {
       jump_to_ = cfg_.train.steps;  // the run finished before this worker got in
@@ -304,7 +351,7 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
         auto h = comm->recv_start(0, &bytes, "join_state");
         comm->wait(h);
-        s = decode(bytes, num_params_, w.adamw->m().size());
+        s = decode(bytes, num_params_, w.adamw ? w.adamw->m().size() : 0);
         if (std::find(s.epoch.begin(), s.epoch.end(), membership_.id()) == s.epoch.end())
           fail("elastic: the state received does not list this member");
       } catch (const std::exception& e) {
@@ -319,9 +366,13 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         continue;
       }
     }
-    w.adamw->m() = std::move(s.m);
-    w.adamw->v() = std::move(s.v);
-    w.adamw->set_steps(s.optimizer_steps);
+    if (w.adamw) {
+      w.adamw->m() = std::move(s.m);
+      w.adamw->v() = std::move(s.v);
+      w.adamw->set_steps(s.optimizer_steps);
+    } else {
+      membership_.options().foreign->load_inner(s.inner);
+    }
     install(w, s);
     const uint32_t crc = crc32c(w.params.data(), w.params.size() * sizeof(float));
     epoch_ = s.epoch;

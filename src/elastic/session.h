@@ -6,8 +6,9 @@
 // a secure transport among the round's contributors (elastic/secure_transport.h), the method's
 // reduction on a communicator over it, the commit/abort vote, and the redo among the survivors
 // when an attempt fails. The first contributor then sends each joiner the outer state, its own
-// inner AdamW state, the step and where the joiner's data starts (JoinState, CRC-32C), over a
-// transport of its own. After each committed round the next round's members (contributors and
+// inner optimizer state (AdamW's; for a model loco does not hold, the caller's bytes:
+// ForeignWorker in membership.h), the step and where the joiner's data starts (JoinState,
+// CRC-32C), over a transport of its own. After each committed round the next round's members (contributors and
 // joiners) take disjoint rows of the data permutation, continuing where this round's stopped
 // (DataLoader::assign), so with a fixed membership the data equal the in-process run's.
 #include <cstdint>
@@ -30,6 +31,7 @@ struct JoinState {
   int64_t step = 0, data_epoch = 0, data_offset = 0, optimizer_steps = 0;
   std::vector<int64_t> epoch;  // the members from the next round on
   std::vector<float> theta, momentum, m, v;  // outer parameters and momentum; AdamW moments
+  std::string inner;  // a foreign model's inner optimizer state (ForeignWorker), else empty
 };
 
 class ElasticSession {
@@ -90,6 +92,8 @@ class ElasticSession {
   // checkpoint), restarts the run from it when no member is live.
   void join(Worker& w, const std::string& why, const Install& install, bool can_restart = false);
   void assign_data(Worker& w, const DataLoader::Position& at);
+  // A foreign model's starting members take the first one's parameters (ForeignWorker).
+  void equalize_start(Worker& w, const Roster& r, const Install& install);
 
   const RunConfig& cfg_;
   Membership membership_;

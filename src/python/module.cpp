@@ -27,6 +27,10 @@
 #include "comm/mpi_transport.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "elastic/fingerprint.h"
+#include "elastic/methods.h"
+#include "elastic/options.h"
+#include "elastic/redis.h"
 #include "io/config_schema.h"
 #include "io/run_config.h"
 #include "io/train_state.h"
@@ -44,9 +48,14 @@ py::array_t<float> to_array(const std::vector<float>& v) {
 }
 
 // One member of a world of processes or threads: its transport (with the link model, if any).
+// A member of an elastic run (join_url set) has a transport of its own only (a world of one):
+// its method's rounds connect to the members of their moment (elastic/session.h).
 struct Endpoint {
+  Endpoint(std::shared_ptr<Transport> t, CommOptions c) : transport(std::move(t)), comm(c) {}
   std::shared_ptr<Transport> transport;
   CommOptions comm;
+  std::string join_url, worker;  // elastic: redis://HOST:PORT/RUN and this worker's name
+  LinkConfig link;               // elastic: the link model over the rounds' connections
   // Set while a method uses the endpoint: two methods on one transport would mix their messages.
   std::shared_ptr<std::atomic<bool>> busy = std::make_shared<std::atomic<bool>>(false);
   int rank() const { return transport->rank(); }
@@ -75,6 +84,17 @@ std::vector<Endpoint> inprocess_world(int size, const std::string& bandwidth, co
   std::vector<Endpoint> out;
   for (auto& t : make_inprocess_transports(size)) out.push_back({with_link(std::move(t), link), comm_options(timeout)});
   return out;
+}
+
+Endpoint elastic_world(const std::string& url, const std::string& worker, const std::string& bandwidth,
+                       const std::string& latency, bool tcp, const std::string& timeout) {
+  parse_join_url(url);  // a malformed address fails here, before a model is wrapped
+  check_worker_name(worker);
+  Endpoint e{std::move(make_inprocess_transports(1)[0]), comm_options(timeout)};
+  e.join_url = url;
+  e.worker = worker;
+  e.link = link_from(bandwidth, latency, tcp);
+  return e;
 }
 
 // The MPI transport behind a handle that finalize_mpi can cut: Python objects (a Sync kept in a
@@ -136,15 +156,19 @@ Endpoint mpi_world(const std::string& bandwidth, const std::string& latency, boo
 // A training method around a foreign model's flat parameter and gradient buffers.
 class Method {
  public:
+  // `inner`: for an elastic endpoint, the object whose save_inner() -> bytes and
+  // load_inner(bytes) hold the caller's inner optimizer state (what a joiner receives).
   Method(const Endpoint& ep, const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
-         int num_blocks)
+         int num_blocks, py::object inner)
       : busy_(claim(ep)),
         release_{busy_},
-        cfg_(make_config(settings, num_blocks)),
+        cfg_(make_config(settings, num_blocks, !ep.join_url.empty())),
         traffic_(std::make_shared<TrafficStats>(ep.comm.peak_window_s)),
         comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
         w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks)),
-        algo_(make_algorithm(cfg_, w_)) {
+        inner_(std::move(inner)),
+        algo_(ep.join_url.empty() ? make_algorithm(cfg_, w_) : make_elastic(ep, tensors)),
+        share_{comm_.rank(), comm_.size()} {
     if (cfg_.distributed.replicas != comm_.size() && cfg_.distributed.replicas != 1)
       fail("distributed.replicas (" + std::to_string(cfg_.distributed.replicas) + ") differs from the world size (" +
            std::to_string(comm_.size()) + "); leave it unset");
@@ -174,6 +198,8 @@ class Method {
     if (closed_.exchange(true)) return;
     if (failed_) comm_.abort("a member's training method failed");
     comm_.shutdown();
+    // An elastic member leaves the run (its heartbeat stops): the others drop it at their next round.
+    if (elastic_) algo_.reset();
     busy_->store(false);
   }
 
@@ -191,13 +217,18 @@ class Method {
     });
   }
   void start(bool resumed) {
-    guard([&] { algo_->start(w_, resumed); });
+    guard([&] {
+      w_.step = step_;
+      algo().start(w_, resumed);
+      step_ = algo().continue_from(step_);  // an elastic joiner continues from the run's step
+      check(w_.params.data() == params_at_, "internal: the method moved its parameter buffers");
+    });
   }
   // Before the inner optimizer's step: the gradients of step `step_` are in grads().
   void on_gradients() {
     guard([&] {
       w_.step = step_;
-      algo_->on_gradients(w_);
+      algo().on_gradients(w_);
     });
   }
   // After it: step_ + 1 inner steps are done.
@@ -205,8 +236,8 @@ class Method {
     guard([&] {
       w_.step = step_;
       const int64_t done = step_ + 1;
-      algo_->after_step(w_, done, done == cfg_.train.steps);
-      step_ = done;
+      algo().after_step(w_, done, done == cfg_.train.steps);
+      step_ = algo().continue_from(done);  // an elastic member that rejoined: the run's step
       check(w_.params.data() == params_at_ && w_.grads.data() == grads_at_,
             "internal: the method moved its parameter buffers");
     });
@@ -219,7 +250,7 @@ class Method {
     std::vector<float> out;
     guard([&] {
       w_.step = step_ > 0 ? step_ - 1 : 0;
-      out = algo_->eval_params(w_);
+      out = algo().eval_params(w_);
     });
     return to_array(out);
   }
@@ -227,7 +258,7 @@ class Method {
   // The method's state (outer parameters, momentum, ...) and the step, for checkpoints.
   py::dict state() {
     TrainingState st;
-    guard([&] { algo_->save_state(st); });
+    guard([&] { algo().save_state(st); });
     py::dict d;
     for (const auto& [name, v] : st.tensors) d[py::str(name)] = to_array(v);
     py::dict meta;
@@ -248,13 +279,16 @@ class Method {
     if (d.contains("__meta__"))
       for (auto item : d["__meta__"].cast<py::dict>())
         st.meta[py::str(item.first)] = py::str(item.second);
+    if (elastic_)
+      fail("an elastic member takes the run's state when it joins; load_state_dict is for fixed worlds (mpirun, "
+           "in-process)");
     if (!d.contains("__step__")) fail("the state has no __step__");
     const int64_t step = d["__step__"].cast<int64_t>();
     if (step < 0 || step > cfg_.train.steps)
       fail("the state's step " + std::to_string(step) + " is outside [0, train.steps = " +
            std::to_string(cfg_.train.steps) + "]");
     guard([&] {
-      algo_->load_state(st);
+      algo().load_state(st);
       w_.restored = true;
       step_ = step;
     });
@@ -269,12 +303,12 @@ class Method {
     rec["bytes_received"] = traffic_->bytes_received();
     rec["messages_sent"] = traffic_->messages_sent();
     rec["comm_wait_s"] = wait_seconds();
-    algo_->annotate(rec);
+    algo().annotate(rec);
     return rec.dump();
   }
   std::string report() {
     nlohmann::json out;
-    algo_->report(out);
+    algo().report(out);
     out["traffic"] = traffic_->to_json();
     return out.dump();
   }
@@ -294,7 +328,7 @@ class Method {
     rec["comm_wait"] = sums[3] / comm_.size();
     rec["time"] = seconds;
     if (!std::isnan(val_loss)) rec["val_loss"] = val_loss;
-    algo_->annotate(rec);
+    algo().annotate(rec);
     return rec.dump();
   }
   // Collective: every member's entry of summary.json's "workers" (traffic by operation, time
@@ -312,13 +346,17 @@ class Method {
     me["param_bytes"] = int64_t(w_.params.size() * 4);
     me["trainable_params"] = w_.trainable.size();
     me["steps_run"] = step_;
-    algo_->report(me);
+    algo().report(me);
     std::vector<std::string> all;
     guard([&] { all = comm_.all_gather(me.dump(), "metrics"); });
     return all;
   }
 
   int64_t step() const { return step_; }
+  // (slot, members): this member's share of the data for the current steps. A fixed world:
+  // (rank, size); an elastic run: its place among the members of the last round.
+  std::pair<int, int> data_share() const { return share_; }
+  bool elastic() const { return elastic_; }
   int64_t log_interval() const { return cfg_.train.log_interval; }
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
@@ -340,18 +378,46 @@ class Method {
     }
   };
 
-  static RunConfig make_config(const std::vector<std::string>& settings, int num_blocks) {
+  static RunConfig make_config(const std::vector<std::string>& settings, int num_blocks, bool elastic) {
     // The model is the caller's: its blocks are the fragment units. Defaults resolved as for
-    // `loco train` (the methods' paper values).
+    // `loco train` (the methods' paper values); an elastic member's config checked as one.
     std::vector<std::string> all{"model.num_layers=" + std::to_string(std::max(1, num_blocks))};
     all.insert(all.end(), settings.begin(), settings.end());
+    if (elastic) all.push_back("distributed.backend=\"elastic\"");
     RunConfig cfg = load_run_config("", all);
     if (cfg.partial.slices > 1) fail("partial.slices > 1 is not available for torch models yet");
     return cfg;
   }
 
+  // The elastic method of cfg_.algorithm, its session given this model's hooks: the caller's
+  // inner optimizer state (inner_) for joiners, and the data share of each round's members.
+  std::unique_ptr<Algorithm> make_elastic(const Endpoint& ep, const std::vector<ForeignTensor>& tensors) {
+    if (inner_.is_none()) fail("internal: an elastic method needs the inner optimizer's state hooks");
+    ElasticOptions o = elastic_options(cfg_, ep.join_url, ep.worker);
+    o.link = ep.link;
+    o.fingerprint = foreign_fingerprint(cfg_, tensors).dump();
+    o.foreign = std::make_shared<ForeignWorker>();
+    // Called on this member's own thread, inside a hook that released Python's lock.
+    o.foreign->save_inner = [this] {
+      py::gil_scoped_acquire lock;
+      return inner_.attr("save_inner")().cast<std::string>();
+    };
+    o.foreign->load_inner = [this](const std::string& bytes) {
+      py::gil_scoped_acquire lock;
+      inner_.attr("load_inner")(py::bytes(bytes));
+    };
+    o.foreign->assign_data = [this](int slot, int members) { share_ = {slot, members}; };
+    elastic_ = true;
+    return make_elastic_algorithm(cfg_, w_, o, traffic_, std::make_shared<TraceRecorder>(false, 0));
+  }
+
+  Algorithm& algo() const {
+    if (!algo_) fail("this training method was closed");
+    return *algo_;
+  }
+
   // Time blocked on peers: the communicator's waits and the algorithm's own (as loco train's).
-  double wait_seconds() const { return comm_.wait_seconds() + algo_->wait_seconds(); }
+  double wait_seconds() const { return comm_.wait_seconds() + algo().wait_seconds(); }
 
   py::array view(std::vector<float>& v, py::object self) {
     return py::array_t<float>({py::ssize_t(v.size())}, {py::ssize_t(4)}, v.data(), self);
@@ -375,7 +441,10 @@ class Method {
   std::shared_ptr<TrafficStats> traffic_;
   Communicator comm_;
   Worker w_;
+  py::object inner_;  // elastic: the inner optimizer's state hooks (None otherwise)
+  bool elastic_ = false;
   std::unique_ptr<Algorithm> algo_;
+  std::pair<int, int> share_;  // this member's data slot and the members sharing the data
   int64_t step_ = 0;
   bool failed_ = false;
   std::atomic<bool> closed_{false};
@@ -417,10 +486,14 @@ PYBIND11_MODULE(_loco, m) {
   py::class_<Endpoint>(m, "Endpoint")
       .def_property_readonly("rank", &Endpoint::rank)
       .def_property_readonly("size", &Endpoint::size)
+      .def_property_readonly("worker", [](const Endpoint& e) { return e.worker; })
       .def("abort", [](Endpoint& e, const std::string& why) { e.transport->abort(why); });
   m.def("inprocess_world", &inprocess_world, py::arg("size"), py::arg("bandwidth") = "inf", py::arg("latency") = "0ms",
         py::arg("tcp") = false, py::arg("timeout") = "60s",
         "Endpoints of `size` members of one process (threads), with the link model if given");
+  m.def("elastic_world", &elastic_world, py::arg("url"), py::arg("worker"), py::arg("bandwidth") = "inf",
+        py::arg("latency") = "0ms", py::arg("tcp") = false, py::arg("timeout") = "60s",
+        "This worker's endpoint of the elastic run at redis://HOST:PORT/RUN, named `worker`");
   m.def("mpi_world", &mpi_world, py::arg("bandwidth") = "inf", py::arg("latency") = "0ms", py::arg("tcp") = false,
         py::arg("timeout") = "60s", "This process's endpoint of the MPI world (under mpirun)");
   m.def("finalize_mpi", [] {
@@ -469,8 +542,10 @@ PYBIND11_MODULE(_loco, m) {
            py::arg("name"), py::arg("block"), py::arg("rows"), py::arg("cols"));
 
   py::class_<Method>(m, "Method")
-      .def(py::init<const Endpoint&, const std::vector<std::string>&, const std::vector<ForeignTensor>&, int>(),
-           py::arg("endpoint"), py::arg("settings"), py::arg("tensors"), py::arg("num_blocks"))
+      .def(py::init<const Endpoint&, const std::vector<std::string>&, const std::vector<ForeignTensor>&, int,
+                    py::object>(),
+           py::arg("endpoint"), py::arg("settings"), py::arg("tensors"), py::arg("num_blocks"),
+           py::arg("inner") = py::none())
       .def("params", [](py::object self) { return self.cast<Method&>().params(self); })
       .def("grads", [](py::object self) { return self.cast<Method&>().grads(self); })
       .def("broadcast_params", &Method::broadcast_params)
@@ -487,6 +562,8 @@ PYBIND11_MODULE(_loco, m) {
       .def("close", &Method::close, py::call_guard<py::gil_scoped_release>())
       .def("config_toml", &Method::config_toml)
       .def_property_readonly("step", &Method::step)
+      .def_property_readonly("data_share", &Method::data_share)
+      .def_property_readonly("elastic", &Method::elastic)
       .def_property_readonly("log_interval", &Method::log_interval)
       .def_property_readonly("rank", &Method::rank)
       .def_property_readonly("size", &Method::size);

@@ -15,23 +15,10 @@ os.chdir(work)
 for name, n, seed in (("train.tok", 20000, 5), ("val.tok", 3000, 6)):
     subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", name, "256", str(n), str(seed)], check=True)
 
-if not shutil.which("redis-server"):
-    sys.exit("FAIL: redis-server is not installed (scripts/deps.sh installs it with the test packages)")
+sys.path.insert(0, f"{root}/tests/tools")
+from redis_server import free_port, start_redis  # noqa: E402
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-PASSWORD = "loco-test-" + os.urandom(6).hex()
-port = free_port()
-with open("redis.conf", "w") as f:
-    f.write(f'bind 127.0.0.1\nport {port}\nsave ""\nappendonly no\nrequirepass {PASSWORD}\n')
-redis = subprocess.Popen(["redis-server", "redis.conf"], stdout=open("redis.log", "w"), stderr=subprocess.STDOUT)
+redis, port, PASSWORD = start_redis()
 procs = []
 
 
@@ -41,13 +28,6 @@ def cleanup():
             p.kill()
     redis.kill()
 
-
-for _ in range(200):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        break
-    except OSError:
-        time.sleep(0.05)
 
 BASE = [loco, "train", "--config", f"{root}/configs/tiny.toml", "--set", "data.train=train.tok", "--set",
         "data.val=val.tok", "--set", "algorithm=diloco", "--quiet", "--set", "train.checkpoint_interval=0"]

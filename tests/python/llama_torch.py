@@ -57,9 +57,9 @@ def reference_ddp(M, steps, clip=None):
     return [params_of(m) for m in models]
 
 
-def _replicas(M):
-    """M replicas from one initialization, each with its own AdamW."""
-    models = [make_model(0) for _ in range(M)]
+def _replicas(M, seed=0):
+    """M replicas from one initialization (make_model(seed)), each with its own AdamW."""
+    models = [make_model(seed) for _ in range(M)]
     return models, [make_opt(m) for m in models]
 
 
@@ -76,10 +76,10 @@ def _outer(model0, lr, momentum, nesterov=True):
     return outer, torch.optim.SGD(outer, lr=lr, momentum=momentum, nesterov=nesterov)
 
 
-def reference_diloco(M, steps, H, outer_lr, outer_momentum):
+def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0):
     """DiLoCo: every H steps the outer gradient theta - mean(theta_m) takes an SGD step with
     Nesterov momentum, and every replica restarts from the outer parameters."""
-    models, opts = _replicas(M)
+    models, opts = _replicas(M, seed)
     outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
     for t in range(steps):
         _inner_steps(models, opts, t)

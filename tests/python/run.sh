@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# run.sh PYTHON_DIR torch|mpi|example [LOCO WORK]: the Python layer's tests against the package
-# built in PYTHON_DIR (build/python). mpi runs test_mpi.py under mpirun -np 2 with a free port for
-# torch.distributed; example checks examples/torch_train.py: at most 10 lines added for loco, the
-# loop without them runs, and under mpirun -np 2 it writes a run directory `loco report` renders.
+# run.sh PYTHON_DIR torch|mpi|example|elastic [LOCO WORK]: the Python layer's tests against the
+# package built in PYTHON_DIR (build/python). mpi runs test_mpi.py under mpirun -np 2 with a free
+# port for torch.distributed; example checks examples/torch_train.py: at most 10 lines added for
+# loco, the loop without them runs, and under mpirun -np 2 it writes a run directory `loco report`
+# renders; elastic runs test_elastic.py in WORK against a Redis server of its own.
 set -euo pipefail
 pkg=$1 which=$2 loco=${3:-} work=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,5 +47,6 @@ ok = s["algorithm"] == "diloco" and len(w) == 2 and all(x["bytes_sent"] > 0 for 
 sys.exit(0 if ok else 1)
 PY
     echo "python.example: OK" ;;
+  elastic) LOCO="$loco" exec timeout 500 "$py" "$here/test_elastic.py" "$work" ;;
   *) echo "unknown test $which"; exit 2 ;;
 esac

@@ -1,0 +1,218 @@
+"""loco.torch in elastic runs (loco.init("redis://...")), against a Redis server of its own:
+  - two workers started from different initializations equal the plain-torch DiLoCo reference
+    (both take the first member's parameters at the start; each reads its data share);
+  - of three workers one is killed (SIGKILL): the others finish; a fourth that joins later
+    receives the run's state and its inner optimizer's state (AdamW's step count equals the
+    others'), and ends with the same parameters;
+  - Streaming DiLoCo and NoLoCo run elastically (two workers end equal);
+  - bad calls fail with clear errors.
+Run by ctest as python.elastic: test_elastic.py WORK_DIR (PYTHONPATH with the package)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+import loco
+import loco.torch
+from llama_torch import make_model, make_opt, max_diff, params_of, reference_diloco
+
+work = os.path.abspath(sys.argv[1])
+here = os.path.dirname(os.path.abspath(__file__))
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+os.chdir(work)
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+sys.path.insert(0, os.path.join(here, "..", "tools"))
+from redis_server import start_redis  # noqa: E402
+
+redis, port, password = start_redis()
+procs = []
+env = dict(os.environ, LOCO_REDIS_PASSWORD=password, LOCO_RUN_SECRET="secret-" + os.urandom(12).hex())
+
+
+def cleanup():
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    redis.kill()
+
+
+def start(run, name, seed, steps, *extra, method="diloco"):
+    os.makedirs(run, exist_ok=True)
+    args = [sys.executable, f"{here}/elastic_worker.py", f"redis://127.0.0.1:{port}/{run}", name, str(seed), run,
+            method, str(steps), *extra]
+    p = subprocess.Popen(args, env=env, stdout=open(f"{run}/{name}.log", "w"), stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p
+
+
+def wait(p, run, name, expect=0, limit=240):
+    try:
+        rc = p.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        rc = "still running"
+    if rc != expect:
+        cleanup()
+        sys.exit(f"FAIL: {run}/{name} exited {rc} (expected {expect}):\n" + open(f"{run}/{name}.log").read())
+
+
+def result(run, name):
+    return torch.load(f"{run}/{name}.pt")
+
+
+try:
+    # 1. A fixed membership of two equals the plain-torch reference from the first member's model.
+    a = start("fixed", "a", 11, 12)
+    b = start("fixed", "b", 22, 12)
+    wait(a, "fixed", "a")
+    wait(b, "fixed", "b")
+    ra, rb = result("fixed", "a"), result("fixed", "b")
+    first = ra if ra["share"][0] == 0 else rb
+    check(sorted([ra["share"], rb["share"]]) == [(0, 2), (1, 2)], f"fixed: data shares {ra['share']}, {rb['share']}")
+    seed = 11 if first is ra else 22
+    ref, ref_outer = reference_diloco(2, 12, 4, 0.7, 0.9, seed=seed)
+    slot_a = ra["share"][0]
+    worst = max(max_diff(ra["params"], ref[slot_a]), max_diff(rb["params"], ref[1 - slot_a]))
+    check(worst <= 1e-6, f"fixed: both workers within 1e-6 of plain-torch DiLoCo from the first member's "
+                         f"initialization (max diff {worst:.2e})")
+    worst = max(max_diff(ra["eval"], ref_outer), max_diff(rb["eval"], ref_outer))
+    check(worst <= 1e-6, f"fixed: eval parameters are the reference's outer parameters (max diff {worst:.2e})")
+    summ = json.load(open("fixed/a/summary.json"))
+    rounds = summ["workers"][0]["elastic"]["rounds"]
+    check(len(rounds) == 3 and all(len(r["contributors"]) == 2 for r in rounds),
+          f"fixed: summary.json records 3 rounds of 2 contributors ({len(rounds)} rounds)")
+
+    # 2. Three start, c dies after 6 steps; d joins at a round by step 16 (a and b wait before
+    # step 15 until d waits to be taken in); a, b and d finish with equal parameters, d with the run's AdamW state.
+    gate = os.path.abspath("churn/d-registered")
+    a = start("churn", "a", 1, 32, "--min-workers", "3", "--gate", f"{gate}:14")
+    b = start("churn", "b", 2, 32, "--min-workers", "3", "--gate", f"{gate}:14")
+    c = start("churn", "c", 3, 32, "--min-workers", "3", "--die-after", "6")
+    wait(c, "churn", "c", expect=-9)
+    d = start("churn", "d", 4, 32, "--min-workers", "3")
+    deadline = time.time() + 120
+    cli = ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password]
+    while True:  # d waits to be taken in (the run's set of joiners holds it), or already was
+        out = subprocess.run(cli + ["SCARD", "loco:churn:joiners"], capture_output=True, text=True).stdout.strip()
+        if out.isdigit() and int(out) >= 1 or "started at step" in open("churn/d.log").read():
+            break
+        if time.time() > deadline or d.poll() is not None:
+            cleanup()
+            sys.exit("FAIL: d did not wait to join within 120 s:\n" + open("churn/d.log").read())
+        time.sleep(0.1)
+    open(gate, "w").close()
+    for p, n in ((a, "a"), (b, "b"), (d, "d")):
+        wait(p, "churn", n)
+    ra, rb, rd = result("churn", "a"), result("churn", "b"), result("churn", "d")
+    check(rd["started"] in (8, 12, 16) and rd["steps"] == 32,
+          f"churn: d joined at a round's step ({rd['started']}) and ended at {rd['steps']}")
+    worst = max(max_diff(ra["eval"], rb["eval"]), max_diff(ra["eval"], rd["eval"]))
+    check(worst == 0, f"churn: a, b and d end with the same outer parameters (max diff {worst:.2e})")
+    worst = max(max_diff(ra["params"], rd["params"]), max_diff(rb["params"], rd["params"]))
+    check(worst == 0, f"churn: and the same parameters after the last round (max diff {worst:.2e})")
+    steps_of = lambda r: sorted({int(s["step"]) for s in r["opt"]["state"].values()})
+    check(steps_of(ra) == [32] and steps_of(rd) == [32],
+          f"churn: d's AdamW counted the run's 32 steps (received at its join: {steps_of(rd)}, a {steps_of(ra)})")
+    summ = json.load(open("churn/a/summary.json"))
+    ev = summ["workers"][0]["elastic"]["events"]
+    kinds = sorted({e["event"] for e in ev})
+    check("left" in kinds or "dropped" in kinds, f"churn: a's summary logs the killed member leaving ({kinds})")
+    check(any(e["event"] == "joined" and e.get("round", 0) > 0 for e in ev), "churn: and d joining")
+    rc = subprocess.run([os.environ.get("LOCO", "loco"), "report", "churn/a", "--out", "churn/report.html"],
+                        capture_output=True, text=True) if os.environ.get("LOCO") else None
+    if rc is not None:
+        check(rc.returncode == 0, f"churn: loco report renders a's run directory ({rc.stderr.strip()[:200]})")
+
+    # 3. Streaming DiLoCo and NoLoCo run elastically too: two workers, equal outer parameters at
+    # the end (NoLoCo: one group of two averages its slow weights at every outer step).
+    for method in ("streaming", "noloco"):
+        a = start(method, "a", 5, 12, method=method)
+        b = start(method, "b", 6, 12, method=method)
+        wait(a, method, "a")
+        wait(b, method, "b")
+        ra, rb = result(method, "a"), result(method, "b")
+        worst = max_diff(ra["eval"], rb["eval"])
+        moved = max_diff(ra["eval"], params_of(make_model(5)))
+        rounds = json.load(open(f"{method}/a/summary.json"))["workers"][0]["elastic"]["rounds"]
+        check(worst <= 1e-6 and moved > 0 and len(rounds) >= 3,
+              f"{method}: both workers end with the same outer parameters (max diff {worst:.2e}), "
+              f"{len(rounds)} rounds")
+
+    # 4. The inner optimizer's state as a joiner receives it: round trip, and hostile bytes refused.
+    m = make_model(0)
+    o = make_opt(m)
+    m.loss(*__import__("llama_torch").batch(0, 0)).backward()
+    o.step()
+    packed = loco.torch.pack_state(o.state_dict())
+    back = loco.torch.unpack_state(packed)
+    o2 = make_opt(make_model(1))
+    o2.load_state_dict(back)
+    same = all(torch.equal(o.state_dict()["state"][k][n], o2.state_dict()["state"][k][n])
+               for k in o.state_dict()["state"] for n in o.state_dict()["state"][k])
+    check(same and back["param_groups"] == o.state_dict()["param_groups"],
+          "pack_state/unpack_state: AdamW's state round-trips exactly")
+    import io, pickle, struct
+    head_n = struct.unpack("<Q", packed[:8])[0]
+    tree = json.loads(packed[8:8 + head_n])
+
+    def with_tree(t, raw=packed[8 + head_n:]):
+        h = json.dumps(t).encode()
+        return struct.pack("<Q", len(h)) + h + raw
+
+    first = tree["d"][0][1]["d"][0][1]["d"]  # state[0]'s entries
+    grown = json.loads(json.dumps(tree))
+    grown["d"][0][1]["d"][0][1]["d"][1][1]["T"][1] += 4  # exp_avg one float longer than its shape
+    beyond = json.loads(json.dumps(tree))
+    beyond["d"][0][1]["d"][0][1]["d"][1][1]["T"][0] = len(packed)  # outside the bytes
+    bad_dtype = json.loads(json.dumps(tree))
+    bad_dtype["d"][0][1]["d"][0][1]["d"][1][1]["T"][2] = "torch.complex64"
+    cases = {"truncated": packed[:5], "header size": struct.pack("<Q", 1 << 40) + packed[8:],
+             "a tensor's size": with_tree(grown), "a tensor outside the bytes": with_tree(beyond),
+             "an unknown dtype": with_tree(bad_dtype), "an object": with_tree({"o": "os.system"}),
+             "a pickle": pickle.dumps(o.state_dict()), "not JSON": struct.pack("<Q", 3) + b"{x}"}
+    for what, data in cases.items():
+        try:
+            loco.torch.unpack_state(data)
+            msg = "accepted"
+        except loco.Error as e:
+            msg = str(e)
+        check("corrupt" in msg, f"unpack_state refuses {what}: {msg}")
+    check(len(first) >= 3, "(the state's entries were found where the cases above change them)")
+
+    # 5. Bad calls.
+    def error_of(f):
+        try:
+            f()
+        except Exception as e:  # loco.Error or a config error
+            return str(e)
+        return "no error"
+
+    msg = error_of(lambda: loco.init(f"redis://127.0.0.1:{port}/x"))
+    check("worker=NAME" in msg, f"init(redis://) without a worker name: {msg}")
+    ep = loco._loco.elastic_world(f"redis://127.0.0.1:{port}/bad", "w")
+    m = make_model(0)
+    msg = error_of(lambda: loco.torch.wrap(m, make_opt(m), "diloco", endpoint=ep))
+    check("train_steps" in msg, f"an elastic wrap without train_steps: {msg}")
+    msg = error_of(lambda: loco.torch.wrap(m, make_opt(m), "ddp", endpoint=ep, train_steps=4))
+    check("elastic" in msg and "ddp" in msg, f"data-parallel in an elastic run: {msg}")
+    msg = error_of(lambda: loco._loco.elastic_world("http://127.0.0.1/x", "w"))
+    check("redis://" in msg, f"a malformed run address: {msg}")
+    msg = error_of(lambda: loco._loco.elastic_world(f"redis://127.0.0.1:{port}/x", "../w"))
+    check("--worker" in msg or "letters" in msg, f"a worker name that is not a plain name: {msg}")
+finally:
+    cleanup()
+
+print("python.elastic: " + ("FAILED: " + "; ".join(failures) if failures else "OK"))
+sys.exit(1 if failures else 0)
