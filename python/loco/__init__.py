@@ -13,6 +13,8 @@ from . import _loco
 Error = _loco.Error
 Endpoint = _loco.Endpoint
 codec_roundtrip = _loco.codec_roundtrip
+noloco_groups = _loco.noloco_groups
+route_permutation = _loco.route_permutation
 config_keys = _loco.config_keys
 
 _endpoint = None

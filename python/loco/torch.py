@@ -74,6 +74,13 @@ def _toml(name, value):
 
 
 _BLOCK = re.compile(r"^(.*?)\.(\d+)\.")
+_MLP = {"gate_proj.weight": "gate", "up_proj.weight": "up", "down_proj.weight": "down"}
+
+
+def _mlp_kind(name):
+    """"gate", "up" or "down" for a block's MLP projection named as in Hugging Face's Llama
+    (...mlp.gate_proj.weight), else ""."""
+    return next((k for suffix, k in _MLP.items() if name.endswith(suffix)), "")
 
 
 def _auto_blocks(names):
@@ -218,16 +225,31 @@ class Sync:
         self._names = [names[i] for i in order]
         self._params = [named[i][1] for i in order]
         self._ids = [id(p) for p in self._params]
+        # Partial updates slice the MLP's hidden units: rows of gate_proj and up_proj (f x d) and
+        # columns of down_proj (d x f), which loco lays transposed so that every slice is a row
+        # block of the flat buffer (the parameter is then a transposed view of it).
+        partial = any(s_.startswith("partial.slices=") and s_ != "partial.slices=1" for s_ in settings)
+        self._mlp = [(_mlp_kind(names[i]) if partial and block_of[i] >= 0 and named[i][1].dim() == 2 else "")
+                     for i in order]
         tensors = []
-        for i in order:
+        for i, kind in zip(order, self._mlp):
             p = named[i][1]
             rows = p.shape[0] if p.dim() >= 1 else 1
-            tensors.append(_loco.Tensor(names[i], block_of[i], int(rows), int(p.numel() // max(rows, 1))))
+            cols = int(p.numel() // max(rows, 1))
+            if kind == "down":
+                rows, cols = cols, rows
+            tensors.append(_loco.Tensor(names[i], block_of[i], int(rows), int(cols), kind))
         elastic = bool(endpoint.worker)
-        if elastic and not any(s.startswith("train.steps=") and not s.endswith("=4611686018427387904")
-                               for s in settings):
+        if elastic and not any(s_.startswith("train.steps=") and not s_.endswith("=4611686018427387904")
+                               for s_ in settings):
             raise _loco.Error("an elastic run needs train_steps= (where the run ends: members finish and "
                               "joiners stop waiting there)")
+        self._device = self._params[0].device
+        if any(p.device != self._device for p in self._params):
+            raise _loco.Error("the model's parameters are on more than one device")
+        self._staged = self._device.type != "cpu"
+        if partial and self._staged:
+            raise _loco.Error("partial updates (partial_slices > 1) need the model's parameters on the CPU")
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
                                   _InnerState(inner_opt) if elastic else None)
         self.method = method
@@ -240,21 +262,32 @@ class Sync:
         for p in self._params:
             self._slices.append((at, at + p.numel()))
             at += p.numel()
-        self._device = self._params[0].device
-        if any(p.device != self._device for p in self._params):
-            raise _loco.Error("the model's parameters are on more than one device")
-        self._staged = self._device.type != "cpu"
+        # With partial updates the method's gradient buffer is compact (this member's slice and the
+        # shared entries): torch's gradients live in a full buffer of their own, whose entries
+        # outside the trained ranges are zeroed, and the parameters there restored after each
+        # inner step (they change only at the outer synchronizations).
+        self._partial = bool(partial)
+        if self._partial:
+            self._trained = [tuple(r) for r in self._core.trainable_ranges]
+            self._frozen, prev = [], 0
+            for lo, hi in self._trained + [(at, at)]:
+                if lo > prev:
+                    self._frozen.append((prev, lo))
+                prev = hi
+            self._gbuf = _torch.zeros(at)
+        else:
+            self._gbuf = self._gflat
         with _torch.no_grad():
-            for p, (a, b) in zip(self._params, self._slices):
-                self._flat[a:b].copy_(p.detach().reshape(-1).to("cpu"))
+            for i, p in enumerate(self._params):
+                self._as_param(self._flat, i).copy_(p.detach().to("cpu"))
         self._core.broadcast_params()  # every replica starts from member 0's parameters
         with _torch.no_grad():
-            for p, (a, b) in zip(self._params, self._slices):
+            for i, p in enumerate(self._params):
                 if self._staged:
-                    p.copy_(self._flat[a:b].view_as(p))
+                    p.copy_(self._as_param(self._flat, i))
                 else:
-                    p.data = self._flat[a:b].view_as(p)
-                    p.grad = self._gflat[a:b].view_as(p)
+                    p.data = self._as_param(self._flat, i)
+                    p.grad = self._as_param(self._gbuf, i)
         self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
         self._from_host()
         self._stepped = self._synced = False
@@ -278,7 +311,15 @@ class Sync:
                 self.sync_gradients()
             self._synced = False
             self._stepped = True
-            return original(*args, **kwargs)
+            if not self._partial:
+                return original(*args, **kwargs)
+            with _torch.no_grad():  # the entries this member does not train keep their values
+                kept = [self._flat[lo:hi].clone() for lo, hi in self._frozen]
+            out = original(*args, **kwargs)
+            with _torch.no_grad():
+                for (lo, hi), v in zip(self._frozen, kept):
+                    self._flat[lo:hi].copy_(v)
+            return out
 
         inner_opt.step = step
         self._original_step = original
@@ -290,32 +331,50 @@ class Sync:
             raise _loco.Error("the model's trainable parameters changed since loco.torch.wrap "
                               "(added, removed or frozen); wrap the model again")
 
+    def _as_param(self, flat, i):
+        """Parameter i's entries of a flat buffer, shaped as the parameter (a transposed view for
+        a down projection laid transposed)."""
+        a, b = self._slices[i]
+        p = self._params[i]
+        if self._mlp[i] == "down":
+            return flat[a:b].view(p.shape[1], p.shape[0]).t()
+        return flat[a:b].view_as(p)
+
     def _gather_grads(self):
-        """Makes the flat gradient buffer hold this step's gradients (a missing one as zeros)."""
+        """Makes the gradient buffer hold this step's gradients (a missing one as zeros); with
+        partial updates, zero outside this member's trained ranges, which the method's compact
+        buffer then holds."""
         with _torch.no_grad():
-            for p, (a, b) in zip(self._params, self._slices):
-                view = self._gflat[a:b]
+            for i, p in enumerate(self._params):
+                view = self._as_param(self._gbuf, i)
                 g = p.grad
                 if g is None:
                     view.zero_()
-                elif self._staged or g.data_ptr() != view.data_ptr():
+                elif self._staged or g.data_ptr() != view.data_ptr() or g.stride() != view.stride():
                     if g.is_sparse:
                         raise _loco.Error("sparse gradients are not supported")
-                    view.copy_(g.detach().reshape(-1).to("cpu"))
+                    view.copy_(g.detach().to("cpu"))
                     if not self._staged:
-                        p.grad = view.view_as(p)
+                        p.grad = view
+            if self._partial:
+                for lo, hi in self._frozen:
+                    self._gbuf[lo:hi].zero_()
+                at = 0
+                for lo, hi in self._trained:
+                    self._gflat[at:at + hi - lo].copy_(self._gbuf[lo:hi])
+                    at += hi - lo
 
     def _to_host(self):
         if self._staged:
             with _torch.no_grad():
-                for p, (a, b) in zip(self._params, self._slices):
-                    self._flat[a:b].copy_(p.detach().reshape(-1), non_blocking=False)
+                for i, p in enumerate(self._params):
+                    self._as_param(self._flat, i).copy_(p.detach(), non_blocking=False)
 
     def _from_host(self):
         if self._staged:
             with _torch.no_grad():
-                for p, (a, b) in zip(self._params, self._slices):
-                    p.copy_(self._flat[a:b].view_as(p), non_blocking=False)
+                for i, p in enumerate(self._params):
+                    p.copy_(self._as_param(self._flat, i), non_blocking=False)
 
     def sync_gradients(self):
         """The method's gradient hook (data-parallel: the gradients averaged over the replicas).
@@ -327,10 +386,12 @@ class Sync:
         self._check_parameters()
         self._gather_grads()
         self._core.on_gradients()
-        with _torch.no_grad():  # gradients that are not views of the buffer (staged ones) get its values
-            for p, (a, b) in zip(self._params, self._slices):
-                if p.grad is not None and p.grad.data_ptr() != self._gflat[a:b].data_ptr():
-                    p.grad.copy_(self._gflat[a:b].view_as(p))
+        if not self._partial:
+            with _torch.no_grad():  # gradients that are not views of the buffer (staged ones) get its values
+                for i, p in enumerate(self._params):
+                    view = self._as_param(self._gbuf, i)
+                    if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                        p.grad.copy_(view)
         self._synced = True
 
     def step(self, loss=None, tokens=None):
@@ -400,7 +461,7 @@ class Sync:
         """{name: tensor} of the parameters to evaluate or save (DiLoCo: the outer parameters),
         the same on every replica. Every member must call it at the same step."""
         flat = _torch.from_numpy(self._core.eval_params())
-        out = {n: flat[a:b].view_as(p).clone() for n, p, (a, b) in zip(self._names, self._params, self._slices)}
+        out = {n: self._as_param(flat, i).clone() for i, n in enumerate(self._names)}
         return {n: out[n] for n in self._model_order}
 
     def metrics(self):

@@ -42,6 +42,7 @@ ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int 
   ModelConfig c;
   c.num_layers = num_blocks;
   ParamLayout out(c, StageSpec{0, 0, false, false});  // no tensors; the stage is every block
+  out.config_.intermediate_size = 0;                  // the MLP projections' (below), if any
   out.stage_.last_block = num_blocks;
   std::set<std::string> names;
   int block = -1;
@@ -56,7 +57,18 @@ ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int 
           "parameter " + t.name + " is out of order: non-block parameters first, then blocks 0, 1, ... each together");
     if (t.block != block) out.block_first_tensor_.push_back(out.tensors_.size());
     block = t.block;
-    out.add(t.name, TensorKind::Foreign, t.block, t.rows, t.cols, false);
+    TensorKind kind = TensorKind::Foreign;
+    if (!t.mlp.empty()) {
+      check(t.mlp == "gate" || t.mlp == "up" || t.mlp == "down",
+            "parameter " + t.name + ": mlp must be \"gate\", \"up\", \"down\" or \"\", got \"" + t.mlp + "\"");
+      check(t.block >= 0, "parameter " + t.name + ": an MLP projection must belong to a block");
+      check(out.config_.intermediate_size == 0 || out.config_.intermediate_size == t.rows,
+            "parameter " + t.name + ": " + std::to_string(t.rows) + " hidden units, another MLP projection has " +
+                std::to_string(out.config_.intermediate_size));
+      out.config_.intermediate_size = int(t.rows);
+      kind = t.mlp == "gate" ? TensorKind::Gate : t.mlp == "up" ? TensorKind::Up : TensorKind::Down;
+    }
+    out.add(t.name, kind, t.block, t.rows, t.cols, t.mlp == "down");
   }
   check(block == num_blocks - 1, "blocks " + std::to_string(block + 1) + " .. " + std::to_string(num_blocks - 1) +
                                      " have no parameters");

@@ -61,11 +61,14 @@ inline bool is_constrained(const StageSpec& stage, const TensorInfo& t) {
 enum class SliceStrategy { Mlp, MlpHeads };
 
 // A tensor of a foreign model: its name, the block (fragment unit) it belongs to (-1: none) and
-// its shape as (rows, cols) of its elements in storage order.
+// its shape as (rows, cols) of its elements in storage order. `mlp` marks the MLP projections
+// that partial updates slice: "gate" and "up" (f x d, rows = hidden units) and "down" stored
+// transposed (f x d: the caller lays its d x f weight's transpose); "" for every other tensor.
 struct ForeignTensor {
   std::string name;
   int block = -1;
   int64_t rows = 0, cols = 0;
+  std::string mlp;
 };
 
 class ParamLayout {
@@ -74,7 +77,9 @@ class ParamLayout {
   // A foreign model's parameters: the non-block tensors first, then blocks 0 .. num_blocks - 1
   // in order, each block's tensors together, as this layout's invariants need (checked: an
   // error names the first tensor out of order, a block without tensors, an empty or duplicate
-  // name). Stage: every block, no embedding or head semantics; partial slicing is not defined.
+  // name). Stage: every block, no embedding or head semantics. Partial slicing (strategy mlp)
+  // cuts the tensors marked gate/up/down by their rows, the hidden units (every marked tensor must
+  // have the same row count f, the layout's intermediate size).
   static ParamLayout foreign(const std::vector<ForeignTensor>& tensors, int num_blocks);
 
   int64_t size() const { return size_; }

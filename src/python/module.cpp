@@ -34,6 +34,7 @@
 #include "io/config_schema.h"
 #include "io/run_config.h"
 #include "io/train_state.h"
+#include "pipeline/executor.h"
 
 namespace py = pybind11;
 
@@ -162,7 +163,7 @@ class Method {
          int num_blocks, py::object inner)
       : busy_(claim(ep)),
         release_{busy_},
-        cfg_(make_config(settings, num_blocks, !ep.join_url.empty())),
+        cfg_(make_config(settings, tensors, num_blocks, !ep.join_url.empty())),
         traffic_(std::make_shared<TrafficStats>(ep.comm.peak_window_s)),
         comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
         w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks)),
@@ -353,6 +354,13 @@ class Method {
   }
 
   int64_t step() const { return step_; }
+  // The ranges of the flat parameter buffer this member trains (all of it but with partial
+  // updates), as (begin, end) pairs, and the size of the compact gradient buffer.
+  std::vector<std::pair<int64_t, int64_t>> trainable_ranges() const {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& r : w_.trainable.ranges()) out.emplace_back(r.begin, r.end);
+    return out;
+  }
   // (slot, members): this member's share of the data for the current steps. A fixed world:
   // (rank, size); an elastic run: its place among the members of the last round.
   std::pair<int, int> data_share() const { return share_; }
@@ -378,14 +386,26 @@ class Method {
     }
   };
 
-  static RunConfig make_config(const std::vector<std::string>& settings, int num_blocks, bool elastic) {
-    // The model is the caller's: its blocks are the fragment units. Defaults resolved as for
-    // `loco train` (the methods' paper values); an elastic member's config checked as one.
+  static RunConfig make_config(const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
+                               int num_blocks, bool elastic) {
+    // The model is the caller's: its blocks are the fragment units, its MLP projections' hidden
+    // units what partial updates slice. Defaults resolved as for `loco train` (the methods'
+    // paper values); an elastic member's config checked as one.
+    int64_t f = 0;
+    for (const auto& t : tensors)
+      if (!t.mlp.empty()) f = t.rows;
     std::vector<std::string> all{"model.num_layers=" + std::to_string(std::max(1, num_blocks))};
+    if (f > 0) all.push_back("model.intermediate_size=" + std::to_string(f));
     all.insert(all.end(), settings.begin(), settings.end());
     if (elastic) all.push_back("distributed.backend=\"elastic\"");
     RunConfig cfg = load_run_config("", all);
-    if (cfg.partial.slices > 1) fail("partial.slices > 1 is not available for torch models yet");
+    if (cfg.partial.slices > 1) {
+      if (f == 0)
+        fail("partial.slices > 1 slices the MLP's hidden units, and this model has no parameter named like "
+             "*gate_proj.weight, *up_proj.weight or *down_proj.weight inside a block");
+      if (cfg.partial.strategy != "mlp")
+        fail("partial.strategy = \"" + cfg.partial.strategy + "\" is not available for torch models (\"mlp\" is)");
+    }
     return cfg;
   }
 
@@ -531,15 +551,22 @@ PYBIND11_MODULE(_loco, m) {
     return noloco_groups(replicas, group_size, seed, k);
   }, py::arg("replicas"), py::arg("group_size"), py::arg("seed"), py::arg("k"),
         "NoLoCo's groups of outer step k (1-based), as every member derives them");
+  m.def("route_permutation", [](int replicas, uint64_t seed, int64_t step, int microbatch, int boundary) {
+    if (replicas < 1 || step < 0 || microbatch < 0 || boundary < 0)
+      fail("route_permutation needs replicas >= 1 and step, microbatch, boundary >= 0");
+    return route_permutation(replicas, seed, step, microbatch, boundary);
+  }, py::arg("replicas"), py::arg("seed"), py::arg("step"), py::arg("microbatch"), py::arg("boundary"),
+        "NoLoCo's random pipeline routing: replica r of stage b sends microbatch mb of `step` to replica "
+        "perm[r] of stage b + 1, as every worker derives it");
   m.def("codec_roundtrip", &codec_roundtrip, py::arg("codec"), py::arg("x"), py::arg("rounding") = "nearest",
         py::arg("block") = 128, py::arg("seed") = 0,
         "(decoded values, encoded bytes) of x under an outer-gradient codec");
 
   py::class_<ForeignTensor>(m, "Tensor")
-      .def(py::init([](std::string name, int block, int64_t rows, int64_t cols) {
-             return ForeignTensor{std::move(name), block, rows, cols};
+      .def(py::init([](std::string name, int block, int64_t rows, int64_t cols, std::string mlp) {
+             return ForeignTensor{std::move(name), block, rows, cols, std::move(mlp)};
            }),
-           py::arg("name"), py::arg("block"), py::arg("rows"), py::arg("cols"));
+           py::arg("name"), py::arg("block"), py::arg("rows"), py::arg("cols"), py::arg("mlp") = "");
 
   py::class_<Method>(m, "Method")
       .def(py::init<const Endpoint&, const std::vector<std::string>&, const std::vector<ForeignTensor>&, int,
@@ -563,6 +590,7 @@ PYBIND11_MODULE(_loco, m) {
       .def("config_toml", &Method::config_toml)
       .def_property_readonly("step", &Method::step)
       .def_property_readonly("data_share", &Method::data_share)
+      .def_property_readonly("trainable_ranges", &Method::trainable_ranges)
       .def_property_readonly("elastic", &Method::elastic)
       .def_property_readonly("log_interval", &Method::log_interval)
       .def_property_readonly("rank", &Method::rank)

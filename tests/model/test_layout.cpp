@@ -178,6 +178,34 @@ TEST(Layout, ForeignModelsLayOutBlocksAsFragments) {
   refused({{"a", -1, 0, 1}}, 0, "a has no elements");
 }
 
+TEST(Layout, ForeignMlpProjectionsAreSlicedByHiddenUnits) {
+  // gate and up (f = 6 rows of d = 4) and down laid transposed (6 x 4): slice n of 2 is rows
+  // [3n, 3n + 3) of each; the other tensors are trained by every slice.
+  const std::vector<ForeignTensor> t = {{"embed", -1, 5, 4, ""},
+                                        {"l.0.gate_proj.weight", 0, 6, 4, "gate"},
+                                        {"l.0.up_proj.weight", 0, 6, 4, "up"},
+                                        {"l.0.down_proj.weight", 0, 6, 4, "down"},
+                                        {"l.0.norm", 0, 1, 4, ""}};
+  const auto layout = ParamLayout::foreign(t, 1);
+  EXPECT_EQ(layout.config().intermediate_size, 6);
+  EXPECT_TRUE(layout.tensors()[3].transposed);
+  EXPECT_EQ(layout.slice_ranges(1, 2, SliceStrategy::Mlp), (std::vector<Range>{{32, 44}, {56, 68}, {80, 92}}));
+  const TrainableSet s0(layout, 0, 2, "mlp");
+  EXPECT_EQ(s0.ranges(), (std::vector<Range>{{0, 32}, {44, 56}, {68, 80}, {92, 96}}));
+  EXPECT_EQ(s0.size(), 20 + 3 * 12 + 4);
+  auto refused = [](const std::vector<ForeignTensor>& ts, const std::string& what) {
+    try {
+      ParamLayout::foreign(ts, 1);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{"g", 0, 6, 4, "gate"}, {"u", 0, 8, 4, "up"}}, "u: 8 hidden units, another MLP projection has 6");
+  refused({{"g", -1, 6, 4, "gate"}, {"x", 0, 1, 1, ""}}, "g: an MLP projection must belong to a block");
+  refused({{"g", 0, 6, 4, "gates"}}, "mlp must be");
+}
+
 TEST(Layout, ExportImportRoundTrip) {
   for (bool tied : {false, true}) {
     const auto c = tiny(tied, true);

@@ -96,6 +96,59 @@ def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0):
     return [params_of(m) for m in models], [o.detach().clone() for o in outer]
 
 
+def _slice_mask(name, p, n, N):
+    """True where slice n of N trains parameter `name` (spec 03-partial.md, MLP strategy): rows
+    [n f/N, (n+1) f/N) of gate_proj and up_proj (f x d), the same columns of down_proj (d x f);
+    everything else on every slice."""
+    mask = torch.ones_like(p, dtype=torch.bool)
+    if name.endswith(("gate_proj.weight", "up_proj.weight", "down_proj.weight")):
+        f = p.shape[1] if name.endswith("down_proj.weight") else p.shape[0]
+        lo, hi = n * f // N, (n + 1) * f // N
+        mask.zero_()
+        if name.endswith("down_proj.weight"):
+            mask[:, lo:hi] = True
+        else:
+            mask[lo:hi] = True
+    return mask
+
+
+def reference_partial(M, steps, H, outer_lr, outer_momentum, N):
+    """DiLoCo with partial parameter updates: replica k trains slice k mod N only (its gradients
+    elsewhere zeroed, and AdamW's step undone there: those entries change only at the outer
+    step); every H steps an entry's outer gradient is theta minus the mean over the replicas
+    that train it."""
+    models, opts = _replicas(M)
+    names = [n for n, _ in models[0].named_parameters()]
+    masks = [[_slice_mask(n, p, r % N, N) for n, p in m.named_parameters()] for r, m in enumerate(models)]
+    outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
+    for t in range(steps):
+        for r, (m, o) in enumerate(zip(models, opts)):
+            inner_step(m, o, r, t)
+            with torch.no_grad():
+                kept = []
+                for p, mask in zip(m.parameters(), masks[r]):
+                    p.grad[~mask] = 0
+                    kept.append(p.detach().clone())
+            o.step()
+            o.zero_grad()
+            with torch.no_grad():
+                for p, mask, old in zip(m.parameters(), masks[r], kept):
+                    p[~mask] = old[~mask]
+        if (t + 1) % H == 0:
+            with torch.no_grad():
+                for i, o in enumerate(outer):
+                    total = sum(list(m.parameters())[i] * masks[r][i] for r, m in enumerate(models))
+                    count = sum(masks[r][i].float() for r in range(M))
+                    o.grad = o.detach() - total / count
+            outer_opt.step()
+            with torch.no_grad():
+                for m in models:
+                    for p, o in zip(m.parameters(), outer):
+                        p.copy_(o)
+    assert len(names) == len(outer)
+    return [params_of(m) for m in models], [o.detach().clone() for o in outer]
+
+
 def reference_streaming(M, steps, H, outer_lr, outer_momentum, fragments, tau, alpha):
     """Streaming DiLoCo: fragment j (a list of parameter indices) syncs at steps offset_j + kH
     (offset_j = j floor(H / F)); its outer step is taken on the replicas' mean when the sync
