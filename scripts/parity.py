@@ -12,7 +12,8 @@ Tuning, the same protocol for every M (the grids are GRID_* below):
 Each M thus gets 10 runs plus one per other inner lr, as data-parallel gets one per inner lr. Then a second seed of the best data-parallel and
 M = 4 runs, and the best M = 4 and M = 8 settings started after data-parallel steps
 (outer.start_step), as the DiLoCo paper started from a pretrained model. Four diagnoses of
-M = 4's gap (diagnoses() below) run after the first M's tuning.
+M = 4's gap (diagnoses() below) run after the first M's tuning. The 32k phase then re-measures
+the other methods' claims at the tuned settings (claim_runs() below).
 
 The plan depends on earlier results, so it is computed from the records every time: a run is
 named by its settings, trains in RUNS/NAME (resumable from its checkpoints, as every run of
@@ -36,9 +37,9 @@ REPLICAS = [1, 4, 8, 2]  # the 8k phase's training order: M = 1 (the sharpest te
 # same 20 tokens per parameter then take 337 steps (11 rounds), the warmup the same 5.2% of them
 # (the same tokens), and M = 4 trains first (M = 1 already matched data-parallel in the 8k phase).
 PHASES = {
-    "8k": dict(global_batch=64, steps=1350, order=REPLICAS, sets=[], name="parity"),
+    "8k": dict(global_batch=64, steps=1350, order=REPLICAS, sets=[], name="parity", claims=False),
     "32k": dict(global_batch=256, steps=337, order=[4, 8, 1, 2], sets=["optimizer.warmup_steps=18"],
-                name="parity-32k"),
+                name="parity-32k", claims=True),
 }
 H = 30
 WARM_FRACTION = 0.2  # outer.start_step of the warm-started runs, as a fraction of the steps
@@ -50,10 +51,11 @@ TARGET_GAP = {1: 0.0, 4: 3.0, 8: 6.0}  # the study's targets (issue 30): the pap
 
 
 class Run:
-    def __init__(self, name, sets, label, group, replicas=1, cell=None, batch_share=None):
+    def __init__(self, name, sets, label, group, replicas=1, cell=None, batch_share=None, ref=None):
         self.name, self.sets, self.label, self.group, self.replicas = name, sets, label, group, replicas
         self.cell = cell  # DiLoCo: (inner lr, outer lr, momentum); data-parallel: (inner lr,)
         self.batch_share = batch_share or replicas  # each replica trains on global batch / batch_share
+        self.ref = ref  # the run this one is compared with (the claims' table)
 
 
 def dp_run(lr, seed1=False):
@@ -101,6 +103,51 @@ def diagnoses(lr):
     return [lone] + avg + [double]
 
 
+def claim_runs(best4, best8, dp_lr):
+    """Issue 30's other claims, re-measured at the tuned settings (the best M = 4 cell; partial
+    updates at the best M = 8 cell): Streaming DiLoCo with fp32 outer gradients (4 fragments of
+    one block) against DiLoCo, and with fp4 ones, all-gathered (quantized once, as the paper) and
+    reduce-scattered, against fp32; partial updates with M = 8, each node training 1/2 and 1/4 of
+    the MLPs (4 and 2 nodes per slice), against DiLoCo M = 8; NoLoCo against DiLoCo with
+    momentum of its family (heavy-ball: outer.nesterov = false, the same beta and alpha); and
+    protocol models (k = 12 of the 96 numbers per token of configs/parity.toml) against the uncompressed 2-stage
+    pipeline, both data-parallel on one replica with an untied head, which protocol models need."""
+    lr, olr, mom = best4.cell
+    outer = [f"outer.inner_steps={H}", f"outer.lr={olr}", f"outer.momentum={mom}"]
+    at4 = f"inner lr {lr}, outer lr {olr}, momentum {mom}"
+    stream = lr_sets(lr) + ["distributed.replicas=4", "algorithm=streaming", "streaming.fragment_blocks=1"] + outer
+    runs = [Run("c-streaming4-fp32", stream, f"Streaming DiLoCo M=4, fp32, 4 fragments of one block, {at4}", "claims",
+                4, cell=best4.cell, ref=best4.name)]
+    for reduce in ("all-gather", "reduce-scatter"):
+        runs.append(Run(f"c-streaming4-fp4-{reduce}", stream + ["outer.codec=fp4-e3m0", f"outer.reduce={reduce}"],
+                        f"the same with fp4 (e3m0) outer gradients, {reduce}", "claims", 4, cell=best4.cell,
+                        ref="c-streaming4-fp32"))
+    lr8, olr8, mom8 = best8.cell
+    for slices, share in ((2, "1/2"), (4, "1/4")):
+        runs.append(Run(f"c-partial8-slices{slices}",
+                        diloco_run(8, lr8, olr8, mom8).sets + [f"partial.slices={slices}"],
+                        f"DiLoCo M=8, each node trains {share} of the MLPs ({8 // slices} nodes per slice), "
+                        f"inner lr {lr8}, outer lr {olr8}, momentum {mom8}", "claims", 8, cell=best8.cell,
+                        ref=best8.name))
+    runs.append(Run("c-diloco4-heavyball", diloco_run(4, lr, olr, mom).sets + ["outer.nesterov=false"],
+                    f"DiLoCo M=4 with heavy-ball outer momentum (not Nesterov), {at4}", "claims", 4, cell=best4.cell,
+                    ref=best4.name))
+    runs.append(Run("c-noloco4", lr_sets(lr) + ["distributed.replicas=4", "algorithm=noloco",
+                                                f"noloco.inner_steps={H}", f"noloco.outer_lr={olr}",
+                                                f"noloco.momentum={mom}"],
+                    f"NoLoCo M=4 (groups of 2, heavy-ball beta {olr}, alpha {mom}, pull = beta), inner lr {lr}",
+                    "claims", 4, cell=best4.cell, ref="c-diloco4-heavyball"))
+    pipe = lr_sets(dp_lr) + ["algorithm=ddp", "model.tie_embeddings=false", "pipeline.stages=2",
+                             "pipeline.microbatches=4"]
+    runs.append(Run("c-pipeline2", pipe, f"data-parallel as a 2-stage pipeline (4 microbatches), untied head, "
+                                         f"inner lr {dp_lr}", "claims", cell=(dp_lr,), ref=None))
+    runs.append(Run("c-protocol2-k12", pipe + ["protocol.rank=12"],
+                    "the same with protocol models: 12 numbers per token cross the stage boundary instead of "
+                    "the hidden size's",
+                    "claims", cell=(dp_lr,), ref="c-pipeline2"))
+    return runs
+
+
 def lr_sets(lr):
     # The schedule's floor follows the peak: cosine from lr to lr / 10.
     return [f"optimizer.lr={lr}", f"optimizer.min_lr={float(lr) / 10:g}"]
@@ -141,7 +188,7 @@ def inner_grid(records):
             return grid, True
 
 
-def plan(records, steps, order=REPLICAS):
+def plan(records, steps, order=REPLICAS, claims=False):
     """Every run of the study in training order, as far as the records decide it: the runs after a
     choice that needs unrecorded results are not listed yet (the returned flag says so), and the
     inner-lr grid."""
@@ -171,6 +218,8 @@ def plan(records, steps, order=REPLICAS):
     warm = max(1, int(steps * WARM_FRACTION))
     for m in (4, 8):
         runs.append(diloco_run(m, *best_m[m].cell, warm=warm))
+    if claims:
+        runs += claim_runs(best_m[4], best_m[8], dp_lr)
     return runs, True, grid
 
 
@@ -209,7 +258,7 @@ def arguments():
     p.add_argument("--global-batch", type=int, default=ph["global_batch"],
                    help="windows per step over all replicas (default: 64 for 8k, 256 for 32k)")
     args = p.parse_args()
-    args.order, args.set = ph["order"], ph["sets"] + args.set
+    args.order, args.set, args.claims = ph["order"], ph["sets"] + args.set, ph["claims"]
     args.name = os.path.splitext(os.path.basename(args.page))[0]
     return args
 
@@ -217,7 +266,7 @@ def arguments():
 def main():
     args = arguments()
     if args.list:
-        runs, complete, _ = plan(args.records, args.steps, args.order)
+        runs, complete, _ = plan(args.records, args.steps, args.order, args.claims)
         for r in runs:
             print(f"{r.name:34s} {r.group:6s} {'recorded' if load_record(args.records, r.name) else 'pending':9s} "
                   f"{r.label}")
@@ -229,7 +278,7 @@ def main():
         study.prepare(args, "parity")
         trained = 0
         while True:
-            runs, complete, _ = plan(args.records, args.steps, args.order)
+            runs, complete, _ = plan(args.records, args.steps, args.order, args.claims)
             todo = [r for r in runs if not load_record(args.records, r.name)]
             if not todo or (args.max_runs and trained >= args.max_runs):
                 break

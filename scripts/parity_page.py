@@ -60,6 +60,7 @@ class Page:
             self.m_grid(m, base)
         self.diagnoses(base)
         self.extras(dp, base)
+        self.claims(base)
         return self.finish()
 
     def finish(self):
@@ -201,5 +202,28 @@ class Page:
         self.run_rows(rows, base, lambda r: self.val(r.name.replace("-seed1", "").split("-warm")[0]))
 
 
+    def claims(self, base):
+        rows = [r for r in self.runs if r.group == "claims"]
+        if not rows:
+            return
+        self.w("## Other claims at the tuned settings")
+        self.w()
+        self.w("Each run against the run it tests a claim against (its reference); bytes: what a worker sent "
+               "over the run, mean over workers (a pipeline's stages send activations and their gradients).")
+        self.w()
+        self.w("| run | what | val loss | vs best data-parallel | reference | vs reference | bytes sent / worker |")
+        self.w("|---|---|---|---|---|---|---|")
+        for r in rows:
+            v = self.val(r.name)
+            ref = f"`{r.ref}`" if r.ref else ""
+            if v is None:
+                self.w(f"| `{r.name}` | {r.label} | not run yet | | {ref} | | |")
+                continue
+            rv = self.val(r.ref) if r.ref else None
+            self.w(f"| `{r.name}` | {r.label} | {v:.4f} | {pct(v, base):+.2f}% | {ref} | "
+                   f"{'' if rv is None else f'{pct(v, rv):+.2f}%'} | {fmt_bytes(totals(self.rec[r.name])[0])} |")
+        self.w()
+
+
 def write(args, plan):
-    return Page(args, *plan(args.records, args.steps, args.order)).write()
+    return Page(args, *plan(args.records, args.steps, args.order, args.claims)).write()

@@ -158,6 +158,32 @@ cp page/parity.md parity.before
 rm -rf parity-runs
 "${parity[@]}" --report-only > /dev/null
 cmp page/parity.md parity.before
+# The 32k phase's claims (scripts/parity.py claim_runs), decided from the tuning runs above (same
+# names: the records are copied), each run's settings and the page's table.
+cp -r parity-rec parity32-rec
+"${parity[@]/parity-rec/parity32-rec}" --phase 32k --page page/parity32.md > p32.log
+$py - parity32-rec page/parity32.md <<'PY'
+import os, sys, tomllib
+rec, page = sys.argv[1], open(sys.argv[2]).read()
+def cfg(n): return tomllib.load(open(f"{rec}/{n}/config.toml", "rb"))
+claims = {n: cfg(n) for n in sorted(os.listdir(rec)) if n.startswith("c-")}
+assert len(claims) == 9, sorted(claims)
+s = {n: c for n, c in claims.items() if c["algorithm"] == "streaming"}
+assert sorted((c["outer"]["codec"], c["outer"]["reduce"]) for c in s.values()) == \
+    [("fp32", "auto"), ("fp4-e3m0", "all-gather"), ("fp4-e3m0", "reduce-scatter")], s
+assert all(c["distributed"]["replicas"] == 4 and c["streaming"]["fragment_blocks"] == 1 for c in s.values())
+p = sorted(c["partial"]["slices"] for c in claims.values() if c["partial"]["slices"] > 1)
+assert p == [2, 4] and all(c["distributed"]["replicas"] == 8 for c in claims.values() if c["partial"]["slices"] > 1)
+hb = claims["c-diloco4-heavyball"]["outer"]
+nl = claims["c-noloco4"]["noloco"]
+assert hb["nesterov"] is False and (nl["outer_lr"], nl["momentum"]) == (hb["lr"], hb["momentum"]), (hb, nl)
+pipe, proto = claims["c-pipeline2"], claims["c-protocol2-k12"]
+assert pipe["pipeline"]["stages"] == 2 and pipe["protocol"]["rank"] == 0 and proto["protocol"]["rank"] == 12
+assert not pipe["model"]["tie_embeddings"] and not proto["model"]["tie_embeddings"]
+table = page.split("## Other claims at the tuned settings")[1]
+assert all(f"| `{n}` |" in table for n in claims) and "not run yet" not in table, table
+print("reproduce: the 32k phase's 9 claim runs have their settings and their table")
+PY
 for phase in 8k 32k; do  # the study's two phases (scripts/parity.py PHASES)
   name=parity; [ $phase = 8k ] || name=parity-$phase
   [ -f "$root/docs/results/$name.md" ] || continue
