@@ -90,6 +90,26 @@ got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0
                alpha=0.5)
 compare("streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
 
+# The staged path of parameters that are not on the CPU (CUDA: copies through the method's host
+# buffers before and after every hook instead of views), forced here on CPU tensors: the same
+# results as the references.
+loco.torch._FORCE_STAGING = True
+try:
+    m = make_model(0)
+    s = loco.torch.wrap(m, make_opt(m), endpoint=loco.inprocess(1)[0])
+    flat = s._flat
+    own = all(not (flat.data_ptr() <= p.data_ptr() < flat.data_ptr() + flat.numel() * 4) for p in m.parameters())
+    check(s._staged and own, "staged: the parameters stay the model's own tensors (not views of the buffer)")
+    s.close()
+    compare("staged ddp, sync_gradients then clipping", run_loco("ddp", 2, 6, clip=0.5), reference_ddp(2, 6, clip=0.5))
+    got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9)
+    compare("staged diloco", got, reference_diloco(2, 12, 4, 0.7, 0.9)[0])
+    got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0.9, fragment_blocks=1, tau=1,
+                   alpha=0.5)
+    compare("staged streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
+finally:
+    loco.torch._FORCE_STAGING = False
+
 # The fragments the reference used are loco's plan (blocks 0 and 1, then the rest; offsets 0, 2, 4).
 plan = loco._loco.plan_fragments(2, 1, "strided", 6)
 check([(f["blocks"], f["nonblock"], f["offset"]) for f in plan] == [([0], False, 0), ([1], False, 2), ([], True, 4)],
