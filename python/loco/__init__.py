@@ -15,6 +15,15 @@ Endpoint = _loco.Endpoint
 codec_roundtrip = _loco.codec_roundtrip
 noloco_groups = _loco.noloco_groups
 route_permutation = _loco.route_permutation
+
+
+def outer_step(theta, momentum, avg, lr, momentum_coef, nesterov=True):
+    """DiLoCo's outer optimizer, in place on float32 CPU tensors or arrays of one size: delta =
+    theta - avg (avg: the replicas' mean parameters), SGD with (Nesterov) momentum on delta, as
+    every loco method takes it (PyTorch's convention: torch.optim.SGD with theta.grad = delta)."""
+    as_np = [t.numpy() if hasattr(t, "numpy") and not hasattr(t, "__array_interface__") else t
+             for t in (theta, momentum, avg)]
+    _loco.outer_step(*as_np, float(lr), float(momentum_coef), bool(nesterov))
 config_keys = _loco.config_keys
 
 _endpoint = None

@@ -558,6 +558,30 @@ PYBIND11_MODULE(_loco, m) {
   }, py::arg("replicas"), py::arg("seed"), py::arg("step"), py::arg("microbatch"), py::arg("boundary"),
         "NoLoCo's random pipeline routing: replica r of stage b sends microbatch mb of `step` to replica "
         "perm[r] of stage b + 1, as every worker derives it");
+  m.def("outer_step",
+        [](py::array_t<float, py::array::c_style> theta, py::array_t<float, py::array::c_style> momentum,
+           py::array_t<float, py::array::c_style | py::array::forcecast> avg, double lr, double mu, bool nesterov) {
+          const int64_t n = int64_t(theta.size());
+          if (int64_t(momentum.size()) != n || int64_t(avg.size()) != n)
+            fail("outer_step: theta, momentum and avg must have the same size (" + std::to_string(n) + ", " +
+                 std::to_string(momentum.size()) + ", " + std::to_string(avg.size()) + ")");
+          if (!theta.writeable() || !momentum.writeable()) fail("outer_step: theta and momentum must be writeable");
+          if (!(lr > 0) || !(mu >= 0 && mu < 1)) fail("outer_step: needs lr > 0 and 0 <= momentum < 1");
+          OuterConfig o;
+          o.lr = lr;
+          o.momentum = mu;
+          o.nesterov = nesterov;
+          float* t = theta.mutable_data();
+          float* v = momentum.mutable_data();
+          const float* a = avg.data();
+          py::gil_scoped_release release;
+          outer_sgd_step(t, v, a, n, o);
+        },
+        py::arg("theta").noconvert(), py::arg("momentum").noconvert(), py::arg("avg"), py::arg("lr"),
+        py::arg("momentum_coef"),
+        py::arg("nesterov") = true,
+        "DiLoCo's outer optimizer, in place: SGD with (Nesterov) momentum on delta = theta - avg, the average "
+        "of the replicas' parameters (float32 arrays of one size; theta and momentum updated)");
   m.def("codec_roundtrip", &codec_roundtrip, py::arg("codec"), py::arg("x"), py::arg("rounding") = "nearest",
         py::arg("block") = 128, py::arg("seed") = 0,
         "(decoded values, encoded bytes) of x under an outer-gradient codec");

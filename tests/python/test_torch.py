@@ -110,6 +110,28 @@ try:
 finally:
     loco.torch._FORCE_STAGING = False
 
+# The outer optimizer on its own (loco.outer_step) equals torch.optim.SGD with Nesterov momentum.
+g = torch.Generator().manual_seed(3)
+theta, avg = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+ref = torch.nn.Parameter(theta.clone())
+sgd = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+mom = torch.zeros(1000)
+worst = 0.0
+for k in range(3):
+    a = avg + 0.1 * k
+    with torch.no_grad():
+        ref.grad = ref.detach() - a
+    sgd.step()
+    loco.outer_step(theta, mom, a, 0.7, 0.9)
+    worst = max(worst, (theta - ref.detach()).abs().max().item())
+check(worst <= 1e-6, f"outer_step: 3 steps equal torch.optim.SGD (Nesterov 0.9) within 1e-6 (max diff {worst:.2e})")
+try:
+    loco.outer_step(theta.double(), mom, avg, 0.7, 0.9)
+    msg = "accepted"
+except TypeError as e:
+    msg = "TypeError"
+check(msg == "TypeError", f"outer_step refuses a float64 theta it would have to copy ({msg})")
+
 # The fragments the reference used are loco's plan (blocks 0 and 1, then the rest; offsets 0, 2, 4).
 plan = loco._loco.plan_fragments(2, 1, "strided", 6)
 check([(f["blocks"], f["nonblock"], f["offset"]) for f in plan] == [([0], False, 0), ([1], False, 2), ([], True, 4)],
