@@ -445,7 +445,9 @@ class Sync:
         seconds = time.monotonic() - self._t0
         workers = [json.loads(w) for w in self._core.worker_summaries(seconds)]
         if self.rank == 0:
-            summary = {"algorithm": self.method, "backend": "python", "replicas": self.size, "stages": 1,
+            # An elastic member's world is itself: the replicas are the members of its last round.
+            replicas = self.data_share[1] if self._core.elastic else self.size
+            summary = {"algorithm": self.method, "backend": "python", "replicas": replicas, "stages": 1,
                        "steps": self._core.step, "tokens": self._last["tokens"], "seconds": seconds,
                        "final_train_loss": self._last["train_loss"], "final_val_loss": -1 if val_loss is None else val,
                        "workers": workers}

@@ -91,8 +91,9 @@ try:
     check(worst <= 1e-6, f"fixed: eval parameters are the reference's outer parameters (max diff {worst:.2e})")
     summ = json.load(open("fixed/a/summary.json"))
     rounds = summ["workers"][0]["elastic"]["rounds"]
-    check(len(rounds) == 3 and all(len(r["contributors"]) == 2 for r in rounds),
-          f"fixed: summary.json records 3 rounds of 2 contributors ({len(rounds)} rounds)")
+    check(len(rounds) == 3 and all(len(r["contributors"]) == 2 for r in rounds) and summ["replicas"] == 2,
+          f"fixed: summary.json records 3 rounds of 2 contributors ({len(rounds)} rounds) and 2 replicas "
+          f"({summ['replicas']})")
 
     # 2. Three start, c dies after 6 steps; d joins at a round by step 16 (a and b wait before
     # step 15 until d waits to be taken in); a, b and d finish with equal parameters, d with the run's AdamW state.
