@@ -110,8 +110,9 @@ def claim_runs(best4, best8, dp_lr):
     reduce-scattered, against fp32; partial updates with M = 8, each node training 1/2 and 1/4 of
     the MLPs (4 and 2 nodes per slice), against DiLoCo M = 8; NoLoCo against DiLoCo with
     momentum of its family (heavy-ball: outer.nesterov = false, the same beta and alpha); and
-    protocol models (k = 12 of the 96 numbers per token of configs/parity.toml) against the uncompressed 2-stage
-    pipeline, both data-parallel on one replica with an untied head, which protocol models need."""
+    protocol models (k = 12 of the 96 numbers per token of configs/parity.toml) against the
+    uncompressed 2-stage pipeline, both data-parallel on one replica with an untied head, which
+    protocol models need."""
     lr, olr, mom = best4.cell
     outer = [f"outer.inner_steps={H}", f"outer.lr={olr}", f"outer.momentum={mom}"]
     at4 = f"inner lr {lr}, outer lr {olr}, momentum {mom}"

@@ -199,7 +199,7 @@ class _InnerState:
 class Sync:
     """A training method bound to one model and its inner optimizer (see wrap)."""
 
-    def __init__(self, model, inner_opt, method, endpoint, blocks, settings, out_dir):
+    def __init__(self, model, inner_opt, method, endpoint, blocks, values):
         if method not in METHODS:
             raise _loco.Error(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -231,7 +231,8 @@ class Sync:
         # Partial updates slice the MLP's hidden units: rows of gate_proj and up_proj (f x d) and
         # columns of down_proj (d x f), which loco lays transposed so that every slice is a row
         # block of the flat buffer (the parameter is then a transposed view of it).
-        partial = any(s_.startswith("partial.slices=") and s_ != "partial.slices=1" for s_ in settings)
+        slices = values.get("partial.slices", (None, 1))[1]
+        partial = isinstance(slices, int) and slices > 1  # other values: the config's checks refuse them
         self._mlp = [(_mlp_kind(names[i]) if partial and block_of[i] >= 0 and named[i][1].dim() == 2 else "")
                      for i in order]
         tensors = []
@@ -243,10 +244,13 @@ class Sync:
                 rows, cols = cols, rows
             tensors.append(_loco.Tensor(names[i], block_of[i], int(rows), int(cols), kind))
         elastic = bool(endpoint.worker)
-        if elastic and not any(s_.startswith("train.steps=") and not s_.endswith("=4611686018427387904")
-                               for s_ in settings):
+        if elastic and "train.steps" not in values:
             raise _loco.Error("an elastic run needs train_steps= (where the run ends: members finish and "
                               "joiners stop waiting there)")
+        settings = [f"{key}={_toml(k, v)}" for key, (k, v) in values.items()]
+        if "train.steps" not in values:
+            settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
+        out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
         self._device = self._params[0].device
         if any(p.device != self._device for p in self._params):
             raise _loco.Error("the model's parameters are on more than one device")
@@ -278,6 +282,7 @@ class Sync:
                     self._frozen.append((prev, lo))
                 prev = hi
             self._gbuf = _torch.zeros(at)
+            self._kept = _torch.empty(sum(hi - lo for lo, hi in self._frozen))  # their values across a step
         else:
             self._gbuf = self._gflat
         self._pinned = []
@@ -321,12 +326,9 @@ class Sync:
             self._stepped = True
             if not self._partial:
                 return original(*args, **kwargs)
-            with _torch.no_grad():  # the entries this member does not train keep their values
-                kept = [self._flat[lo:hi].clone() for lo, hi in self._frozen]
+            self._frozen_copy(to_kept=True)  # the entries this member does not train keep their values
             out = original(*args, **kwargs)
-            with _torch.no_grad():
-                for (lo, hi), v in zip(self._frozen, kept):
-                    self._flat[lo:hi].copy_(v)
+            self._frozen_copy(to_kept=False)
             return out
 
         inner_opt.step = step
@@ -338,6 +340,18 @@ class Sync:
         if sorted(current) != sorted(self._ids):
             raise _loco.Error("the model's trainable parameters changed since loco.torch.wrap "
                               "(added, removed or frozen); wrap the model again")
+
+    def _frozen_copy(self, to_kept):
+        """Partial updates: the entries this member does not train, into self._kept or back."""
+        at = 0
+        with _torch.no_grad():
+            for lo, hi in self._frozen:
+                kept = self._kept[at:at + hi - lo]
+                if to_kept:
+                    kept.copy_(self._flat[lo:hi])
+                else:
+                    self._flat[lo:hi].copy_(kept)
+                at += hi - lo
 
     def _as_param(self, flat, i):
         """Parameter i's entries of a flat buffer, shaped as the parameter (a transposed view for
@@ -445,9 +459,9 @@ class Sync:
         seconds = time.monotonic() - self._t0
         workers = [json.loads(w) for w in self._core.worker_summaries(seconds)]
         if self.rank == 0:
-            # An elastic member's world is itself: the replicas are the members of its last round.
-            replicas = self.data_share[1] if self._core.elastic else self.size
-            summary = {"algorithm": self.method, "backend": "python", "replicas": replicas, "stages": 1,
+            # The members sharing the data: the world, or an elastic member's last round.
+            summary = {"algorithm": self.method, "backend": "python", "replicas": self.data_share[1],
+                       "stages": 1,
                        "steps": self._core.step, "tokens": self._last["tokens"], "seconds": seconds,
                        "final_train_loss": self._last["train_loss"], "final_val_loss": -1 if val_loss is None else val,
                        "workers": workers}
@@ -528,9 +542,5 @@ def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, **con
     if endpoint is None:
         endpoint = _loco_pkg.endpoint()
     keys = set(_loco.config_keys())
-    values = {_config_key(k, keys, method): (k, v) for k, v in config.items()}
-    settings = [f"{key}={_toml(k, v)}" for key, (k, v) in values.items()]
-    if "train.steps" not in values:
-        settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
-    out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
-    return Sync(model, inner_opt, method, endpoint, blocks, settings, out_dir)
+    values = {_config_key(k, keys, method): (k, v) for k, v in config.items()}  # key -> (keyword, value)
+    return Sync(model, inner_opt, method, endpoint, blocks, values)

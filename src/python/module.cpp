@@ -364,7 +364,6 @@ class Method {
   // (slot, members): this member's share of the data for the current steps. A fixed world:
   // (rank, size); an elastic run: its place among the members of the last round.
   std::pair<int, int> data_share() const { return share_; }
-  bool elastic() const { return elastic_; }
   int64_t log_interval() const { return cfg_.train.log_interval; }
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
@@ -417,14 +416,24 @@ class Method {
     o.link = ep.link;
     o.fingerprint = foreign_fingerprint(cfg_, tensors).dump();
     o.foreign = std::make_shared<ForeignWorker>();
-    // Called on this member's own thread, inside a hook that released Python's lock.
+    // Called on this member's own thread, inside a hook that released Python's lock. A Python
+    // exception becomes loco's error here, with the lock held: no Python object crosses the
+    // session's code, which runs without it.
     o.foreign->save_inner = [this] {
       py::gil_scoped_acquire lock;
-      return inner_.attr("save_inner")().cast<std::string>();
+      try {
+        return inner_.attr("save_inner")().cast<std::string>();
+      } catch (py::error_already_set& e) {
+        fail(std::string("saving the inner optimizer's state for a joiner: ") + e.what());
+      }
     };
     o.foreign->load_inner = [this](const std::string& bytes) {
       py::gil_scoped_acquire lock;
-      inner_.attr("load_inner")(py::bytes(bytes));
+      try {
+        inner_.attr("load_inner")(py::bytes(bytes));
+      } catch (py::error_already_set& e) {
+        fail(std::string("installing the inner optimizer's state received: ") + e.what());
+      }
     };
     o.foreign->assign_data = [this](int slot, int members) { share_ = {slot, members}; };
     elastic_ = true;
@@ -615,7 +624,6 @@ PYBIND11_MODULE(_loco, m) {
       .def_property_readonly("step", &Method::step)
       .def_property_readonly("data_share", &Method::data_share)
       .def_property_readonly("trainable_ranges", &Method::trainable_ranges)
-      .def_property_readonly("elastic", &Method::elastic)
       .def_property_readonly("log_interval", &Method::log_interval)
       .def_property_readonly("rank", &Method::rank)
       .def_property_readonly("size", &Method::size);

@@ -2,7 +2,7 @@
 trained with loco.torch joined to redis://... (password and run secret from the environment).
 Reads the batch of its data share: batch(slot, step). Writes OUT/NAME.pt: final parameters,
 eval parameters, the inner optimizer's state, the step it started from, its first data share.
-  elastic_worker.py URL NAME SEED OUT METHOD STEPS [--die-after N] [--gate FILE:STEP] [--sleep S]"""
+  elastic_worker.py URL NAME SEED OUT METHOD STEPS [--die-after N] [--gate FILE:STEP]"""
 import argparse
 import os
 import signal
@@ -19,7 +19,6 @@ for a in ("url", "name", "seed", "out", "method", "steps"):
     p.add_argument(a)
 p.add_argument("--die-after", type=int, default=-1, help="SIGKILL itself after this many steps")
 p.add_argument("--gate", default="", help="FILE:STEP: before step STEP, wait (at most 120 s) for FILE to exist")
-p.add_argument("--sleep", type=float, default=0.0, help="seconds per step (a slower worker)")
 p.add_argument("--min-workers", type=int, default=2)
 a = p.parse_args()
 torch.set_num_threads(1)
@@ -32,7 +31,7 @@ sync = loco.torch.wrap(model, opt, a.method, inner_steps=4, outer_lr=0.7, outer_
                        out_dir=a.out)
 started, share = sync.steps_done, sync.data_share
 print(f"{a.name}: started at step {started}, data share {share}", flush=True)
-gate_file, gate_step = (a.gate.split(":") + [""])[:2] if a.gate else ("", "-1")
+gate_file, gate_step = a.gate.rsplit(":", 1) if a.gate else ("", -1)
 while sync.steps_done < steps:
     t = sync.steps_done
     if t == int(gate_step):
@@ -46,8 +45,6 @@ while sync.steps_done < steps:
     opt.step()
     opt.zero_grad()
     sync.step(loss.item(), 64)
-    if a.sleep:
-        time.sleep(a.sleep)
     if sync.steps_done == a.die_after:
         os.kill(os.getpid(), signal.SIGKILL)
 sync.finish()
