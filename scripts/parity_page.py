@@ -176,20 +176,22 @@ class Page:
         self.w("## Diagnoses of M = 4's gap")
         self.w()
         self.w("| run | what | val loss | vs best data-parallel | vs " +
-               (f"the best M=4 run so far (`{m4.name}`)" if m4 else "the best M=4 run (none yet)") + " |")
+               (f"the best M=4 run so far (`{m4.name}`)" if m4 else "the best M=4 run (none yet)") +
+               " | bytes sent / worker |")
         self.run_rows(rows, base, lambda r: self.val(m4.name) if m4 else None)
 
     def run_rows(self, rows, base, reference):
         """A table's rows, one per run: its val loss against data-parallel's best and against
-        reference(run) (blank when None), then a blank line."""
-        self.w("|---|---|---|---|---|")
+        reference(run) (blank when None), and the bytes a worker sent, then a blank line."""
+        self.w("|---|---|---|---|---|---|")
         for r in rows:
             v, ref = self.val(r.name), reference(r)
             if v is None:
-                self.w(f"| `{r.name}` | {r.label} | not run yet | | |")
+                self.w(f"| `{r.name}` | {r.label} | not run yet | | | |")
             else:
                 self.w(f"| `{r.name}` | {r.label} | {v:.4f} | {pct(v, base):+.2f}% | "
-                       f"{'' if ref is None else f'{pct(v, ref):+.2f}%'} |")
+                       f"{'' if ref is None else f'{pct(v, ref):+.2f}%'} | "
+                       f"{fmt_bytes(totals(self.rec[r.name])[0])} |")
         self.w()
 
     def extras(self, dp, base):
@@ -198,9 +200,9 @@ class Page:
             return
         self.w("## Seeds and warm starts")
         self.w()
-        self.w("| run | what | val loss | vs best data-parallel | vs the same settings from scratch, seed 0 |")
+        self.w("| run | what | val loss | vs best data-parallel | vs the same settings from scratch, seed 0 | "
+               "bytes sent / worker |")
         self.run_rows(rows, base, lambda r: self.val(r.name.replace("-seed1", "").split("-warm")[0]))
-
 
     def claims(self, base):
         rows = [r for r in self.runs if r.group == "claims"]
