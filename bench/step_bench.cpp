@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   for (auto& t : targets) t = int32_t(rng.next_u64() % uint64_t(c.vocab_size));
   auto step = [&] {
     std::fill(grads.begin(), grads.end(), 0.0f);
-    model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws);
+    model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws, 1.0);  // as training: fused head
     model.backward(params.data(), grads.data(), tokens.data(), targets.data(), 1.0, nullptr, nullptr, ws);
     loco::clip_grad_norm(grads.data(), int64_t(grads.size()), 1.0);
     opt.step(params.data(), grads.data(), 1e-4);

@@ -296,17 +296,33 @@ static T row_logsumexp(const T* row, int vocab) {
   return m + std::log(sum);
 }
 
+// The mean loss from each row's log-sum-exp and its target's logit (target_logit(i)), summed in
+// row order in double.
+template <class T, class TargetLogit>
+static double cross_entropy_loss(const T* lse, int64_t n, double z_loss, TargetLogit target_logit) {
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double l = double(lse[i]);
+    total += l - double(target_logit(i)) + z_loss * l * l;
+  }
+  return total / double(n);
+}
+
 template <class T>
 double cross_entropy_forward(T* lse, const T* logits, const int32_t* targets, int64_t n, int vocab, double z_loss) {
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) lse[i] = row_logsumexp(logits + i * vocab, vocab);
   });
-  double total = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double l = double(lse[i]);
-    total += l - double(logits[i * vocab + targets[i]]) + z_loss * l * l;
-  }
-  return total / double(n);
+  return cross_entropy_loss(lse, n, z_loss, [&](int64_t i) { return logits[i * vocab + targets[i]]; });
+}
+
+// One row of dlogits (may alias row): d/dlogit_j [lse - logit_t + z lse^2] = p_j (1 + 2 z lse) - [j == t].
+template <class T>
+static void cross_entropy_row_backward(T* drow, const T* row, T l, int32_t target, int vocab, double z_loss,
+                                       double scale) {
+  const T coef = T(scale * (1.0 + 2.0 * z_loss * double(l)));
+  for (int j = 0; j < vocab; ++j) drow[j] = fast_exp(row[j] - l) * coef;
+  drow[target] -= T(scale);
 }
 
 template <class T>
@@ -314,16 +330,24 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
                             double z_loss, double dloss) {
   const double scale = dloss / double(n);
   parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      cross_entropy_row_backward(dlogits + i * vocab, logits + i * vocab, lse[i], targets[i], vocab, z_loss, scale);
+  });
+}
+
+template <class T>
+double cross_entropy_fused(T* logits, T* lse, T* target_logit, const int32_t* targets, int64_t n, int vocab,
+                           double z_loss, double dloss) {
+  const double scale = dloss / double(n);
+  parallel_for(n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const T* row = logits + i * vocab;
-      T* drow = dlogits + i * vocab;
-      const T l = lse[i];
-      // d/dlogit_j [lse - logit_t + z lse^2] = p_j (1 + 2 z lse) - [j == t]
-      const T coef = T(scale * (1.0 + 2.0 * z_loss * double(l)));
-      for (int j = 0; j < vocab; ++j) drow[j] = fast_exp(row[j] - l) * coef;
-      drow[targets[i]] -= T(scale);
+      T* row = logits + i * vocab;
+      lse[i] = row_logsumexp(row, vocab);
+      target_logit[i] = row[targets[i]];
+      cross_entropy_row_backward(row, row, lse[i], targets[i], vocab, z_loss, scale);
     }
   });
+  return cross_entropy_loss(lse, n, z_loss, [&](int64_t i) { return target_logit[i]; });
 }
 
 #define LOCO_INSTANTIATE(T)                                                                                       \
@@ -346,7 +370,8 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                                               \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                                \
   template double cross_entropy_forward<T>(T*, const T*, const int32_t*, int64_t, int, double);                   \
-  template void cross_entropy_backward<T>(T*, const T*, const T*, const int32_t*, int64_t, int, double, double);
+  template void cross_entropy_backward<T>(T*, const T*, const T*, const int32_t*, int64_t, int, double, double); \
+  template double cross_entropy_fused<T>(T*, T*, T*, const int32_t*, int64_t, int, double, double);
 
 LOCO_INSTANTIATE(float)
 LOCO_INSTANTIATE(double)

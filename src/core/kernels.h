@@ -96,5 +96,11 @@ double cross_entropy_forward(T* lse, const T* logits, const int32_t* targets, in
 template <class T>
 void cross_entropy_backward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, int64_t n, int vocab,
                             double z_loss, double dloss);
+// Both in one pass over each row while it is in cache: returns the forward's loss and overwrites
+// logits with the backward's dlogits, bit for bit what the two kernels give. target_logit (N):
+// scratch, each row's logit at its target, read before the row is overwritten.
+template <class T>
+double cross_entropy_fused(T* logits, T* lse, T* target_logit, const int32_t* targets, int64_t n, int vocab,
+                           double z_loss, double dloss);
 
 }  // namespace loco

@@ -24,8 +24,8 @@ double windows_loss(const Transformer& model, const float* params, const std::ve
     if (!ws || ws->batch != b) ws = std::make_unique<Workspace>(model.config(), model.stage(), b, seq_len);
     in.assign(tokens.begin() + w0 * seq_len, tokens.begin() + (w0 + b) * seq_len);
     tgt.assign(tokens.begin() + w0 * seq_len + 1, tokens.begin() + (w0 + b) * seq_len + 1);
-    const double loss = model.forward(params, in.data(), nullptr, tgt.data(), *ws);
     const double weight = double(b) / double(windows);
+    const double loss = model.forward(params, in.data(), nullptr, tgt.data(), *ws, grads ? weight : 0.0);
     total += loss * weight;
     if (grads) model.backward(params, grads, in.data(), tgt.data(), weight, nullptr, nullptr, *ws);
   }

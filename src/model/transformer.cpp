@@ -77,6 +77,7 @@ Workspace::Workspace(const ModelConfig& c, const StageSpec& stage_in, int batch_
     rstd_f.resize(n);
     logits.resize(n * c.vocab_size);
     logits_lse.resize(n);
+    target_logits.resize(n);
   }
   rope_cos.resize(size_t(seq) * c.head_dim() / 2);
   rope_sin.resize(rope_cos.size());
@@ -92,7 +93,8 @@ int64_t Workspace::activation_floats() const {
     for (const auto* v : {&b.x_in, &b.ln1, &b.rstd1, &b.q_lin, &b.k_lin, &b.v, &b.q_normed, &b.rstd_q, &b.k_normed,
                           &b.rstd_k, &b.q, &b.k, &b.att, &b.lse, &b.x_mid, &b.ln2, &b.rstd2, &b.gate, &b.up, &b.act})
       add(*v);
-  for (const auto* v : {&x_out, &final_ln, &rstd_f, &logits, &logits_lse, &rope_cos, &rope_sin}) add(*v);
+  for (const auto* v : {&x_out, &final_ln, &rstd_f, &logits, &logits_lse, &target_logits, &rope_cos, &rope_sin})
+    add(*v);
   return total;
 }
 
@@ -104,7 +106,7 @@ int64_t Workspace::activation_floats_for(const ModelConfig& c, const StageSpec& 
   int64_t per_block = 7 * n * d + 3 * n * kv + 2 * n + n * h + 3 * n * f;
   if (c.qk_norm) per_block += n * d + n * kv + n * h + n * kvh;
   int64_t total = per_block * (stage.last_block - stage.first_block) + n * d;
-  if (stage.head) total += n * d + n + n * c.vocab_size + n;
+  if (stage.head) total += n * d + n + n * c.vocab_size + 2 * n;
   total += int64_t(seq) * (c.head_dim() / 2) * 2;
   return total;
 }
@@ -146,7 +148,7 @@ void Transformer::init_params(float* params, uint64_t seed) const {
 }
 
 double Transformer::forward(const float* params, const int32_t* tokens, const float* x_in, const int32_t* targets,
-                            Workspace& ws) const {
+                            Workspace& ws, double dloss) const {
   const auto& c = config_;
   const auto& st = layout_.stage();
   const int64_t n = ws.rows();
@@ -212,6 +214,10 @@ double Transformer::forward(const float* params, const int32_t* tokens, const fl
                   float(c.rms_eps));
   const float* head = c.tie_embeddings ? P(TensorKind::Embedding) : P(TensorKind::LmHead);
   linear_forward(ws.logits.data(), ws.final_ln.data(), head, n, d, c.vocab_size);
+  ws.fused_dloss = dloss;
+  if (dloss > 0)
+    return cross_entropy_fused(ws.logits.data(), ws.logits_lse.data(), ws.target_logits.data(), targets, n,
+                               c.vocab_size, c.z_loss, dloss);
   return cross_entropy_forward(ws.logits_lse.data(), ws.logits.data(), targets, n, c.vocab_size, c.z_loss);
 }
 
@@ -250,8 +256,12 @@ void Transformer::backward(const float* params, float* grads, const int32_t* tok
   zero(sc.dx);
   if (st.head) {
     const TensorKind head_kind = c.tie_embeddings ? TensorKind::Embedding : TensorKind::LmHead;
-    cross_entropy_backward(ws.logits.data(), ws.logits.data(), ws.logits_lse.data(), targets, n, c.vocab_size,
-                           c.z_loss, dloss);
+    if (ws.fused_dloss > 0)  // the forward wrote dlogits already
+      check(ws.fused_dloss == dloss, "internal: backward's dloss differs from the one its forward fused");
+    else
+      cross_entropy_backward(ws.logits.data(), ws.logits.data(), ws.logits_lse.data(), targets, n, c.vocab_size,
+                             c.z_loss, dloss);
+    ws.fused_dloss = 0;
     zero(sc.dln);
     linear_backward(sc.dln.data(), G(head_kind), ws.logits.data(), ws.final_ln.data(), P(head_kind), n, d,
                     c.vocab_size);

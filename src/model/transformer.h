@@ -40,6 +40,8 @@ struct Workspace {
   std::vector<float> final_ln, rstd_f;   // head only
   std::vector<float> logits;             // (N, V), head only; holds dlogits after backward
   std::vector<float> logits_lse;         // (N) log-sum-exp of each logits row
+  std::vector<float> target_logits;      // (N) each row's logit at its target (the fused cross-entropy)
+  double fused_dloss = 0;                // > 0: forward already wrote dlogits, scaled by this, into logits
   std::vector<float> rope_cos, rope_sin;
   std::shared_ptr<BackwardScratch> scratch;  // shared by all blocks
 
@@ -71,9 +73,11 @@ class Transformer {
 
   // Forward. Embedding stage: `tokens` (B*S) is the input, else `x_in` (B*S, d).
   // Head stage: returns the mean loss over `targets` (B*S); else the output residual stream
-  // is ws.x_out and the return value is 0.
+  // is ws.x_out and the return value is 0. With `dloss` > 0 (training), the head computes the
+  // loss's gradient in the same pass over the logits (cross-entropy fused with its backward), so
+  // the backward that follows must take the same dloss; the result is the same bits either way.
   double forward(const float* params, const int32_t* tokens, const float* x_in, const int32_t* targets,
-                 Workspace& ws) const;
+                 Workspace& ws, double dloss = 0) const;
 
   // Backward after forward on the same workspace. grads (+=, layout-sized).
   // Head stage: `dloss` scales the loss gradient (e.g. 1/micro-batches); else `dy` (B*S, d) is

@@ -109,7 +109,9 @@ void TransformerStage::forward(int mb, const BoundaryMessage& in, BoundaryMessag
     unpack_windows(in.tokens, windows_, seq_, slot.inputs, slot.targets);
     receive_activations(in, slot.inputs, x_in);
   }
-  const double loss = model_.forward(params_, slot.inputs.data(), x_in, slot.targets.data(), *slot.ws);
+  // Every training forward is followed by its backward: the head fuses the loss's gradient.
+  const double loss =
+      model_.forward(params_, slot.inputs.data(), x_in, slot.targets.data(), *slot.ws, 1.0 / microbatches_);
   if (st.head) {
     if (!std::isfinite(loss))
       fail("non-finite training loss at step " + std::to_string(step_) + " (lower optimizer.lr?); stopped before "

@@ -274,6 +274,29 @@ TEST(Kernels, CrossEntropyWithZLoss) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_DOUBLE_EQ(a[i], b[i]);
 }
 
+TEST(Kernels, CrossEntropyFusedIsForwardThenBackwardBitForBit) {
+  // Rows longer than a vector and of odd length, so both the vector body and the tail run.
+  for (int vocab : {7, 37, 1000}) {
+    const int n = 9;
+    std::vector<int32_t> targets(n);
+    for (int i = 0; i < n; ++i) targets[i] = (i * 13 + 5) % vocab;
+    std::vector<float> logits(size_t(n) * vocab);
+    const Vec r = randn(logits.size(), vocab, 4.0);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(r[i]);
+    for (double z : {0.0, 1e-4}) {
+      std::vector<float> lse(n), dlogits(logits.size()), fused = logits, fused_lse(n), target_logit(n);
+      const double loss = cross_entropy_forward(lse.data(), logits.data(), targets.data(), n, vocab, z);
+      cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), n, vocab, z, 0.25);
+      const double fused_loss = cross_entropy_fused(fused.data(), fused_lse.data(), target_logit.data(),
+                                                    targets.data(), n, vocab, z, 0.25);
+      EXPECT_EQ(loss, fused_loss) << "vocab " << vocab << " z " << z;
+      EXPECT_EQ(lse, fused_lse);
+      EXPECT_EQ(dlogits, fused) << "vocab " << vocab << " z " << z;
+      for (int i = 0; i < n; ++i) EXPECT_EQ(target_logit[i], logits[size_t(i) * vocab + targets[i]]);
+    }
+  }
+}
+
 TEST(Kernels, FloatMatchesDouble) {
   // The float instantiation computes the same function (to float precision).
   const int batch = 1, seq = 8, heads = 2, hd = 4;

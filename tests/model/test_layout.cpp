@@ -282,14 +282,22 @@ TEST(Determinism, ForwardBackwardIsBitwiseRepeatable) {
   model.init_params(params.data(), 1);
   std::vector<int32_t> tokens(64), targets(64);
   for (int i = 0; i < 64; ++i) tokens[i] = targets[(i + 63) % 64] = (i * 13 + 1) % 50;
-  auto run = [&] {
+  double loss = 0;
+  auto run = [&](double fused_dloss) {
     std::vector<float> g(params.size(), 0.0f);
     Workspace ws(c, model.stage(), 4, 16);
-    model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws);
-    model.backward(params.data(), g.data(), tokens.data(), targets.data(), 1.0, nullptr, nullptr, ws);
+    loss = model.forward(params.data(), tokens.data(), nullptr, targets.data(), ws, fused_dloss);
+    model.backward(params.data(), g.data(), tokens.data(), targets.data(), 0.5, nullptr, nullptr, ws);
     return g;
   };
-  EXPECT_EQ(run(), run());
+  const auto plain = run(0);
+  const double plain_loss = loss;
+  EXPECT_EQ(plain, run(0));
+  // Training fuses the cross-entropy's backward into the forward: the same bits.
+  EXPECT_EQ(plain, run(0.5));
+  EXPECT_EQ(plain_loss, loss);
+  // A backward with another dloss than the one fused is refused.
+  EXPECT_THROW(run(0.25), std::exception);
 }
 
 TEST(Layout, ParameterCountFromTheConfigEqualsTheLayout) {
