@@ -130,6 +130,12 @@ def claim_runs(best4, best8, dp_lr):
                         f"DiLoCo M=8, each node trains {share} of the MLPs ({8 // slices} nodes per slice), "
                         f"inner lr {lr8}, outer lr {olr8}, momentum {mom8}", "claims", 8, cell=best8.cell,
                         ref=best8.name))
+    runs.append(Run("c-streaming4-fp32-paper-outer", lr_sets(lr) + ["distributed.replicas=4", "algorithm=streaming",
+                                                             "streaming.fragment_blocks=1",
+                                                             f"outer.inner_steps={H}", "outer.lr=0.4",
+                                                             "outer.momentum=0.9"],
+                    f"Streaming DiLoCo M=4, fp32, at the Streaming DiLoCo paper's outer lr 0.4 and momentum 0.9, "
+                    f"inner lr {lr}", "claims", 4, cell=best4.cell, ref="c-streaming4-fp32"))
     runs.append(Run("c-diloco4-heavyball", diloco_run(4, lr, olr, mom).sets + ["outer.nesterov=false"],
                     f"DiLoCo M=4 with heavy-ball outer momentum (not Nesterov), {at4}", "claims", 4, cell=best4.cell,
                     ref=best4.name))

@@ -55,6 +55,7 @@ class Page:
         base = self.val(dp.name)
         self.setup(self.rec[dp.name])
         self.headline(dp, base)
+        self.lesson(base)
         self.dp_grid(base)
         for m in sorted(P.REPLICAS):
             self.m_grid(m, base)
@@ -115,11 +116,8 @@ class Page:
                 continue
             v = self.val(b.name)
             target = P.TARGET_GAP.get(m)
-            planned = [r for r in self.runs if r.group == f"m{m}"]
-            done = sum(1 for r in planned if self.val(r.name) is not None)
-            tuned = done == len(planned) == 10 + len(self.grid) - 1
-            if not tuned:  # the best so far, not yet the tuned one: no verdict
-                met = f"tuning: {done} of {10 + len(self.grid) - 1} runs so far"
+            if not self.tuned(m):  # the best so far, not yet the tuned one: no verdict
+                met = f"tuning: {self.tuning_done(m)} of {10 + len(self.grid) - 1} runs so far"
             elif target is None:
                 met = ""
             else:
@@ -131,6 +129,33 @@ class Page:
                "(data-parallel: one worker with the whole batch sends nothing; with M workers it would all-reduce "
                "its gradients every step). A best run chosen among several cells is favoured by the noise of the "
                "choice; the second-seed runs, once recorded, give the scale of that noise.")
+        self.w()
+
+    def tuning_done(self, m):
+        return sum(1 for r in self.runs if r.group == f"m{m}" and self.val(r.name) is not None)
+
+    def tuned(self, m):
+        """Whether M's tuning (10 outer cells, then the other inner lrs) is recorded in full."""
+        planned = sum(1 for r in self.runs if r.group == f"m{m}")
+        return self.tuning_done(m) == planned == 10 + len(self.grid) - 1
+
+    def lesson(self, base):
+        """One line, the study in brief, for the demo's closing lines (scripts/demo.sh)."""
+        cells = []
+        for m in sorted(P.REPLICAS):
+            b = self.best_of(f"m{m}")
+            if b and self.tuned(m):
+                _, olr, mom = b.cell
+                cells.append((m, f"M={m} {pct(self.val(b.name), base):+.2f}% (outer lr {olr}, momentum {mom})"))
+        if not cells:
+            return
+        per_step = self.rec[self.best_of("dp").name]["tokens"] // self.args.steps
+        self.w("## Lesson")
+        self.w()
+        self.w(f"Lesson: at 20 tokens per parameter with a global batch of {per_step:,} tokens, every method tuned "
+               "alike, the best DiLoCo run against the best data-parallel one (each M whose tuning is complete): " + ", ".join(c for _, c in cells) +
+               "; Scaling Laws for DiLoCo at 35M parameters: " +
+               ", ".join(f"M={m} {P.PAPER_GAP_35M[m]:+.1f}%" for m, _ in cells) + f"; docs/results/{self.args.name}.md")
         self.w()
 
     def dp_grid(self, base):

@@ -22,7 +22,7 @@ run() {
   echo "$name: $(grep -m1 'final val loss' "$out/$name.log" || echo 'no final val loss')"
 }
 ddp=(--set algorithm=ddp)
-diloco=(--set algorithm=diloco --set outer.inner_steps=50 --set outer.lr=0.7)
+diloco=(--set algorithm=diloco --set outer.inner_steps=50 --set outer.lr=0.7 --set outer.momentum=0.9)
 diloco_paper=(--set algorithm=diloco --set outer.inner_steps=100 --set outer.lr=0.7 --set outer.momentum=0.3
               --set outer.nesterov=false)
 noloco=(--set algorithm=noloco --set noloco.inner_steps=50)

@@ -10,7 +10,8 @@ scripts/brown-data.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 rm -rf "$out" && mkdir -p "$out"
 common=(--config configs/small.toml --set data.batch_size=4 --set train.steps=160 --set train.eval_interval=40
-        --set train.checkpoint_interval=0 --set algorithm=diloco --set outer.inner_steps=20 --quiet)
+        --set train.checkpoint_interval=0 --set algorithm=diloco --set outer.inner_steps=20 --quiet
+        --set outer.lr=0.7 --set outer.momentum=0.9)  # the DiLoCo paper's outer settings, as recorded
 run() {
   local name=$1; shift
   mpirun -np 4 build/loco train "${common[@]}" "$@" --set train.out_dir="$out/$name" > "$out/$name.log" 2>&1

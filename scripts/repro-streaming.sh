@@ -17,8 +17,9 @@ out=${1:-runs/repro-streaming}
 scripts/brown-data.sh
 rm -rf "$out"
 mkdir -p "$out"
+# outer.momentum: the papers' 0.9, which these runs reproduce (loco's default is the parity study's 0.4).
 common=(--config configs/small.toml --set train.eval_interval=40 --set train.checkpoint_interval=0
-        --set network.latency=30ms --quiet)
+        --set network.latency=30ms --set outer.momentum=0.9 --quiet)
 stream=(--set algorithm=streaming --set outer.inner_steps=20 --set streaming.fragment_blocks=3
         --set streaming.pattern=strided --set streaming.alpha=0.5 --set outer.lr=0.4)
 replicas() { echo --set distributed.replicas="$1" --set data.batch_size=$(( 16 / $1 )); }

@@ -19,7 +19,7 @@ M = 4  # replicas in the main runs
 BATCH = 4  # windows of seq_len tokens per replica and step
 
 STREAM = ["algorithm=streaming", "outer.inner_steps=20", "streaming.fragment_blocks=3", "streaming.pattern=strided",
-          "streaming.tau=1", "streaming.alpha=0.5", "outer.lr=0.4"]
+          "streaming.tau=1", "streaming.alpha=0.5", "outer.lr=0.4", "outer.momentum=0.9"]
 SEED1 = ["train.seed=1", "data.seed=1235"]
 PP2 = [f"distributed.replicas={M}", "pipeline.stages=2", "pipeline.microbatches=2"]
 # Protocol models keep the embedding apart from the unembedding (spec 05): both pipeline runs untie them.
@@ -28,7 +28,8 @@ PIPE4 = ["distributed.replicas=1", f"data.batch_size={M * BATCH}", "pipeline.sta
 
 
 def diloco(h, lr):
-    return ["algorithm=diloco", f"outer.inner_steps={h}", f"outer.lr={lr}"]
+    # The papers' momentum, which this study ran with (loco's default is the parity study's 0.4).
+    return ["algorithm=diloco", f"outer.inner_steps={h}", f"outer.lr={lr}", "outer.momentum=0.9"]
 
 
 # name, settings (over the common ones), label, group, steps of its compute-utilization run over

@@ -21,16 +21,15 @@ std::vector<std::string> regime_warnings(const RunConfig& cfg, int replicas, int
   if (low_comm && replicas > 1 && per_replica < kParityTokensPerReplica)
     out.push_back(cfg.algorithm + " with " + grouped(per_replica) + " tokens per replica per step (fewer than " +
                   grouped(kParityTokensPerReplica) +
-                  "): docs/results/parity.md found DiLoCo on par with data-parallel training with " +
-                  grouped(kParityTokensPerReplica) +
-                  " tokens per replica per step (one replica), and far behind it with 4 replicas of 2,048; expect "
-                  "the method to trail data-parallel training here");
+                  "): at 20 tokens per parameter, docs/results/parity-32k.md found tuned DiLoCo ending further "
+                  "above data-parallel training the fewer tokens each replica gets, more than 3% above below " +
+                  grouped(kParityTokensPerReplica) + "; expect the method to trail data-parallel training here");
   const double planned = double(cfg.train.steps) * double(per_replica) * replicas / double(params);
   if (replicas > 1 && params > 0 && planned < kParityTokensPerParam) {
     char b[64];
     std::snprintf(b, sizeof b, "%.2g", planned);
     out.push_back(std::string("a budget of ") + b + " tokens per parameter (fewer than 20, at which the papers "
-                  "and docs/results/parity.md compare methods): how methods rank this early need not hold at a "
+                  "and docs/results/parity-32k.md compare methods): how methods rank this early need not hold at a "
                   "longer budget");
   }
   return out;

@@ -129,9 +129,11 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "diloco: steps of data-parallel training (gradients averaged every step) before the first outer round, "
         "as the DiLoCo paper started from a pretrained model; 0: DiLoCo from the first step", 0);
   s.add("outer.lr", &o2.lr,
-        "outer learning rate eta; by default the method's paper value: diloco 0.7 (DiLoCo paper), streaming 0.4 "
-        "(Streaming DiLoCo paper, which used 0.4 for DiLoCo too: compare the two at one value)", -1.0, 10.0);
-  s.add("outer.momentum", &o2.momentum, "outer momentum mu (diloco, streaming)", 0.0, 0.999999);
+        "outer learning rate eta (diloco, streaming); the default is the quality-parity study's best "
+        "(docs/results/parity-32k.md; the DiLoCo paper used 0.7, the Streaming DiLoCo paper 0.4)", 0.0, 10.0);
+  s.add("outer.momentum", &o2.momentum,
+        "outer momentum mu (diloco, streaming); the default is the quality-parity study's best, where the papers' "
+        "0.9 ended 4.6-8.1 points further from data-parallel training (docs/results/parity-32k.md)", 0.0, 0.999999);
   s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco, streaming; else heavy ball)");
   s.add("outer.codec", &o2.codec, "outer-gradient encoding (streaming): fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, "
         "random-drop, topk", {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"});
@@ -343,7 +345,6 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   auto schema = run_config_schema(cfg);
   if (!path.empty()) schema.load_toml_file(path);
   for (const auto& o : overrides) schema.apply_override(o);
-  if (cfg.outer.lr < 0) cfg.outer.lr = cfg.algorithm == "streaming" ? 0.4 : 0.7;  // the papers' defaults
   validate_run_config(cfg, config_source(path, overrides));
   return cfg;
 }

@@ -73,8 +73,10 @@ struct NetworkConfig {
 
 struct OuterConfig {
   int64_t inner_steps = 100;        // H: inner steps per outer round
-  double lr = -1;                   // eta; -1: the method's paper default (diloco 0.7, streaming 0.4)
-  double momentum = 0.9;            // mu
+  // eta and mu: the quality-parity study's best at every M (docs/results/parity-32k.md), for
+  // diloco and streaming alike; the papers used 0.7 (DiLoCo) or 0.4 (Streaming DiLoCo) with 0.9.
+  double lr = 0.6;
+  double momentum = 0.4;
   bool nesterov = true;
   std::string codec = "fp32";       // outer-gradient encoding (streaming)
   std::string reduce = "auto";      // encoded outer gradients: auto, all-gather, reduce-scatter

@@ -431,7 +431,7 @@ try:
     for label, extra, env, expect in (
             ("heads", ["--set", "model.num_heads=4"], ENV, "model.num_heads: this worker 4, the run 2"),
             ("data", ["--set", "data.train=other.tok"], ENV, "data.train tokens: this worker 20000 tokens"),
-            ("lr", ["--set", "outer.lr=0.5"], ENV, "outer.lr: this worker 0.5, the run 0.7"),
+            ("lr", ["--set", "outer.lr=0.5"], ENV, "outer.lr: this worker 0.5, the run 0.6"),
             ("secret", [], dict(ENV, LOCO_RUN_SECRET="another secret of the same size"), "another run secret")):
         r = subprocess.run(BASE + args + extra + ["--set", "train.out_dir=agree", "--set", "elastic.address=127.0.0.1",
                                                   "--join", f"redis://127.0.0.1:{port}/agree", "--worker",

@@ -64,7 +64,7 @@ PY
   --set train.out_dir=diloco > /dev/null 2> diloco.err
 # Its settings are where the parity study found DiLoCo trailing: the run says so at start (and a
 # lone data-parallel worker gets no such warning).
-grep -q "^loco: warning: diloco with 128 tokens per replica per step (fewer than 8,192): docs/results/parity.md" diloco.err
+grep -q "^loco: warning: diloco with 128 tokens per replica per step (fewer than 16,384): .*docs/results/parity-32k.md" diloco.err
 grep -q "^loco: warning: a budget of .* tokens per parameter (fewer than 20" diloco.err
 "$loco" train "${base[@]}" --set train.out_dir=lone > /dev/null 2> lone.err
 ! grep -q warning lone.err

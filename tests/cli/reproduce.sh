@@ -158,7 +158,7 @@ cp page/parity.md parity.before
 rm -rf parity-runs
 "${parity[@]}" --report-only > /dev/null
 cmp page/parity.md parity.before
-# The 32k phase's claims (scripts/parity.py claim_runs), decided from the tuning runs above (same
+# The 32k phase's claims (scripts/parity.py claim_runs) and lesson, decided from the tuning runs above (same
 # names: the records are copied), each run's settings and the page's table.
 cp -r parity-rec parity32-rec
 "${parity[@]/parity-rec/parity32-rec}" --phase 32k --page page/parity32.md > p32.log
@@ -167,10 +167,13 @@ import os, sys, tomllib
 rec, page = sys.argv[1], open(sys.argv[2]).read()
 def cfg(n): return tomllib.load(open(f"{rec}/{n}/config.toml", "rb"))
 claims = {n: cfg(n) for n in sorted(os.listdir(rec)) if n.startswith("c-")}
-assert len(claims) == 9, sorted(claims)
+assert len(claims) == 10, sorted(claims)
 s = {n: c for n, c in claims.items() if c["algorithm"] == "streaming"}
 assert sorted((c["outer"]["codec"], c["outer"]["reduce"]) for c in s.values()) == \
-    [("fp32", "auto"), ("fp4-e3m0", "all-gather"), ("fp4-e3m0", "reduce-scatter")], s
+    [("fp32", "auto"), ("fp32", "auto"), ("fp4-e3m0", "all-gather"), ("fp4-e3m0", "reduce-scatter")], s
+# Streaming DiLoCo at the paper's outer settings against the tuned ones.
+paper, tuned = claims["c-streaming4-fp32-paper-outer"]["outer"], claims["c-streaming4-fp32"]["outer"]
+assert (paper["lr"], paper["momentum"]) == (0.4, 0.9) and (tuned["lr"], tuned["momentum"]) != (0.4, 0.9), paper
 assert all(c["distributed"]["replicas"] == 4 and c["streaming"]["fragment_blocks"] == 1 for c in s.values())
 p = sorted(c["partial"]["slices"] for c in claims.values() if c["partial"]["slices"] > 1)
 assert p == [2, 4] and all(c["distributed"]["replicas"] == 8 for c in claims.values() if c["partial"]["slices"] > 1)
@@ -182,7 +185,9 @@ assert pipe["pipeline"]["stages"] == 2 and pipe["protocol"]["rank"] == 0 and pro
 assert not pipe["model"]["tie_embeddings"] and not proto["model"]["tie_embeddings"]
 table = page.split("## Other claims at the tuned settings")[1]
 assert all(f"| `{n}` |" in table for n in claims) and "not run yet" not in table, table
-print("reproduce: the 32k phase's 9 claim runs have their settings and their table")
+lesson = next(l for l in page.splitlines() if l.startswith("Lesson: at 20 tokens per parameter"))
+assert all(f"M={m} " in lesson for m in (1, 2, 4, 8)), lesson  # the demo's closing line (scripts/demo.sh)
+print("reproduce: the 32k phase's 10 claim runs have their settings and their table")
 PY
 for phase in 8k 32k; do  # the study's two phases (scripts/parity.py PHASES)
   name=parity; [ $phase = 8k ] || name=parity-$phase
