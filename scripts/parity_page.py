@@ -125,10 +125,13 @@ class Page:
             self.w(f"| DiLoCo M={m} | `{b.name}` | {v:.4f} | {pct(v, base):+.2f}% | {P.PAPER_GAP_35M[m]:+.1f}% | "
                    f"{met} | {fmt_bytes(totals(self.rec[b.name])[0])} |")
         self.w()
+        seeds = any(r.group == "seed" and self.val(r.name) is not None for r in self.runs)
         self.w("Bytes sent: payload bytes of each method's synchronizations per worker over the run, mean over workers "
                "(data-parallel: one worker with the whole batch sends nothing; with M workers it would all-reduce "
                "its gradients every step). A best run chosen among several cells is favoured by the noise of the "
-               "choice; the second-seed runs, once recorded, give the scale of that noise.")
+               "choice; the second-seed runs" +
+               (" (section \"Seeds and warm starts\") give" if seeds else ", once recorded, give") +
+               " the scale of that noise.")
         self.w()
 
     def tuning_done(self, m):
@@ -200,8 +203,9 @@ class Page:
         m4 = self.best_of("m4")
         self.w("## Diagnoses of M = 4's gap")
         self.w()
+        so_far = "" if self.tuned(4) else " so far"
         self.w("| run | what | val loss | vs best data-parallel | vs " +
-               (f"the best M=4 run so far (`{m4.name}`)" if m4 else "the best M=4 run (none yet)") +
+               (f"the best M=4 run{so_far} (`{m4.name}`)" if m4 else "the best M=4 run (none yet)") +
                " | bytes sent / worker |")
         self.run_rows(rows, base, lambda r: self.val(m4.name) if m4 else None)
 
