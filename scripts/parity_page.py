@@ -152,11 +152,12 @@ class Page:
                 cells.append((m, f"M={m} {pct(self.val(b.name), base):+.2f}% (outer lr {olr}, momentum {mom})"))
         if not cells:
             return
-        per_step = self.rec[self.best_of("dp").name]["tokens"] // self.args.steps
+        dp = self.rec[self.best_of("dp").name]
         self.w("## Lesson")
         self.w()
-        self.w(f"Lesson: at 20 tokens per parameter with a global batch of {per_step:,} tokens, every method tuned "
-               "alike, the best DiLoCo run against the best data-parallel one (each M whose tuning is complete): " + ", ".join(c for _, c in cells) +
+        self.w(f"Lesson: at 20 tokens per parameter with a global batch of {dp['tokens'] // dp['steps']:,} tokens, "
+               "every method tuned alike, the best DiLoCo run against the best data-parallel one (each M whose "
+               "tuning is complete): " + ", ".join(c for _, c in cells) +
                "; Scaling Laws for DiLoCo at 35M parameters: " +
                ", ".join(f"M={m} {P.PAPER_GAP_35M[m]:+.1f}%" for m, _ in cells) + f"; docs/results/{self.args.name}.md")
         self.w()

@@ -253,7 +253,6 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                     std::to_string(c.model.num_layers) +
                                                     "): every stage needs at least one block");
   if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
-  need(c.outer.lr >= 0, "outer.lr must be >= 0");
   if (c.outer.start_step > 0) {
     need(c.algorithm == "diloco", "outer.start_step applies to algorithm = \"diloco\"");
     need(c.outer.start_step < c.train.steps, "outer.start_step (" + std::to_string(c.outer.start_step) +
