@@ -9,7 +9,15 @@ wrap() lays the model's parameters and gradients onto the flat buffers of a C++ 
 tensors that are views of its memory: no copy on CPU) and hooks the inner optimizer's step so
 that the method sees the gradients before it (data-parallel averaging happens there). sync.step()
 after the optimizer step runs the method's end of step: DiLoCo's outer step every H steps,
-Streaming DiLoCo's fragment syncs, NoLoCo's group averaging. Keyword arguments are loco's config
+Streaming DiLoCo's fragment syncs, NoLoCo's group averaging.
+
+A model on a GPU keeps its parameters there, as views of one flat device tensor of the same
+layout as the method's host buffer (page-locked). Before each step's hooks the method says what
+they will use (Method.access: the gradients, ranges of parameters read and written); only those
+cross, in one copy per range on the current CUDA stream, and a step that uses nothing (every
+inner step of DiLoCo, Streaming DiLoCo and NoLoCo) copies nothing and waits for nothing.
+LOCO_TORCH_AS_DEVICE=1 runs this path on CPU tensors (the device buffer a CPU tensor of its own),
+so that CPU tests check it; metrics()["host_device_bytes"] counts what crossed. Keyword arguments are loco's config
 keys (docs/configs.md): first a key of the method's own sections (NoLoCo: noloco.*; Streaming
 DiLoCo: streaming.*, then outer.*; DiLoCo and data-parallel, which ignores them: outer.*), so
 inner_steps is outer.inner_steps for DiLoCo and noloco.inner_steps for NoLoCo; else the key
@@ -30,9 +38,56 @@ import loco as _loco_pkg
 from loco import _loco
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
-# Tests: stage CPU parameters through the method's host buffers as CUDA ones are (copies before
-# and after every hook instead of views), so that the staged path runs without a GPU.
-_FORCE_STAGING = False
+
+
+def _as_device():
+    """LOCO_TORCH_AS_DEVICE=1: CPU models take the path of GPU ones (read at wrap())."""
+    return os.environ.get("LOCO_TORCH_AS_DEVICE", "0") not in ("", "0")
+
+
+class _Copier:
+    """Copies between a model's device tensor and the method's host buffer, counted. On CUDA the
+    copies run on the current stream (after the work that produced the values, before the work
+    that reads them); the host waits only for what it is about to read (an event), and an event
+    marks when the host buffer is free again after copies from it."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.bytes = 0
+        self._from_host = None  # event: the last copies out of the host buffers are done
+
+    def _event(self):
+        ev = _torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def host_free(self):
+        """Before the host buffers are written (by the method or by copies into them)."""
+        if self._from_host is not None:
+            self._from_host.synchronize()
+            self._from_host = None
+
+    def to_host(self, pairs):
+        """pairs: (host view, device view); the host holds the values when this returns."""
+        self.host_free()
+        with _torch.no_grad():
+            for h, d in pairs:
+                if d is None:
+                    h.zero_()
+                else:
+                    h.copy_(d, non_blocking=True)
+                    self.bytes += h.numel() * h.element_size()
+        if self.cuda and pairs:
+            self._event().synchronize()
+
+    def to_device(self, pairs):
+        """pairs: (host view, device view); returns at once on CUDA."""
+        with _torch.no_grad():
+            for h, d in pairs:
+                d.copy_(h, non_blocking=True)
+                self.bytes += h.numel() * h.element_size()
+        if self.cuda and pairs:
+            self._from_host = self._event()
 
 
 # The config sections a method reads first, so that a keyword means that method's key: NoLoCo's
@@ -254,8 +309,10 @@ class Sync:
         self._device = self._params[0].device
         if any(p.device != self._device for p in self._params):
             raise _loco.Error("the model's parameters are on more than one device")
-        self._staged = self._device.type != "cpu" or _FORCE_STAGING
-        if partial and self._staged:
+        # On a device (or as if, LOCO_TORCH_AS_DEVICE=1) the parameters stay there; else they
+        # become views of the method's buffer.
+        self._on_device = self._device.type != "cpu" or _as_device()
+        if partial and self._on_device:
             raise _loco.Error("partial updates (partial_slices > 1) need the model's parameters on the CPU")
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
                                   _InnerState(inner_opt) if elastic else None)
@@ -285,24 +342,25 @@ class Sync:
             self._kept = _torch.empty(sum(hi - lo for lo, hi in self._frozen))  # their values across a step
         else:
             self._gbuf = self._gflat
+        self._copier = _Copier(self._device)
         self._pinned = []
-        if self._device.type == "cuda":  # page-locked, so that the copies to and from the GPU run at full speed
-            for buf in {id(t): t for t in (self._flat, self._gbuf)}.values():
-                _torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
-                self._pinned.append(buf.data_ptr())
+        if self._on_device:
+            self._device_layout()
         with _torch.no_grad():
-            for i, p in enumerate(self._params):
-                self._as_param(self._flat, i).copy_(p.detach().to("cpu"))
+            if self._on_device:
+                self._copier.to_host([(self._flat, self._dflat)])
+            else:
+                for i, p in enumerate(self._params):
+                    self._as_param(self._flat, i).copy_(p.detach())
         self._core.broadcast_params()  # every replica starts from member 0's parameters
         with _torch.no_grad():
-            for i, p in enumerate(self._params):
-                if self._staged:
-                    p.copy_(self._as_param(self._flat, i))
-                else:
+            if not self._on_device:
+                for i, p in enumerate(self._params):
                     p.data = self._as_param(self._flat, i)
                     p.grad = self._as_param(self._gbuf, i)
         self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
-        self._from_host()
+        if self._on_device and (self.size > 1 or elastic):  # member 0's parameters, or the run's
+            self._copier.to_device([(self._flat, self._dflat)])
         self._stepped = self._synced = False
         if out_dir is not None and elastic:
             out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
@@ -334,12 +392,40 @@ class Sync:
         inner_opt.step = step
         self._original_step = original
 
+    def _device_layout(self):
+        """The parameters become views of one flat tensor on their device, laid out as the
+        method's host buffer, so that a range of the model is one copy. The host buffers are
+        page-locked on CUDA. Without gradients to average the method's gradient buffer is freed."""
+        total = self._flat.numel()
+        with _torch.no_grad():
+            self._dflat = _torch.empty(total, dtype=_torch.float32, device=self._device)
+            for i, p in enumerate(self._params):
+                view = self._as_param(self._dflat, i)
+                view.copy_(p.detach())
+                p.data = view
+        self._data_ptrs = [p.data_ptr() for p in self._params]
+        if not self._core.uses_gradients:
+            self._core.release_gradients()
+            self._gflat = self._gbuf = None
+        if self._device.type == "cuda":  # page-locked, so that the copies run at full speed, asynchronously
+            for buf in (self._flat, self._gbuf):
+                if buf is not None and buf.numel():
+                    _torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
+                    self._pinned.append(buf.data_ptr())
+
+    def _ranges(self, ranges):
+        """(host view, device view) of each (begin, end) range of the flat buffers."""
+        return [(self._flat[lo:hi], self._dflat[lo:hi]) for lo, hi in ranges]
+
     # -- the hooks --------------------------------------------------------------------------
     def _check_parameters(self):
         current = [id(p) for n, p in self._model.named_parameters() if p.requires_grad]
         if sorted(current) != sorted(self._ids):
             raise _loco.Error("the model's trainable parameters changed since loco.torch.wrap "
                               "(added, removed or frozen); wrap the model again")
+        if self._on_device and [p.data_ptr() for p in self._params] != self._data_ptrs:
+            raise _loco.Error("the model's parameters were moved or replaced since loco.torch.wrap "
+                              "(e.g. model.to() or a new .data); wrap the model again")
 
     def _frozen_copy(self, to_kept):
         """Partial updates: the entries this member does not train, into self._kept or back."""
@@ -372,12 +458,11 @@ class Sync:
                 g = p.grad
                 if g is None:
                     view.zero_()
-                elif self._staged or g.data_ptr() != view.data_ptr() or g.stride() != view.stride():
+                elif g.data_ptr() != view.data_ptr() or g.stride() != view.stride():
                     if g.is_sparse:
                         raise _loco.Error("sparse gradients are not supported")
-                    view.copy_(g.detach().to("cpu"))
-                    if not self._staged:
-                        p.grad = view
+                    view.copy_(g.detach())
+                    p.grad = view
             if self._partial:
                 for lo, hi in self._frozen:
                     self._gbuf[lo:hi].zero_()
@@ -386,17 +471,19 @@ class Sync:
                     self._gflat[at:at + hi - lo].copy_(self._gbuf[lo:hi])
                     at += hi - lo
 
-    def _to_host(self):
-        if self._staged:
-            with _torch.no_grad():
-                for i, p in enumerate(self._params):
-                    self._as_param(self._flat, i).copy_(p.detach(), non_blocking=False)
-
-    def _from_host(self):
-        if self._staged:
-            with _torch.no_grad():
-                for i, p in enumerate(self._params):
-                    p.copy_(self._as_param(self._flat, i), non_blocking=False)
+    def _device_gradients(self, gradients):
+        """The method's gradient hook for a model on a device: the gradients cross to the host
+        and back only when the method uses them this step."""
+        if not gradients:
+            self._core.on_gradients()
+            return
+        for p in self._params:
+            if p.grad is not None and p.grad.is_sparse:
+                raise _loco.Error("sparse gradients are not supported")
+        pairs = [(self._as_param(self._gbuf, i), p.grad) for i, p in enumerate(self._params)]
+        self._copier.to_host(pairs)
+        self._core.on_gradients()
+        self._copier.to_device([(h, d) for h, d in pairs if d is not None])
 
     def sync_gradients(self):
         """The method's gradient hook (data-parallel: the gradients averaged over the replicas).
@@ -406,6 +493,10 @@ class Sync:
         if self._synced:
             raise _loco.Error("sync_gradients() was called twice before the optimizer's step")
         self._check_parameters()
+        if self._on_device:
+            self._device_gradients(self._core.access()[0])
+            self._synced = True
+            return
         self._gather_grads()
         self._core.on_gradients()
         if not self._partial:
@@ -425,9 +516,17 @@ class Sync:
             raise _loco.Error("sync.step() was called without an inner optimizer step since the last one "
                               "(call inner_opt.step() first, once per step)")
         self._stepped = False
-        self._to_host()
-        self._core.after_step()
-        self._from_host()
+        if self._on_device:
+            _, reads, writes = self._core.access()
+            if reads or writes:
+                self._copier.to_host(self._ranges(reads))
+                self._copier.host_free()
+                self._core.after_step()
+                self._copier.to_device(self._ranges(writes))
+            else:
+                self._core.after_step()
+        else:
+            self._core.after_step()
         if self._out_dir is not None and loss is not None:
             self._losses.append(float(loss))
             self._tokens += int(tokens or 0)
@@ -484,13 +583,18 @@ class Sync:
     def eval_parameters(self):
         """{name: tensor} of the parameters to evaluate or save (DiLoCo: the outer parameters),
         the same on every replica. Every member must call it at the same step."""
+        self._whole_to_host()
         flat = _torch.from_numpy(self._core.eval_params())
         out = {n: self._as_param(flat, i).clone() for i, n in enumerate(self._names)}
         return {n: out[n] for n in self._model_order}
 
     def metrics(self):
-        """This member's traffic, waits and the method's own fields (metrics.jsonl's names)."""
-        return json.loads(self._core.metrics())
+        """This member's traffic, waits and the method's own fields (metrics.jsonl's names), and
+        host_device_bytes: bytes copied between the model's tensors and loco's host buffers since
+        wrap() (0 for a CPU model, whose parameters are views of them)."""
+        out = json.loads(self._core.metrics())
+        out["host_device_bytes"] = self._copier.bytes
+        return out
 
     def report(self):
         """The method's accounting (outer-state bytes, ...) and this member's traffic by
@@ -500,6 +604,7 @@ class Sync:
     def state_dict(self):
         """The method's state (outer parameters, momentum, step); the model and the inner
         optimizer have their own state_dicts."""
+        self._whole_to_host()
         return {"loco": {k: (v if not isinstance(v, _np.ndarray) else _torch.from_numpy(v.copy()))
                          for k, v in self._core.state().items()},
                 "method": self.method, "names": list(self._names)}
@@ -512,11 +617,18 @@ class Sync:
         core = {k: (v.numpy() if isinstance(v, _torch.Tensor) else v) for k, v in state["loco"].items()}
         self._core.load_state(core)
 
+    def _whole_to_host(self):
+        """Before a method reads what it may hold only in part (evaluation, state): the model's
+        current parameters on the host."""
+        if self._on_device:
+            self._copier.to_host(self._ranges([(0, self._flat.numel())]))
+
     def close(self):
         """Ends communication and gives the optimizer its own step back. Call it when done: until
         then the optimizer's wrapped step keeps this object (and its communication) alive."""
         self._opt.step = self._original_step
         self._core.close()
+        self._copier.host_free()  # no copy may still read a buffer about to be unregistered
         while self._pinned:
             _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
 

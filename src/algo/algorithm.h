@@ -14,6 +14,18 @@
 
 namespace loco {
 
+// What one step's hooks use of a worker's buffers: on_gradients (w.step = done - 1) and
+// after_step(w, done, last). A caller whose parameters live elsewhere (loco.torch's CUDA models)
+// copies exactly these to the host before the hooks and back after them, and nothing on the
+// steps that use nothing. Outside the ranges read, w.params may hold stale values.
+struct StepAccess {
+  bool gradients = true;      // on_gradients reads and writes w.grads
+  std::vector<Range> reads;   // after_step reads these ranges of w.params
+  std::vector<Range> writes;  // ... and writes these (sorted, merged)
+  static StepAccess everything(int64_t n) { return {true, {{0, n}}, {{0, n}}}; }
+  static StepAccess nothing() { return {false, {}, {}}; }
+};
+
 class Algorithm {
  public:
   virtual ~Algorithm() = default;
@@ -23,6 +35,13 @@ class Algorithm {
   virtual void on_gradients(Worker& w) {}
   // After the optimizer step; `done` steps are complete, `last` is the final step.
   virtual void after_step(Worker& w, int64_t done, bool last) {}
+  // What on_gradients and after_step(w, done, last) will use, asked before them (the default,
+  // for a method that does not say: everything).
+  virtual StepAccess access(const Worker& w, int64_t done, bool last) const {
+    return StepAccess::everything(int64_t(w.params.size()));
+  }
+  // False: on_gradients never reads w.grads in this run (the caller need not provide them).
+  virtual bool uses_gradients(const Worker& w) const { return true; }
   // Parameters to evaluate and to save as the model, identical on every worker. Called by all
   // workers at the same step (it may communicate).
   virtual const std::vector<float>& eval_params(Worker& w) { return w.params; }

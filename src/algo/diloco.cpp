@@ -52,6 +52,18 @@ class Diloco : public Algorithm {
       w.comm.all_reduce(w.grads.data(), int64_t(w.grads.size()), ReduceOp::Mean, "gradients");
   }
 
+  // Gradients in the data-parallel steps before outer.start_step; the whole model when a round
+  // ends (and its outer parameters are taken, after step S).
+  StepAccess access(const Worker& w, int64_t done, bool last) const override {
+    StepAccess a = StepAccess::nothing();
+    a.gradients = done - 1 < start_step_ && uses_gradients(w);
+    if (done < start_step_ || (done > start_step_ && (done - start_step_) % outer_.inner_steps != 0 && !last)) return a;
+    a.reads = whole_;
+    if (done > start_step_) a.writes = whole_;
+    return a;
+  }
+  bool uses_gradients(const Worker& w) const override { return start_step_ > 0 && w.replicas > 1; }
+
   void after_step(Worker& w, int64_t done, bool last) override {
     if (done <= start_step_) {
       if (done == start_step_) theta_ = w.params;  // identical on every replica after data-parallel steps

@@ -163,6 +163,14 @@ class Noloco : public Algorithm {
     // On a resume, the weights received for the next outer step were saved with the state.
   }
 
+  // The whole model at an outer step, nothing between them.
+  StepAccess access(const Worker& w, int64_t done, bool last) const override {
+    if (done % cfg_.inner_steps != 0 && !last) return StepAccess::nothing();
+    const std::vector<Range> all{{0, n_}};
+    return {false, all, all};
+  }
+  bool uses_gradients(const Worker&) const override { return false; }
+
   void after_step(Worker& w, int64_t done, bool last) override {
     const int64_t H = cfg_.inner_steps;
     if (done % H != 0 && !last) return;

@@ -154,18 +154,47 @@ void Streaming::start(Worker& w, bool resumed) {
   if (!resumed) store_->write_all(w.params, std::vector<float>(num_params_, 0.0f));
 }
 
+bool Streaming::starts_sync(size_t j, int64_t done, bool last) const {
+  if (ranges_[j].empty()) return false;  // not on this pipeline stage
+  const bool due = syncs_at(plan_[j], done, outer_.inner_steps);
+  // The last step ends every fragment's round that did not just end with a recent sync.
+  const int64_t started = last_sync_start(plan_[j], done, outer_.inner_steps);
+  const bool final = last && !due && !(started >= 0 && started >= done - max_tau_);
+  return due || final;
+}
+
+StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
+  // A sync that starts reads its fragment; one applied writes it, and reads the entries merged
+  // with alpha (after_step below, in the same order).
+  StepAccess a = StepAccess::nothing();
+  const bool merges = cfg_.alpha != 0;
+  auto applied = [&](size_t j, bool replace) {
+    a.writes.insert(a.writes.end(), ranges_[j].begin(), ranges_[j].end());
+    if (!replace && merges)
+      for (const auto& s : segments_[j])
+        if (s.trained) a.reads.push_back({s.begin, s.end});
+  };
+  for (const auto& p : pending_) {
+    if (!(p.apply_at <= done || last)) break;
+    applied(p.fragment, last);
+  }
+  for (size_t j = 0; j < plan_.size(); ++j) {
+    if (!starts_sync(j, done, last)) continue;
+    a.reads.insert(a.reads.end(), ranges_[j].begin(), ranges_[j].end());
+    if (tau_ == 0 || last) applied(j, last);
+  }
+  a.reads = merge_ranges(a.reads);
+  a.writes = merge_ranges(a.writes);
+  return a;
+}
+
 void Streaming::after_step(Worker& w, int64_t done, bool last) {
   while (!pending_.empty() && (pending_.front().apply_at <= done || last)) {
     apply(w, pending_.front(), last);
     pending_.pop_front();
   }
   for (size_t j = 0; j < plan_.size(); ++j) {
-    if (ranges_[j].empty()) continue;  // not on this pipeline stage
-    const bool due = syncs_at(plan_[j], done, outer_.inner_steps);
-    // The last step ends every fragment's round that did not just end with a recent sync.
-    const int64_t started = last_sync_start(plan_[j], done, outer_.inner_steps);
-    const bool final = last && !due && !(started >= 0 && started >= done - max_tau_);
-    if (!due && !final) continue;
+    if (!starts_sync(j, done, last)) continue;
     if (!sync_fragment(w, j, done, last)) return;
     if (tau_ == 0 || last) {
       apply(w, pending_.back(), last);
@@ -414,7 +443,7 @@ void Streaming::apply(Worker& w, Pending& p, bool replace) {
   for (const auto& s : segments_[p.fragment]) {
     float* local = w.params.data() + s.begin;
     const float* synced = p.theta.data() + s.packed;
-    if (replace || !s.trained)
+    if (replace || !s.trained || a == 0.0f)  // alpha 0 replaces: the local values are not read
       std::copy(synced, synced + (s.end - s.begin), local);
     else
       for (int64_t i = 0; i < s.end - s.begin; ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];

@@ -44,6 +44,8 @@ class Streaming : public Algorithm {
 
   void start(Worker& w, bool resumed) override;
   void after_step(Worker& w, int64_t done, bool last) override;
+  StepAccess access(const Worker& w, int64_t done, bool last) const override;
+  bool uses_gradients(const Worker&) const override { return false; }
   const std::vector<float>& eval_params(Worker& w) override;
   std::string eval_note(int64_t step) const override;
   void save_state(TrainingState& st) override;
@@ -98,6 +100,8 @@ class Streaming : public Algorithm {
   // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
   // replica's parameters; entries this node does not train are always replaced.
   void apply(Worker& w, Pending& p, bool replace);
+  // Whether fragment j's sync starts after step `done` (due, or the last step's final one).
+  bool starts_sync(size_t j, int64_t done, bool last) const;
   // begin_sync and complete with screening or a robust rule.
   void begin_robust_sync(Communicator& comm, const std::vector<float>& params, uint64_t stream, uint64_t fault_seed,
                          Pending& p);

@@ -120,6 +120,14 @@ class ElasticMethod : public Base {
       : Base(std::forward<BaseArgs>(base)...),
         session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()) {}
 
+  // A round may take in a joiner's or the run's state at any step: the whole model, every step.
+  // No elastic method averages gradients (data-parallel is not one of them).
+  StepAccess access(const Worker& w, int64_t, bool) const override {
+    StepAccess a = StepAccess::everything(int64_t(w.params.size()));
+    a.gradients = false;
+    return a;
+  }
+  bool uses_gradients(const Worker&) const override { return false; }
   double wait_seconds() const override { return session_.wait_seconds(); }
   bool writes_checkpoints() const override { return session_.first_member(); }
   int64_t continue_from(int64_t done) override { return session_.continue_from(done); }

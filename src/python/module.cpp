@@ -244,6 +244,31 @@ class Method {
     });
   }
 
+  // What the hooks of the step that ends with `step_ + 1` steps done will use (algo/algorithm.h):
+  // (gradients, ranges of the parameters read, ranges written), as (begin, end) pairs.
+  py::tuple access() {
+    StepAccess a;
+    guard([&] {
+      const int64_t done = step_ + 1;
+      w_.step = step_;
+      a = algo().access(w_, done, done == cfg_.train.steps);
+    });
+    auto pairs = [](const std::vector<Range>& rs) {
+      std::vector<std::pair<int64_t, int64_t>> out;
+      for (const auto& r : rs) out.emplace_back(r.begin, r.end);
+      return out;
+    };
+    return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
+  }
+  bool uses_gradients() const { return algo().uses_gradients(w_); }
+  // Frees the gradient buffer of a method that never reads it (a caller that keeps its
+  // gradients elsewhere: loco.torch's CUDA models). grads() is empty from then on.
+  void release_gradients() {
+    if (algo().uses_gradients(w_)) fail("internal: this method reads the gradients; they cannot be released");
+    std::vector<float>().swap(w_.grads);
+    grads_at_ = w_.grads.data();
+  }
+
   py::array params(py::object self) { return view(w_.params, self); }
   py::array grads(py::object self) { return view(w_.grads, self); }
   // The parameters to evaluate and save (the outer parameters for DiLoCo), a copy.
@@ -612,6 +637,9 @@ PYBIND11_MODULE(_loco, m) {
       .def("start", &Method::start, py::arg("resumed") = false)
       .def("on_gradients", &Method::on_gradients)
       .def("after_step", &Method::after_step)
+      .def("access", &Method::access)
+      .def_property_readonly("uses_gradients", &Method::uses_gradients)
+      .def("release_gradients", &Method::release_gradients)
       .def("eval_params", &Method::eval_params)
       .def("state", &Method::state)
       .def("load_state", &Method::load_state)

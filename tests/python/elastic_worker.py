@@ -30,7 +30,7 @@ sync = loco.torch.wrap(model, opt, a.method, inner_steps=4, outer_lr=0.7, outer_
                        min_workers=a.min_workers, elastic_address="127.0.0.1", elastic_timeout="2s",
                        out_dir=a.out)
 started, share = sync.steps_done, sync.data_share
-print(f"{a.name}: started at step {started}, data share {share}", flush=True)
+print(f"{a.name}: started at step {started}, data share {share}, device path {sync._on_device}", flush=True)
 gate_file, gate_step = a.gate.rsplit(":", 1) if a.gate else ("", -1)
 while sync.steps_done < steps:
     t = sync.steps_done

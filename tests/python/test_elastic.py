@@ -49,11 +49,13 @@ def cleanup():
     redis.kill()
 
 
-def start(run, name, seed, steps, *extra, method="diloco"):
+def start(run, name, seed, steps, *extra, method="diloco", device=False):
+    """device: the worker's model takes the path of a model on a GPU (LOCO_TORCH_AS_DEVICE=1)."""
     os.makedirs(run, exist_ok=True)
     args = [sys.executable, f"{here}/elastic_worker.py", f"redis://127.0.0.1:{port}/{run}", name, str(seed), run,
             method, str(steps), *extra]
-    p = subprocess.Popen(args, env=env, stdout=open(f"{run}/{name}.log", "w"), stderr=subprocess.STDOUT)
+    p = subprocess.Popen(args, env=dict(env, LOCO_TORCH_AS_DEVICE="1" if device else "0"),
+                         stdout=open(f"{run}/{name}.log", "w"), stderr=subprocess.STDOUT)
     procs.append(p)
     return p
 
@@ -73,9 +75,10 @@ def result(run, name):
 
 
 try:
-    # 1. A fixed membership of two equals the plain-torch reference from the first member's model.
+    # 1. A fixed membership of two equals the plain-torch reference from the first member's model
+    # (b's model on the path of a GPU model: its parameters cross to the host only for rounds).
     a = start("fixed", "a", 11, 12)
-    b = start("fixed", "b", 22, 12)
+    b = start("fixed", "b", 22, 12, device=True)
     wait(a, "fixed", "a")
     wait(b, "fixed", "b")
     ra, rb = result("fixed", "a"), result("fixed", "b")
@@ -97,12 +100,13 @@ try:
 
     # 2. Three start, c dies after 6 steps; d joins at a round by step 16 (a and b wait before
     # step 15 until d waits to be taken in); a, b and d finish with equal parameters, d with the run's AdamW state.
+    # d's model takes the path of a GPU model: the run's state it receives reaches its tensors.
     gate = os.path.abspath("churn/d-registered")
     a = start("churn", "a", 1, 32, "--min-workers", "3", "--gate", f"{gate}:14")
     b = start("churn", "b", 2, 32, "--min-workers", "3", "--gate", f"{gate}:14")
     c = start("churn", "c", 3, 32, "--min-workers", "3", "--die-after", "6")
     wait(c, "churn", "c", expect=-9)
-    d = start("churn", "d", 4, 32, "--min-workers", "3")
+    d = start("churn", "d", 4, 32, "--min-workers", "3", device=True)
     deadline = time.time() + 120
     cli = ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password]
     while True:  # d waits to be taken in (the run's set of joiners holds it), or already was
@@ -117,6 +121,8 @@ try:
     for p, n in ((a, "a"), (b, "b"), (d, "d")):
         wait(p, "churn", n)
     ra, rb, rd = result("churn", "a"), result("churn", "b"), result("churn", "d")
+    check("device path True" in open("churn/d.log").read() and "device path False" in open("churn/a.log").read(),
+          "churn: d's model took the path of a GPU model, a's the CPU one")
     check(rd["started"] in (8, 12, 16) and rd["steps"] == 32,
           f"churn: d joined at a round's step ({rd['started']}) and ended at {rd['steps']}")
     worst = max(max_diff(ra["eval"], rb["eval"]), max_diff(ra["eval"], rd["eval"]))

@@ -1,6 +1,7 @@
 """loco.torch against plain-torch references of the same methods (llama_torch.py), with the
 replicas as threads of this process (loco.inprocess), and its errors. Run by ctest as
 python.torch; `python3 tests/python/test_torch.py` with PYTHONPATH=build/python."""
+import os
 import sys
 import threading
 
@@ -90,25 +91,86 @@ got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0
                alpha=0.5)
 compare("streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
 
-# The staged path of parameters that are not on the CPU (CUDA: copies through the method's host
-# buffers before and after every hook instead of views), forced here on CPU tensors: the same
-# results as the references.
-loco.torch._FORCE_STAGING = True
+# The path of a model on a GPU (its parameters stay on the device; only what a step's hooks use
+# crosses to the host), run on CPU tensors with LOCO_TORCH_AS_DEVICE=1: the same results as the
+# references, and host_device_bytes as the methods' schedules say.
+os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
 try:
     m = make_model(0)
     s = loco.torch.wrap(m, make_opt(m), endpoint=loco.inprocess(1)[0])
     flat = s._flat
     own = all(not (flat.data_ptr() <= p.data_ptr() < flat.data_ptr() + flat.numel() * 4) for p in m.parameters())
-    check(s._staged and own, "staged: the parameters stay the model's own tensors (not views of the buffer)")
+    check(s._on_device and own, "device path: the parameters are not views of the method's host buffer")
+    check(s._gbuf is None and s._core.grads().size == 0, "device path, diloco: no host buffer for gradients")
     s.close()
-    compare("staged ddp, sync_gradients then clipping", run_loco("ddp", 2, 6, clip=0.5), reference_ddp(2, 6, clip=0.5))
+    compare("device path ddp, sync_gradients then clipping", run_loco("ddp", 2, 6, clip=0.5),
+            reference_ddp(2, 6, clip=0.5))
     got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9)
-    compare("staged diloco", got, reference_diloco(2, 12, 4, 0.7, 0.9)[0])
+    compare("device path diloco", got, reference_diloco(2, 12, 4, 0.7, 0.9)[0])
     got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0.9, fragment_blocks=1, tau=1,
                    alpha=0.5)
-    compare("staged streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
+    compare("device path streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
+    groups = lambda k: loco._loco.noloco_groups(4, 2, 0, k)
+    got = run_loco("noloco", 4, 12, inner_steps=4, outer_lr=0.7, momentum=0.5, pull=0.3, seed=0)
+    compare("device path noloco", got, reference_noloco(4, 12, 4, 0.7, 0.5, 0.3, groups))
+
+    # Bytes per step: nothing on inner steps; at a sync the ranges read and written.
+    def bytes_per_step(method, M, steps, **kw):
+        endpoints = loco.inprocess(M)
+        per, errors = [None] * M, []
+
+        def worker(r):
+            try:
+                torch.set_num_threads(1)
+                model = make_model(r)
+                opt = make_opt(model)
+                sync = loco.torch.wrap(model, opt, method, endpoint=endpoints[r], **kw)
+                seen = [sync.metrics()["host_device_bytes"]]
+                for t in range(steps):
+                    inner_step(model, opt, r, t)
+                    opt.step()
+                    opt.zero_grad()
+                    sync.step()
+                    seen.append(sync.metrics()["host_device_bytes"])
+                per[r] = (seen[0], [b - a for a, b in zip(seen, seen[1:])])
+                sync.close()
+            except Exception as e:
+                errors.append(f"replica {r}: {e}")
+                endpoints[r].abort(str(e))
+
+        threads = [threading.Thread(target=worker, args=(r,)) for r in range(M)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return per
+
+    model_bytes = sum(p.numel() for p in make_model(0).parameters()) * 4
+    frag_bytes = [sum(list(make_model(0).parameters())[i].numel() for i in f) * 4 for f in frag]
+    wrap1_bytes, steps = bytes_per_step("diloco", 1, 9, inner_steps=4)[0]
+    check(wrap1_bytes == model_bytes, f"device path: wrap() of one member copies the model to the host once "
+                                      f"({wrap1_bytes} bytes, model {model_bytes})")
+    want = [2 * model_bytes if t % 4 == 0 else 0 for t in range(1, 10)]
+    check(steps == want, f"device path diloco H = 4: bytes per step {steps} (the model there and back at a round)")
+    wrap2_bytes, steps = bytes_per_step("diloco", 2, 4, inner_steps=4)[0]
+    check(wrap2_bytes == 2 * model_bytes, f"device path: wrap() of 2 members copies the model there and back "
+                                          f"(member 0's) ({wrap2_bytes} bytes)")
+    # Streaming, H = 6, fragments at offsets 0, 2, 4, tau 1: a sync reads its fragment at t, the
+    # merge at t + 1 reads it again (alpha 0.5) and writes it; alpha 0 only writes it.
+    for alpha in (0.5, 0.0):
+        _, steps = bytes_per_step("streaming", 2, 14, inner_steps=6, fragment_blocks=1, tau=1, alpha=alpha)[0]
+        want = [0] * 14
+        for j, start in ((0, 6), (1, 8), (2, 10), (0, 12), (1, 14)):
+            want[start - 1] += frag_bytes[j]
+            if start < 14:
+                want[start] += frag_bytes[j] * (2 if alpha else 1)
+        check(steps == want, f"device path streaming tau 1 alpha {alpha}: bytes per step {steps} == {want}")
+    _, steps = bytes_per_step("ddp", 1, 3)[0]
+    check(steps == [0, 0, 0], f"device path ddp, one member: no copies ({steps})")
+    _, steps = bytes_per_step("ddp", 2, 3)[0]
+    check(steps == [2 * model_bytes] * 3, f"device path ddp, 2 members: the gradients there and back ({steps})")
 finally:
-    loco.torch._FORCE_STAGING = False
+    del os.environ["LOCO_TORCH_AS_DEVICE"]
 
 # The outer optimizer on its own (loco.outer_step) equals torch.optim.SGD with Nesterov momentum.
 g = torch.Generator().manual_seed(3)

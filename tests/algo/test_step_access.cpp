@@ -1,0 +1,168 @@
+// Algorithm::access (algo/algorithm.h) is a contract: a caller that keeps the parameters elsewhere
+// (loco.torch's CUDA models) copies to the host only the ranges a step's hooks read, and back only
+// those they write. Each method runs here twice with 2 in-process replicas and the same
+// deterministic "inner steps": once as the native trainer does (w.params always current), once as
+// loco.torch does with a device copy (w.params filled with NaN outside the ranges read before the
+// hooks, only the ranges written taken back after them). The two must end bitwise equal, and the
+// hooks must write nothing outside the ranges they declare.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "algo/algorithm.h"
+#include "comm/inprocess.h"
+
+using namespace loco;
+
+namespace {
+
+RunConfig access_config(const std::string& algorithm) {
+  RunConfig c;
+  c.algorithm = algorithm;
+  c.model.vocab_size = 32;
+  c.model.hidden_size = 8;
+  c.model.num_layers = 4;
+  c.model.num_heads = 2;
+  c.model.intermediate_size = 16;
+  c.model.max_seq_len = 8;
+  c.data.seq_len = 8;
+  c.data.batch_size = 2;
+  c.train.steps = 23;
+  c.distributed.replicas = 2;
+  c.outer.inner_steps = 6;
+  c.outer.lr = 0.7;
+  c.outer.momentum = 0.9;
+  c.streaming.fragment_blocks = 1;
+  c.noloco.inner_steps = 5;
+  c.noloco.group_size = 2;
+  return c;
+}
+
+// A replica-dependent gradient of an inner step.
+void make_grads(std::vector<float>& grads, int rank, int64_t step) {
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = float(std::sin(0.37 * double(i) + 1.3 * rank + 0.11 * step));
+}
+void apply_grads(std::vector<float>& params, const std::vector<float>& grads) {
+  for (size_t i = 0; i < params.size(); ++i) params[i] -= 0.01f * grads[i % grads.size()];
+}
+
+bool inside(const std::vector<Range>& rs, int64_t i) {
+  for (const auto& r : rs)
+    if (i >= r.begin && i < r.end) return true;
+  return false;
+}
+
+struct Outcome {
+  std::vector<std::vector<float>> params, eval;  // per replica: the trained and the evaluated parameters
+  int64_t steps_touching = 0;                     // steps whose hooks read or wrote anything (replica 0)
+  int64_t first_touching = 0;                     // the first of them
+  std::string violation;                          // a write outside the declared ranges
+};
+
+Outcome run(const RunConfig& cfg, bool device) {
+  auto transports = make_inprocess_transports(2);
+  auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1));
+  Outcome out;
+  out.params.resize(2);
+  out.eval.resize(2);
+  std::vector<std::string> violation(2);
+  std::vector<int64_t> touching(2, 0), first(2, 0);
+  std::vector<std::thread> threads;
+  for (int m = 0; m < 2; ++m)
+    threads.emplace_back([&, m] {
+      Communicator comm(std::move(transports[size_t(m)]), {}, nullptr);
+      Worker w(cfg, comm, tokens);
+      w.model->init_params(w.params.data(), 5);
+      auto algo = make_algorithm(cfg, w);
+      algo->start(w, false);
+      std::vector<float> dev = w.params, dgrads = w.grads;  // the device's parameters and gradients
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t t = 0; t < cfg.train.steps; ++t) {
+        const int64_t done = t + 1;
+        const bool last = done == cfg.train.steps;
+        w.step = t;
+        const StepAccess a = algo->access(w, done, last);
+        std::vector<float>& p = device ? dev : w.params;
+        std::vector<float>& g = device ? dgrads : w.grads;
+        make_grads(g, m, t);
+        if (device) w.grads = a.gradients ? dgrads : std::vector<float>(dgrads.size(), nan);
+        algo->on_gradients(w);
+        if (device && a.gradients) dgrads = w.grads;
+        apply_grads(p, g);
+        if (device) {
+          for (int64_t i = 0; i < int64_t(dev.size()); ++i) w.params[size_t(i)] = inside(a.reads, i) ? dev[size_t(i)] : nan;
+        }
+        const std::vector<float> before = w.params;
+        algo->after_step(w, done, last);
+        if (!a.reads.empty() || !a.writes.empty() || a.gradients)
+          if (++touching[size_t(m)] == 1) first[size_t(m)] = done;
+        for (int64_t i = 0; i < int64_t(dev.size()); ++i) {
+          const float b = before[size_t(i)], now = w.params[size_t(i)];
+          const bool same = (std::isnan(b) && std::isnan(now)) || b == now;
+          if (!same && !inside(a.writes, i) && violation[size_t(m)].empty())
+            violation[size_t(m)] = "step " + std::to_string(done) + " wrote entry " + std::to_string(i) + " outside its writes";
+          if (device && inside(a.writes, i)) dev[size_t(i)] = now;
+        }
+      }
+      if (device) w.params = dev;  // what loco.torch copies to the host before an evaluation
+      out.eval[size_t(m)] = algo->eval_params(w);
+      out.params[size_t(m)] = w.params;
+    });
+  for (auto& t : threads) t.join();
+  out.steps_touching = touching[0];
+  out.first_touching = first[0];
+  out.violation = violation[0] + violation[1];
+  return out;
+}
+
+// touching: how many steps copy anything, first: the first of them.
+void expect_contract(const RunConfig& cfg, const std::string& what, int64_t touching, int64_t first) {
+  const Outcome host = run(cfg, false), device = run(cfg, true);
+  EXPECT_EQ(host.violation, "") << what;
+  EXPECT_EQ(device.violation, "") << what;
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_TRUE(host.params[size_t(m)] == device.params[size_t(m)]) << what << ": replica " << m << "'s parameters";
+    EXPECT_TRUE(host.eval[size_t(m)] == device.eval[size_t(m)]) << what << ": replica " << m << "'s evaluated ones";
+    for (float x : device.params[size_t(m)]) ASSERT_TRUE(std::isfinite(x)) << what << ": a stale entry was read";
+  }
+  EXPECT_EQ(device.steps_touching, touching) << what << ": steps that copy anything";
+  EXPECT_EQ(device.first_touching, first) << what << ": the first step that copies anything";
+}
+
+}  // namespace
+
+TEST(StepAccess, DdpUsesTheGradientsOfEveryStepAndNeverTheParameters) {
+  expect_contract(access_config("ddp"), "ddp", 23, 1);
+}
+
+TEST(StepAccess, DilocoTouchesTheModelOnlyWhenARoundEnds) {
+  // 23 steps, H = 6: rounds end at 6, 12, 18 and the last step.
+  expect_contract(access_config("diloco"), "diloco", 4, 6);
+  RunConfig warm = access_config("diloco");
+  warm.outer.start_step = 4;  // data-parallel steps 1..4 (gradients), then rounds at 10, 16, 22, 23
+  expect_contract(warm, "diloco start_step 4", 8, 1);
+}
+
+TEST(StepAccess, StreamingTouchesOnlyTheFragmentsItSyncsOrMerges) {
+  for (int tau : {0, 2})
+    for (double alpha : {0.0, 0.5}) {
+      RunConfig c = access_config("streaming");
+      c.streaming.tau = tau;
+      c.streaming.alpha = alpha;
+      // 5 fragments (4 blocks, then the rest) with offsets j floor(6 / 5) = j: fragment j syncs at
+      // j + 6, j + 12, j + 18 (steps 6-10, 12-16, 18-22), merges tau steps later, and the last
+      // step (23) ends every round. Steps 1-5 copy nothing; with tau 0 neither do 11 and 17.
+      const int64_t touching = tau == 0 ? 16 : 18;
+      const std::string what = "streaming tau " + std::to_string(tau) + " alpha " + std::to_string(alpha);
+      expect_contract(c, what, touching, 6);
+      c.outer.codec = "fp4-e3m0";
+      expect_contract(c, what + " fp4", touching, 6);
+    }
+}
+
+TEST(StepAccess, NolocoTouchesTheModelOnlyAtOuterSteps) {
+  // 23 steps, H = 5: outer steps at 5, 10, 15, 20 and the last step.
+  expect_contract(access_config("noloco"), "noloco", 5, 5);
+}
