@@ -27,8 +27,10 @@ else the key whose last part it is, where that names one key (codec = outer.code
 import functools
 import json
 import os
+import queue
 import re
 import struct
+import threading
 import time
 
 import numpy as _np
@@ -67,8 +69,9 @@ class _Copier:
             self._from_host.synchronize()
             self._from_host = None
 
-    def to_host(self, pairs):
-        """pairs: (host view, device view); the host holds the values when this returns."""
+    def to_host(self, pairs, wait=True):
+        """pairs: (host view, device view); the host holds the values when this returns, or, with
+        wait=False, once the event returned has completed (None: at once)."""
         self.host_free()
         with _torch.no_grad():
             for h, d in pairs:
@@ -77,8 +80,13 @@ class _Copier:
                 else:
                     h.copy_(d, non_blocking=True)
                     self.bytes += h.numel() * h.element_size()
-        if self.cuda and pairs:
-            self._event().synchronize()
+        if not (self.cuda and pairs):
+            return None
+        ev = self._event()
+        if wait:
+            ev.synchronize()
+            return None
+        return ev
 
     def to_device(self, pairs):
         """pairs: (host view, device view); returns at once on CUDA."""
@@ -237,6 +245,48 @@ def unpack_state(data):
     return dec(tree)
 
 
+class _Background:
+    """One thread that runs a method's hooks in the order given, while the training loop goes on
+    (the hooks release Python's lock). The first error is raised by the next join()."""
+
+    def __init__(self):
+        self._jobs = queue.Queue()
+        self._thread = None
+        self._error = None
+
+    def submit(self, job):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="loco.torch sync", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self):
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    job()
+            except BaseException as e:  # raised again by join() on the loop's thread
+                self._error = e
+            finally:
+                self._jobs.task_done()
+
+    def join(self):
+        """Waits for every job submitted; raises the first error of one."""
+        if self._thread is not None:
+            self._jobs.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self):
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+
 class _InnerState:
     """What an elastic member's session calls: the inner optimizer's state for a joiner, and
     installing it in one."""
@@ -343,6 +393,9 @@ class Sync:
         else:
             self._gbuf = self._gflat
         self._copier = _Copier(self._device)
+        self._bg = _Background()  # a device model's sync starts, run while the loop goes on
+        self._quiet_until = 0     # steps before it use nothing: their hooks are queued behind them
+        self._background_syncs = 0
         self._pinned = []
         if self._on_device:
             self._device_layout()
@@ -361,6 +414,7 @@ class Sync:
         self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
         if self._on_device and (self.size > 1 or elastic):  # member 0's parameters, or the run's
             self._copier.to_device([(self._flat, self._dflat)])
+        self._done = self._core.step
         self._stepped = self._synced = False
         if out_dir is not None and elastic:
             out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
@@ -494,7 +548,11 @@ class Sync:
             raise _loco.Error("sync_gradients() was called twice before the optimizer's step")
         self._check_parameters()
         if self._on_device:
-            self._device_gradients(self._core.access()[0])
+            if self._done + 1 < self._quiet_until:  # a step that uses nothing, behind a sync in the background
+                self._bg.submit(self._core.on_gradients)
+            else:
+                self._bg.join()
+                self._device_gradients(self._core.access()[0])
             self._synced = True
             return
         self._gather_grads()
@@ -517,24 +575,56 @@ class Sync:
                               "(call inner_opt.step() first, once per step)")
         self._stepped = False
         if self._on_device:
-            _, reads, writes = self._core.access()
-            if reads or writes:
-                self._copier.to_host(self._ranges(reads))
-                self._copier.host_free()
-                self._core.after_step()
-                self._copier.to_device(self._ranges(writes))
-            else:
-                self._core.after_step()
+            self._device_step()
         else:
             self._core.after_step()
+            self._done = self._core.step
         if self._out_dir is not None and loss is not None:
             self._losses.append(float(loss))
             self._tokens += int(tokens or 0)
-            if self._core.step % self._core.log_interval == 0:
+            if self._done % self._core.log_interval == 0:
                 self._record()
+
+    def _device_step(self):
+        """The method's end of step for a model on a device. A step that only reads parameters
+        (a Streaming DiLoCo sync starting, its merge tau >= 1 steps later) copies them to the host
+        and leaves the rest (waiting for the copy, packing, encoding, starting the reduction) to
+        the background thread, with the hooks of the steps that use nothing after it; the loop
+        waits for it at the next step that uses something. Other steps run here."""
+        done = self._done + 1
+        if done < self._quiet_until:
+            self._bg.submit(self._core.after_step)
+            self._done = done
+            return
+        self._bg.join()
+        _, reads, writes = self._core.access()
+        if reads and not writes:
+            quiet = self._core.quiet_until()
+            ready = self._copier.to_host(self._ranges(reads), wait=False)
+            core = self._core
+
+            def start_sync():
+                if ready is not None:
+                    ready.synchronize()
+                core.after_step()
+
+            self._bg.submit(start_sync)
+            self._background_syncs += 1
+            self._quiet_until = quiet
+            self._done = done
+            return
+        if reads or writes:
+            self._copier.to_host(self._ranges(reads))
+            self._copier.host_free()
+            self._core.after_step()
+            self._copier.to_device(self._ranges(writes))
+        else:
+            self._core.after_step()
+        self._done = self._core.step
 
     def _record(self, val_loss=float("nan")):
         # A record without new steps (finish's) repeats the last training loss, as loco train's does.
+        self._bg.join()
         if self._losses:
             mean = sum(self._losses) / len(self._losses)
         else:
@@ -552,6 +642,7 @@ class Sync:
         train` writes them; `loco report` and `loco compare` read the directory). Collective."""
         if self._out_dir is None:
             raise _loco.Error("finish() writes the run directory: pass out_dir to wrap()")
+        self._bg.join()
         val = float("nan") if val_loss is None else float(val_loss)
         if self._losses or val_loss is not None or self._last is None:
             self._record(val)
@@ -571,7 +662,7 @@ class Sync:
     def steps_done(self):
         """Inner steps the run has done. An elastic member that joins (or rejoins after being
         dropped) continues from the run's step, so loop on it: while sync.steps_done < total."""
-        return self._core.step
+        return self._done
 
     @property
     def data_share(self):
@@ -591,14 +682,18 @@ class Sync:
     def metrics(self):
         """This member's traffic, waits and the method's own fields (metrics.jsonl's names), and
         host_device_bytes: bytes copied between the model's tensors and loco's host buffers since
-        wrap() (0 for a CPU model, whose parameters are views of them)."""
+        wrap() (0 for a CPU model, whose parameters are views of them), and syncs_in_background:
+        the steps whose end (a sync starting) ran on loco's thread while the loop went on."""
+        self._bg.join()
         out = json.loads(self._core.metrics())
         out["host_device_bytes"] = self._copier.bytes
+        out["syncs_in_background"] = self._background_syncs
         return out
 
     def report(self):
         """The method's accounting (outer-state bytes, ...) and this member's traffic by
         operation (traffic.by_operation: bytes and messages of each kind of exchange)."""
+        self._bg.join()
         return json.loads(self._core.report())
 
     def state_dict(self):
@@ -615,11 +710,15 @@ class Sync:
         if state.get("names") != self._names:
             raise _loco.Error("the state was saved for a model with other parameters")
         core = {k: (v.numpy() if isinstance(v, _torch.Tensor) else v) for k, v in state["loco"].items()}
+        self._bg.join()
         self._core.load_state(core)
+        self._done = self._core.step
+        self._quiet_until = 0
 
     def _whole_to_host(self):
         """Before a method reads what it may hold only in part (evaluation, state): the model's
         current parameters on the host."""
+        self._bg.join()
         if self._on_device:
             self._copier.to_host(self._ranges([(0, self._flat.numel())]))
 
@@ -627,6 +726,11 @@ class Sync:
         """Ends communication and gives the optimizer its own step back. Call it when done: until
         then the optimizer's wrapped step keeps this object (and its communication) alive."""
         self._opt.step = self._original_step
+        try:
+            self._bg.join()  # its error, if any, was the loop's to see; closing goes on
+        except Exception:
+            pass
+        self._bg.stop()
         self._core.close()
         self._copier.host_free()  # no copy may still read a buffer about to be unregistered
         while self._pinned:

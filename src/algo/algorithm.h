@@ -40,6 +40,10 @@ class Algorithm {
   virtual StepAccess access(const Worker& w, int64_t done, bool last) const {
     return StepAccess::everything(int64_t(w.params.size()));
   }
+  // Asked with access(w, done, last), before after_step(w, done, last): the first later step
+  // whose access may use anything (the steps between use nothing, whatever the hooks do). A caller
+  // may run after_step(done) and the hooks of those steps in the background meanwhile.
+  virtual int64_t quiet_until(const Worker& w, int64_t done, bool last) const { return done + 1; }
   // False: on_gradients never reads w.grads in this run (the caller need not provide them).
   virtual bool uses_gradients(const Worker& w) const { return true; }
   // Parameters to evaluate and to save as the model, identical on every worker. Called by all

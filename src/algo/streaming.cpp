@@ -188,6 +188,20 @@ StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
   return a;
 }
 
+int64_t Streaming::quiet_until(const Worker& w, int64_t done, bool last) const {
+  if (last) return done + 1;
+  int64_t next = run_steps_;  // the last step ends every round
+  for (const auto& p : pending_)
+    if (p.apply_at > done) next = std::min(next, p.apply_at);  // merges still to come
+  for (size_t j = 0; j < plan_.size(); ++j) {
+    if (ranges_[j].empty()) continue;
+    if (tau_ > 0 && starts_sync(j, done, false)) next = std::min(next, done + tau_);  // this step's syncs' merges
+    const int64_t started = last_sync_start(plan_[j], done, outer_.inner_steps);
+    next = std::min(next, started < 0 ? plan_[j].offset + outer_.inner_steps : started + outer_.inner_steps);
+  }
+  return std::max(next, done + 1);
+}
+
 void Streaming::after_step(Worker& w, int64_t done, bool last) {
   while (!pending_.empty() && (pending_.front().apply_at <= done || last)) {
     apply(w, pending_.front(), last);

@@ -45,6 +45,7 @@ class Streaming : public Algorithm {
   void start(Worker& w, bool resumed) override;
   void after_step(Worker& w, int64_t done, bool last) override;
   StepAccess access(const Worker& w, int64_t done, bool last) const override;
+  int64_t quiet_until(const Worker& w, int64_t done, bool last) const override;
   bool uses_gradients(const Worker&) const override { return false; }
   const std::vector<float>& eval_params(Worker& w) override;
   std::string eval_note(int64_t step) const override;

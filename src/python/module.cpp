@@ -260,6 +260,16 @@ class Method {
     };
     return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
   }
+  // The first step after the coming one whose access() may use anything (algo/algorithm.h).
+  int64_t quiet_until() {
+    int64_t out = 0;
+    guard([&] {
+      const int64_t done = step_ + 1;
+      w_.step = step_;
+      out = algo().quiet_until(w_, done, done == cfg_.train.steps);
+    });
+    return out;
+  }
   bool uses_gradients() const { return algo().uses_gradients(w_); }
   // Frees the gradient buffer of a method that never reads it (a caller that keeps its
   // gradients elsewhere: loco.torch's CUDA models). grads() is empty from then on.
@@ -638,6 +648,7 @@ PYBIND11_MODULE(_loco, m) {
       .def("on_gradients", &Method::on_gradients)
       .def("after_step", &Method::after_step)
       .def("access", &Method::access)
+      .def("quiet_until", &Method::quiet_until)
       .def_property_readonly("uses_gradients", &Method::uses_gradients)
       .def("release_gradients", &Method::release_gradients)
       .def("eval_params", &Method::eval_params)

@@ -4,7 +4,8 @@
 // deterministic "inner steps": once as the native trainer does (w.params always current), once as
 // loco.torch does with a device copy (w.params filled with NaN outside the ranges read before the
 // hooks, only the ranges written taken back after them). The two must end bitwise equal, and the
-// hooks must write nothing outside the ranges they declare.
+// hooks must write nothing outside the ranges they declare, nor use anything in the steps that
+// quiet_until said would use nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -68,7 +69,7 @@ Outcome run(const RunConfig& cfg, bool device) {
   out.params.resize(2);
   out.eval.resize(2);
   std::vector<std::string> violation(2);
-  std::vector<int64_t> touching(2, 0), first(2, 0);
+  std::vector<int64_t> touching(2, 0), first(2, 0), quiet(2, 0);
   std::vector<std::thread> threads;
   for (int m = 0; m < 2; ++m)
     threads.emplace_back([&, m] {
@@ -84,6 +85,12 @@ Outcome run(const RunConfig& cfg, bool device) {
         const bool last = done == cfg.train.steps;
         w.step = t;
         const StepAccess a = algo->access(w, done, last);
+        const bool uses = !a.reads.empty() || !a.writes.empty() || a.gradients;
+        if (uses && done < quiet[size_t(m)] && violation[size_t(m)].empty())
+          violation[size_t(m)] = "step " + std::to_string(done) + " uses buffers inside a quiet window";
+        const int64_t q = algo->quiet_until(w, done, last);
+        if (q <= done && violation[size_t(m)].empty()) violation[size_t(m)] = "quiet_until <= done";
+        quiet[size_t(m)] = q;
         std::vector<float>& p = device ? dev : w.params;
         std::vector<float>& g = device ? dgrads : w.grads;
         make_grads(g, m, t);
@@ -96,8 +103,7 @@ Outcome run(const RunConfig& cfg, bool device) {
         }
         const std::vector<float> before = w.params;
         algo->after_step(w, done, last);
-        if (!a.reads.empty() || !a.writes.empty() || a.gradients)
-          if (++touching[size_t(m)] == 1) first[size_t(m)] = done;
+        if (uses && ++touching[size_t(m)] == 1) first[size_t(m)] = done;
         for (int64_t i = 0; i < int64_t(dev.size()); ++i) {
           const float b = before[size_t(i)], now = w.params[size_t(i)];
           const bool same = (std::isnan(b) && std::isnan(now)) || b == now;

@@ -110,6 +110,20 @@ try:
     got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0.9, fragment_blocks=1, tau=1,
                    alpha=0.5)
     compare("device path streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
+    # Streaming fp4: each sync starts on loco's thread while the next steps run (with H = 12 and
+    # tau 2, the step between a start and its merge queues its hooks behind it); the same bits as
+    # the CPU path, whose parameters are the method's own buffer.
+    for H, tau, steps, background in ((6, 1, 20, 7), (12, 2, 30, 5)):
+        kw = dict(inner_steps=H, fragment_blocks=1, codec="fp4-e3m0", tau=tau, alpha=0.5, train_steps=steps)
+        got = run_loco("streaming", 2, steps, **kw)
+        del os.environ["LOCO_TORCH_AS_DEVICE"]
+        cpu = run_loco("streaming", 2, steps, **kw)
+        os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+        worst = max(max_diff(g[0], c[0]) for g, c in zip(got, cpu))
+        n = got[0][2]["syncs_in_background"]
+        check(worst == 0 and n == background and cpu[0][2]["syncs_in_background"] == 0,
+              f"device path streaming fp4 H {H} tau {tau}: equal to the CPU path (max diff {worst:.1e}), "
+              f"{n} syncs started in the background (expected {background})")
     groups = lambda k: loco._loco.noloco_groups(4, 2, 0, k)
     got = run_loco("noloco", 4, 12, inner_steps=4, outer_lr=0.7, momentum=0.5, pull=0.3, seed=0)
     compare("device path noloco", got, reference_noloco(4, 12, 4, 0.7, 0.5, 0.3, groups))
