@@ -1,0 +1,202 @@
+"""loco.torch's cost on a GPU: the same training loop plain and under each method, with one
+member (no peer to wait for: loco's own cost) and with 2 in-process members (threads sharing the
+device), timed in one run so that the ratios compare like with like.
+
+  PYTHONPATH=build/python:examples python3 bench/torch_gpu.py                 # small, any device
+  PYTHONPATH=build/python:examples python3 bench/torch_gpu.py --hf --hidden 2048 --layers 16 \\
+      --heads 16 --kv-heads 4 --mlp 5632 --vocab 32000 --batch 8 --seq 1024   # the 0.85B Llama
+
+The model is examples/llama.py's, or with --hf a Hugging Face LlamaForCausalLM of the sizes given
+(untied, as loco's checkpoints load into). AdamW (fused on CUDA), bf16 autocast on CUDA. Each step
+ends with loss.item(), as a loop that logs its loss does. Per row: median and mean seconds per
+step over the timed steps (after --warmup steps), their ratio to the plain loop of the same
+member count, the slowest step against the median, wrap()'s seconds, peak device memory, the
+host memory loco holds (the resident-set growth across wrap() and the run), and host_device_bytes
+per step (metrics: bytes between the model's tensors and loco's host buffers). On a CPU the same
+code path runs with LOCO_TORCH_AS_DEVICE=1 (set it to check the script); its times say nothing
+about a GPU. --out FILE also writes the rows as JSON.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+
+import torch
+
+import loco
+import loco.torch
+
+p = argparse.ArgumentParser()
+p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+p.add_argument("--hf", action="store_true", help="a Hugging Face LlamaForCausalLM (needs transformers)")
+p.add_argument("--hidden", type=int, default=128)
+p.add_argument("--layers", type=int, default=4)
+p.add_argument("--heads", type=int, default=4)
+p.add_argument("--kv-heads", type=int, default=0, help="--hf only; 0: as many as --heads")
+p.add_argument("--mlp", type=int, default=344)
+p.add_argument("--vocab", type=int, default=2048)
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--seq", type=int, default=64)
+p.add_argument("--inner-steps", type=int, default=30, help="H of DiLoCo and Streaming DiLoCo")
+p.add_argument("--steps", type=int, default=60, help="timed steps per row (whole rounds: a multiple of H)")
+p.add_argument("--warmup", type=int, default=5)
+p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
+p.add_argument("--methods", default="plain,ddp,diloco,streaming")
+p.add_argument("--out", default="")
+args = p.parse_args()
+device = torch.device(args.device)
+cuda = device.type == "cuda"
+if not cuda:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    if args.hf:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.mlp,
+                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                          num_key_value_heads=args.kv_heads or args.heads, tie_word_embeddings=False,
+                          max_position_embeddings=max(2048, args.seq))
+        model = LlamaForCausalLM(cfg)
+    else:
+        from llama import Llama
+        model = Llama(args.vocab, d=args.hidden, layers=args.layers, heads=args.heads, f=args.mlp)
+    return model.to(device)
+
+
+def loss_of(model, x, y):
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=cuda):
+        if args.hf:
+            logits = model(input_ids=x).logits
+            return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+        return model.loss(x, y)
+
+
+def make_opt(model):
+    kw = {"fused": True} if cuda else {}
+    try:
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
+    except (TypeError, RuntimeError):  # torch without the fused AdamW
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def settings(method):
+    if method == "ddp":
+        return {}
+    if method == "streaming":
+        return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": 1}
+    return {"inner_steps": args.inner_steps}
+
+
+def member(method, endpoint, rank, out, barrier):
+    model = make_model(rank)
+    opt = make_opt(model)
+    g = torch.Generator().manual_seed(100 + rank)
+    data = torch.randint(0, args.vocab, (8, args.batch, args.seq + 1), generator=g).to(device)
+    barrier.wait()
+    rss0 = rss_bytes()
+    t0 = time.perf_counter()
+    sync = loco.torch.wrap(model, opt, method, endpoint=endpoint, **settings(method)) if method != "plain" else None
+    if cuda:
+        torch.cuda.synchronize(device)
+    wrap_s = time.perf_counter() - t0
+    times, bytes0 = [], 0
+    for t in range(args.warmup + args.steps):
+        if t == args.warmup:
+            if cuda and rank == 0:
+                torch.cuda.reset_peak_memory_stats(device)
+            bytes0 = sync.metrics()["host_device_bytes"] if sync else 0
+            barrier.wait()
+        start = time.perf_counter()
+        batch = data[t % 8]
+        loss = loss_of(model, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if sync:
+            sync.step()
+        loss.item()
+        times.append(time.perf_counter() - start)
+    row = {"wrap_s": wrap_s, "times": times[args.warmup:], "host_bytes": rss_bytes() - rss0}
+    if sync:
+        m = sync.metrics()
+        row["host_device_bytes_per_step"] = (m["host_device_bytes"] - bytes0) / args.steps
+        row["syncs_in_background"] = m["syncs_in_background"]
+        sync.close()
+    if cuda and rank == 0:
+        row["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
+    out[rank] = row
+    del model, opt, sync
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def run(method, members):
+    endpoints = loco.inprocess(members) if method != "plain" else [None] * members
+    out, errors = [None] * members, []
+    barrier = threading.Barrier(members)
+
+    def body(r):
+        try:
+            member(method, endpoints[r], r, out, barrier)
+        except Exception as e:
+            errors.append(f"member {r}: {e!r}")
+            barrier.abort()
+            if endpoints[r] is not None:
+                endpoints[r].abort(str(e))
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(members)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    if errors:
+        raise SystemExit(f"{method} x {members}: " + "; ".join(errors))
+    # A step of the group ends when its slowest member's does.
+    per_step = [max(o["times"][i] for o in out) for i in range(args.steps)]
+    row = dict(out[0])
+    row.update(method=method, members=members, median_s=statistics.median(per_step),
+               mean_s=statistics.fmean(per_step), max_s=max(per_step))
+    del row["times"]
+    return row
+
+
+nparams = sum(q.numel() for q in make_model(0).parameters())
+name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"device: {name} ({device.type}); host CPU: {cpu}; torch {torch.__version__}; "
+      f"LOCO_TORCH_AS_DEVICE={os.environ.get('LOCO_TORCH_AS_DEVICE', '0')}")
+print(f"model: {'Hugging Face Llama' if args.hf else 'examples/llama.py'}, {nparams / 1e6:.1f}M parameters, "
+      f"batch {args.batch} x {args.seq}, H = {args.inner_steps}, {args.steps} timed steps after {args.warmup}")
+saved = args.steps
+args.steps = max(1, args.warmup)
+run("plain", 1)  # the first loop of a process pays for kernel selection and allocator growth: not timed
+args.steps = saved
+rows = []
+for members in [int(x) for x in args.members.split(",")]:
+    plain = None
+    for method in args.methods.split(","):
+        row = run(method, members)
+        plain = row if method == "plain" else plain
+        if plain is not None:
+            row["median_ratio"] = row["median_s"] / plain["median_s"]
+            row["mean_ratio"] = row["mean_s"] / plain["mean_s"]
+        rows.append(row)
+        print(f"{method:>9} x{members}: median {row['median_s']:.4f} s ({row.get('median_ratio', float('nan')):.3f}x), "
+              f"mean {row['mean_s']:.4f} s ({row.get('mean_ratio', float('nan')):.3f}x), "
+              f"slowest/median {row['max_s'] / row['median_s']:.2f}, wrap {row['wrap_s']:.2f} s, "
+              f"peak device {row.get('peak_device_bytes', 0) / 2**30:.2f} GiB, "
+              f"host +{row['host_bytes'] / 2**30:.2f} GiB, "
+              f"host<->device {row.get('host_device_bytes_per_step', 0) / 2**20:.1f} MiB/step, "
+              f"background syncs {row.get('syncs_in_background', 0)}", flush=True)
+if args.out:
+    with open(args.out, "w") as f:
+        json.dump({"device": name, "cpu": cpu, "torch": torch.__version__, "params": nparams, "args": vars(args),
+                   "rows": rows}, f, indent=1)
