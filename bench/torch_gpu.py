@@ -51,6 +51,8 @@ device = torch.device(args.device)
 cuda = device.type == "cuda"
 if not cuda:
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
+# loco's host work (the outer step, codecs) on every core: a GPU loop leaves the CPU idle.
+loco._loco.set_threads(max(1, (os.cpu_count() or 1)))
 
 
 def make_model(seed):

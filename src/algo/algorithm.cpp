@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace loco {
 
@@ -32,13 +33,18 @@ void share_for_eval(Communicator& comm, std::vector<float>& params, const std::s
 
 void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer) {
   const float mu = float(outer.momentum), lr = float(outer.lr);
-  for (int64_t i = 0; i < n; ++i) {
-    const float delta = theta[i] - avg[i];
-    const float v = mu * momentum[i] + delta;
-    momentum[i] = v;
-    const float d = outer.nesterov ? delta + mu * v : v;
-    theta[i] = avg[i] + (delta - lr * d);
-  }
+  const bool nesterov = outer.nesterov;
+  // Elementwise: the same bits whatever the compute threads (a large model's host outer step
+  // is bound by memory bandwidth, which one thread does not fill).
+  parallel_for(n, 1 << 16, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float delta = theta[i] - avg[i];
+      const float v = mu * momentum[i] + delta;
+      momentum[i] = v;
+      const float d = nesterov ? delta + mu * v : v;
+      theta[i] = avg[i] + (delta - lr * d);
+    }
+  });
 }
 
 }  // namespace loco

@@ -24,6 +24,7 @@
 #include "algo/fault.h"
 #include "algo/partial.h"
 #include "algo/robust.h"
+#include "core/parallel.h"
 
 namespace loco {
 
@@ -85,18 +86,31 @@ class Diloco : public Algorithm {
       if (rejected_ && w.rank == 0)
         std::cerr << "loco: warning: round ending at step " << done << ", left out: "
                   << describe_rejections(s, "replica") << "\n";
+    } else if (w.replicas == 1) {
+      avg_ = w.params;  // the average of one
     } else {
       // With partial updates, each entry is averaged over the replicas that train it.
       CountVectorAverage::Op op;
       average_.start(w.comm, w.params.data(), whole_, op);
       average_.finish(w.comm, op, whole_, avg_);
     }
+    // The norms' sums over fixed chunks, added in order: the same bits whatever the threads.
+    constexpr int64_t kChunk = 1 << 16;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> outer_sq(static_cast<size_t>(chunks)), own_sq(static_cast<size_t>(chunks));
+    parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double outer = 0, own = 0;
+        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+          const double d = double(theta_[i]) - avg_[i], m = double(theta_[i]) - w.params[i];
+          outer += d * d;
+          own += m * m;
+        }
+        outer_sq[size_t(c)] = outer, own_sq[size_t(c)] = own;
+      }
+    });
     double outer = 0, own = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = double(theta_[i]) - avg_[i], m = double(theta_[i]) - w.params[i];
-      outer += d * d;
-      own += m * m;
-    }
+    for (int64_t c = 0; c < chunks; ++c) outer += outer_sq[size_t(c)], own += own_sq[size_t(c)];
     outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
     outer_sgd_step(theta_.data(), momentum_.data(), avg_.data(), n, outer_);
     w.params = theta_;
