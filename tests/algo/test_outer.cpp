@@ -3,6 +3,8 @@
 // theta -= eta (Delta + mu v); every replica restarts from theta.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <thread>
 
 #include "algo/algorithm.h"
@@ -78,14 +80,14 @@ TEST(Diloco, OuterStepMatchesTheFormulaOverTwoRounds) {
       EXPECT_EQ(algo->eval_params(w), w.params) << "replicas restart from the outer parameters";
       nlohmann::json rec = nlohmann::json::object();
       algo->annotate(rec);
-      EXPECT_NEAR(rec.value("outer_delta_norm", -1.0), outer_norm[rank], 1e-4 * outer_norm[rank]);
-      EXPECT_NEAR(rec.value("replica_delta_norm", -1.0), replica_norm[rank], 1e-4 * replica_norm[rank]);
+      LOCO_EXPECT_NEAR(rec.value("outer_delta_norm", -1.0), outer_norm[rank], 1e-4 * outer_norm[rank]);
+      LOCO_EXPECT_NEAR(rec.value("replica_delta_norm", -1.0), replica_norm[rank], 1e-4 * replica_norm[rank]);
       // Two replicas with independent moves of equal size: about 1/sqrt(2) of a move survives.
-      EXPECT_NEAR(outer_norm[rank] / replica_norm[rank], 1 / std::sqrt(2.0), 0.05);
+      LOCO_EXPECT_NEAR(outer_norm[rank] / replica_norm[rank], 1 / std::sqrt(2.0), 0.05);
     });
   for (auto& t : threads) t.join();
   EXPECT_EQ(after[0], after[1]);
   double worst = 0;
   for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(after[0][i] - theta[i]) / (std::abs(theta[i]) + 1e-3));
-  EXPECT_LT(worst, 1e-5);
+  LOCO_EXPECT_BELOW(worst, 1e-5);
 }

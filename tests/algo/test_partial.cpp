@@ -2,6 +2,8 @@
 // count-vector synchronization.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <thread>
 
@@ -78,7 +80,7 @@ TEST(Partial, SlicedBackwardEqualsTheFullBackwardOnTrainedEntries) {
               scale = std::max(scale, std::abs(b));
             }
           }
-          EXPECT_LT(worst, 1e-6 * scale) << strategy << " N=" << N << " n=" << n;
+          LOCO_EXPECT_BELOW(worst, 1e-6 * scale) << strategy << " N=" << N << " n=" << n;
           if (N == 1) {
             EXPECT_TRUE(set.full());
             EXPECT_EQ(compact, full) << "N = 1 is the full backward, bitwise";
@@ -200,7 +202,7 @@ TEST(Partial, RoundAveragesEachEntryOverTheNodesThatTrainIt) {
   for (int r = 1; r < M; ++r) EXPECT_EQ(after[size_t(r)], after[0]) << "every node ends with the same parameters";
   double worst = 0;
   for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(after[0][i] - expect[i]) / (std::abs(expect[i]) + 1e-3));
-  EXPECT_LT(worst, 1e-5);
+  LOCO_EXPECT_BELOW(worst, 1e-5);
   // On the wire: the shared entries by ring all-reduce (2 (M-1)/M of them); the own slice by
   // a ring all-reduce in its group of G = M/N nodes (2 (G-1)/G of it) and to the N - 1 other
   // members of its column; no zeros for slices a node does not train.

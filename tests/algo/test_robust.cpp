@@ -2,6 +2,8 @@
 // values worked out by hand, and one round over in-process communicators with a bad member.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <limits>
 #include <thread>
@@ -176,7 +178,7 @@ TEST(ReduceOuter, MeanWithScreeningLeavesOutANanMemberAndMatchesTheAllReduceOthe
   }
   for (int64_t i = 0; i < n; ++i) {
     const double want = (double(p[0][size_t(i)]) + p[1][size_t(i)] + p[3][size_t(i)]) / 3;
-    ASSERT_NEAR(c.out[0][size_t(i)], want, 1e-6 * (1 + std::abs(want))) << i;
+    LOCO_ASSERT_NEAR(c.out[0][size_t(i)], want, 1e-6 * (1 + std::abs(want))) << i;
   }
   // Without screening the NaN reaches everyone.
   const auto d = run_round(theta, p, plain);
@@ -262,7 +264,7 @@ TEST(Fault, NoiseKeepsTheOuterGradientsNormAndDependsOnTheSeed) {
   apply_fault(f, theta, b, 1);
   apply_fault(f, theta, c, 2);
   const double want = outer_gradient_norm(theta.data(), p.data(), n);
-  EXPECT_NEAR(outer_gradient_norm(theta.data(), a.data(), n), want, 1e-5 * want);
+  LOCO_EXPECT_NEAR(outer_gradient_norm(theta.data(), a.data(), n), want, 1e-5 * want);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   // Noise, not the gradient: about orthogonal to it.

@@ -11,6 +11,8 @@
 // (1 - alpha) * synced is exact for alpha in {0, 0.5, 1} (every product is exact).
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <filesystem>
 #include <thread>
@@ -336,7 +338,7 @@ TEST(Streaming, QuantizedSyncStaysWithinTheCodecsErrorOfTheExactOne) {
   const auto r = one_sync(4, "fp32", "auto");
   for (const auto& range : r.fragment)
     for (int64_t i = range.begin; i < range.end; ++i)
-      EXPECT_NEAR(r.outer[0][size_t(i)], r.exact[size_t(i)], 1e-6);
+      LOCO_EXPECT_NEAR(r.outer[0][size_t(i)], r.exact[size_t(i)], 1e-6);
 }
 
 TEST(Streaming, PartialUpdatesReplaceTheSlicesANodeDoesNotTrain) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <limits>
 
@@ -82,7 +84,7 @@ TEST(Codec, ErrorBoundsOnRandomData) {
   const auto x = randn(n, 4);
   for (const auto& [fmt, documented] : bounds) {
     auto c = codec(fmt);
-    EXPECT_NEAR(c->error_bound(), documented, 1e-12) << fmt;
+    LOCO_EXPECT_NEAR(c->error_bound(), documented, 1e-12) << fmt;
     const double bound = c->error_bound() + 1e-7;
     const auto out = decode(*c, c->encode(x.data(), n, rng), n);
     double sq = 0, sq_x = 0;
@@ -90,7 +92,7 @@ TEST(Codec, ErrorBoundsOnRandomData) {
       float maxabs = 0;
       for (int64_t i = b0; i < b0 + block; ++i) maxabs = std::max(maxabs, std::abs(x[size_t(i)]));
       for (int64_t i = b0; i < b0 + block; ++i) {
-        EXPECT_LE(std::abs(out[size_t(i)] - x[size_t(i)]), bound * maxabs * (1 + 1e-6)) << fmt << " [" << i << "]";
+        LOCO_EXPECT_AT_MOST(std::abs(out[size_t(i)] - x[size_t(i)]), bound * maxabs * (1 + 1e-6)) << fmt << " [" << i << "]";
         sq += std::pow(out[size_t(i)] - x[size_t(i)], 2);
         sq_x += std::pow(x[size_t(i)], 2);
       }
@@ -117,7 +119,7 @@ TEST(Codec, StochasticRoundingIsUnbiased) {
       for (size_t i = 0; i < x.size(); ++i) mean[i] += out[i] / draws;
     }
     for (size_t i = 0; i < x.size(); ++i)
-      EXPECT_NEAR(mean[i], x[i], 0.01) << fmt << " value " << x[i];  // ~4 standard errors at the worst spacing
+      LOCO_EXPECT_NEAR(mean[i], x[i], 0.01) << fmt << " value " << x[i];  // ~4 standard errors at the worst spacing
   }
   // Round-to-nearest is biased on the same values (the test above could not pass by accident).
   auto nearest = codec("fp4-e3m0");

@@ -2,6 +2,8 @@
 // counts, bounded waits and abort propagation. The link model against a manual clock.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -78,7 +80,7 @@ TEST(Communicator, AllReduceSumAndMean) {
       for (int64_t i = 0; i < n; ++i) {
         double expect = 0;
         for (int r = 0; r < M; ++r) expect += rank_data(r, n)[size_t(i)];
-        EXPECT_NEAR(results[0][size_t(i)], expect, 1e-5);
+        LOCO_EXPECT_NEAR(results[0][size_t(i)], expect, 1e-5);
       }
       for (int r = 1; r < M; ++r) EXPECT_EQ(results[size_t(r)], results[0]) << "ranks disagree bitwise";
     }
@@ -290,10 +292,10 @@ TEST(LinkModel, TcpSlowStartAndRestartAfterIdle) {
   // 1 MB on a new connection: rounds of 1, 2, 4, 8, 16, 32 initial windows (each a round trip,
   // all below the 717 KB bandwidth-delay product), then the rest at the link's payload rate.
   const double first = link_transfer_time(link, conn, 0.0, 1e6);
-  EXPECT_NEAR(first, 6 * rtt + (1e6 - 63 * iw) / rate, 1e-12);
+  LOCO_EXPECT_NEAR(first, 6 * rtt + (1e6 - 63 * iw) / rate, 1e-12);
   EXPECT_DOUBLE_EQ(conn.window, 64 * iw);
   // At once after: the window is open, the payload rate alone.
-  EXPECT_NEAR(link_transfer_time(link, conn, first, 1e6), 1e6 / rate, 1e-12);
+  LOCO_EXPECT_NEAR(link_transfer_time(link, conn, first, 1e6), 1e6 / rate, 1e-12);
   // After 1 s idle: (1 - rto) / rto with rto = 0.26 s -> halved three times.
   const double end = conn.last_end;
   link_transfer_time(link, conn, end + 1.0, 1.0);
@@ -316,12 +318,12 @@ TEST(LinkModel, TcpConnectionsToSeveralPeersSlowStartSideBySide) {
   const SendTiming t1 = a->send(1, 0, std::string(100000, 'a'));
   const SendTiming t2 = a->send(2, 0, std::string(100000, 'b'));
   EXPECT_DOUBLE_EQ(t1.start, 0.0);
-  EXPECT_NEAR(t1.end, slow_start, 1e-12);
+  LOCO_EXPECT_NEAR(t1.end, slow_start, 1e-12);
   EXPECT_DOUBLE_EQ(t2.start, 0.0);
-  EXPECT_NEAR(t2.end, slow_start, 1e-12);
+  LOCO_EXPECT_NEAR(t2.end, slow_start, 1e-12);
   // A connection's next message waits for its previous one.
   const SendTiming t3 = a->send(1, 0, std::string(10, 'c'));
-  EXPECT_NEAR(t3.start, t1.end, 1e-12);
+  LOCO_EXPECT_NEAR(t3.start, t1.end, 1e-12);
   // The link's rate is still shared: without latency there is no slow start, and 1.25 MB to
   // each of two peers at once ends after the wire time of one, then of both.
   auto ts2 = make_inprocess_transports(3);
@@ -329,9 +331,9 @@ TEST(LinkModel, TcpConnectionsToSeveralPeersSlowStartSideBySide) {
   const double now = clock->now(), wire = 1.25e6 / rate;
   const SendTiming t4 = b->send(1, 0, std::string(1250000, 'd'));
   const SendTiming t5 = b->send(2, 0, std::string(1250000, 'e'));
-  EXPECT_NEAR(t4.end, now + wire, 1e-12);
+  LOCO_EXPECT_NEAR(t4.end, now + wire, 1e-12);
   EXPECT_DOUBLE_EQ(t5.start, now);
-  EXPECT_NEAR(t5.end, now + 2 * wire, 1e-12);
+  LOCO_EXPECT_NEAR(t5.end, now + 2 * wire, 1e-12);
 }
 
 TEST(LinkModel, PeakRateAndParsing) {

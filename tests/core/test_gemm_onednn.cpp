@@ -4,6 +4,8 @@
 // instructions oneDNN may not run them: the product tests are skipped there, the rounding is not.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -81,7 +83,7 @@ void check_products(const std::vector<Case>& cases, const Product& product, cons
         const double scale = std::fabs(c.alpha) * mag + std::fabs(c.beta * before[size_t(i) * ldc + j]) + 1e-30;
         worst = std::max(worst, std::fabs(out[size_t(i) * ldc + j] - want) / scale);
       }
-    EXPECT_LT(worst, 1e-5) << "ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k;
+    LOCO_EXPECT_BELOW(worst, 1e-5) << "ta " << c.ta << " tb " << c.tb << " m " << c.m << " n " << c.n << " k " << c.k;
     for (int i = 0; i < c.m; ++i)
       for (int j = c.n; j < ldc; ++j) ASSERT_EQ(out[size_t(i) * ldc + j], before[size_t(i) * ldc + j]);
   }
@@ -146,7 +148,7 @@ TEST(Bf16, GemmMtFollowsThePrecisionAndIsRepeatable) {
   }
   // bf16 operands (8 significant bits): about 2^-9 relative per product, averaging over k.
   EXPECT_GT(diff, 0.0) << "the bf16 setting changed nothing";
-  EXPECT_LT(diff / norm, 2e-2);
+  LOCO_EXPECT_BELOW(diff / norm, 2e-2);
 }
 
 // fp32 products through oneDNN (train.matmul_library = onednn) against double precision of the
@@ -171,7 +173,7 @@ TEST(OnednnF32, ProductsMatchDoublePrecisionAndGemmMtFollowsTheLibrary) {
   gemm_mt(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, blas.data(), n);
   double diff = 0;
   for (size_t i = 0; i < dnn.size(); ++i) diff = std::max(diff, double(std::fabs(dnn[i] - blas[i])));
-  EXPECT_LT(diff, 1e-3);
+  LOCO_EXPECT_BELOW(diff, 1e-3);
 }
 
 TEST(OnednnF32, AutoChoosesByTheCpu) {

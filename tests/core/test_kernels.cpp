@@ -4,6 +4,8 @@
 // overwrite), so (buffer - sentinel) is compared with central differences of f.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -109,7 +111,7 @@ TEST(Kernels, LinearTransposedStorage) {
   for (int i = 0; i < in_dim; ++i)
     for (int o = 0; o < out_dim; ++o) w[o * in_dim + i] = wt[i * out_dim + o];
   linear_forward(out2.data(), in.data(), w.data(), n, in_dim, out_dim);
-  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], out2[i], 1e-12);
+  for (size_t i = 0; i < out.size(); ++i) LOCO_EXPECT_NEAR(out[i], out2[i], 1e-12);
 }
 
 TEST(Kernels, Embedding) {
@@ -201,8 +203,8 @@ TEST(Kernels, GroupedQueryAttention) {
                      full.v.data(), full.out.data(), full.lse.data(), full.batch, full.seq, full.heads, full.heads,
                      full.hd);
   for (size_t i = 0; i < c.size; ++i) {
-    ASSERT_NEAR(c.out[i], full.out[i], 1e-12) << i;
-    ASSERT_NEAR(c.dq[i], full.dq[i], 1e-12) << i;
+    LOCO_ASSERT_NEAR(c.out[i], full.out[i], 1e-12) << i;
+    LOCO_ASSERT_NEAR(c.dq[i], full.dq[i], 1e-12) << i;
   }
   for (size_t r = 0; r < size_t(c.batch) * c.seq; ++r)
     for (int hk = 0; hk < c.kv_heads; ++hk)
@@ -213,8 +215,8 @@ TEST(Kernels, GroupedQueryAttention) {
           dv += full.dv[(r * c.heads + h) * c.hd + j] - kSentinel;
         }
         const size_t i = (r * c.kv_heads + hk) * c.hd + j;
-        ASSERT_NEAR(c.dk[i] - kSentinel, dk, 1e-10) << i;
-        ASSERT_NEAR(c.dv[i] - kSentinel, dv, 1e-10) << i;
+        LOCO_ASSERT_NEAR(c.dk[i] - kSentinel, dk, 1e-10) << i;
+        LOCO_ASSERT_NEAR(c.dv[i] - kSentinel, dv, 1e-10) << i;
       }
 }
 
@@ -306,7 +308,7 @@ TEST(Kernels, FloatMatchesDouble) {
       lsef(heads * seq);
   attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), batch, seq, heads, heads, hd);
   attention_forward(outf.data(), lsef.data(), qf.data(), kf.data(), vf.data(), batch, seq, heads, heads, hd);
-  for (size_t i = 0; i < size; ++i) EXPECT_NEAR(out[i], outf[i], 1e-5);
+  for (size_t i = 0; i < size; ++i) LOCO_EXPECT_NEAR(out[i], outf[i], 1e-5);
 }
 
 TEST(Kernels, FastExpAccuracy) {
@@ -315,7 +317,7 @@ TEST(Kernels, FastExpAccuracy) {
     const double exact = std::exp(double(x));
     worst = std::max(worst, std::abs(double(loco::fast_exp(x)) - exact) / exact);
   }
-  EXPECT_LT(worst, 3e-7);
+  LOCO_EXPECT_BELOW(worst, 3e-7);
   EXPECT_EQ(loco::fast_exp(-100.0f), 0.0f);
   EXPECT_TRUE(std::isnan(loco::fast_exp(std::nanf(""))));
   EXPECT_EQ(loco::fast_exp(-std::numeric_limits<float>::infinity()), 0.0f);
@@ -337,7 +339,7 @@ TEST(Kernels, AttentionAcrossRowBlocks) {
       const double fm = c.f();
       (*x)[i] = saved;
       const double numeric = (fp - fm) / 2e-6;
-      EXPECT_NEAR((*acc)[i] - kSentinel, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << i;
+      LOCO_EXPECT_NEAR((*acc)[i] - kSentinel, numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << i;
     }
   }
 }

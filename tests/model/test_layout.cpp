@@ -2,6 +2,8 @@
 // exactly the intended Hugging Face entries; stages compose into the full model.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <set>
 
 #include "core/error.h"
@@ -253,7 +255,7 @@ TEST(Stages, PipelineOfStagesEqualsFullModel) {
   Workspace w0(c, s0.stage(), B, S), w1(c, s1.stage(), B, S);
   s0.forward(p0.data(), tokens.data(), nullptr, nullptr, w0);
   const double loss1 = s1.forward(p1.data(), nullptr, w0.x_out.data(), targets.data(), w1);
-  EXPECT_NEAR(loss1, loss, 1e-6);
+  LOCO_EXPECT_NEAR(loss1, loss, 1e-6);
   std::vector<float> dx(size_t(B) * S * c.hidden_size, 0.0f);
   s1.backward(p1.data(), g1.data(), nullptr, targets.data(), 1.0, nullptr, dx.data(), w1);
   s0.backward(p0.data(), g0.data(), tokens.data(), nullptr, 0.0, dx.data(), nullptr, w0);
@@ -271,7 +273,7 @@ TEST(Stages, PipelineOfStagesEqualsFullModel) {
     float scale = 1e-12f;
     for (int64_t i = 0; i < t.numel(); ++i) scale = std::max(scale, std::abs(grads[t.offset + i]));
     for (int64_t i = 0; i < t.numel(); ++i)
-      ASSERT_NEAR(a[i] + b[i], grads[t.offset + i], 1e-5 * scale) << t.name << "[" << i << "]";
+      LOCO_ASSERT_NEAR(a[i] + b[i], grads[t.offset + i], 1e-5 * scale) << t.name << "[" << i << "]";
   }
 }
 

@@ -3,6 +3,8 @@
 // Grassmann updates of the subspace.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -118,7 +120,7 @@ TEST(Protocol, CompressedPipelineEqualsUncompressed) {
     const int kv_heads = S == 3 ? 2 : 0;  // 3 stages: grouped-query attention (2 key/value heads of 4)
     ProtocolPipeline full(5, S, false, 5, kv_heads), comp(5, S, true, 5, kv_heads);
     const double l_full = full.run(inputs, targets), l_comp = comp.run(inputs, targets);
-    EXPECT_NEAR(l_full, l_comp, 1e-6 * std::abs(l_full)) << "S " << S;
+    LOCO_EXPECT_NEAR(l_full, l_comp, 1e-6 * std::abs(l_full)) << "S " << S;
     double worst = 0;
     for (int s = 0; s < S; ++s)
       for (const auto& t : full.stages[size_t(s)]->layout().tensors()) {
@@ -126,7 +128,7 @@ TEST(Protocol, CompressedPipelineEqualsUncompressed) {
                                    full.grads[size_t(s)].begin() + t.offset + t.numel());
         const std::vector<float> b(comp.grads[size_t(s)].begin() + t.offset,
                                    comp.grads[size_t(s)].begin() + t.offset + t.numel());
-        EXPECT_LT(rel_diff(b, a), 1e-5) << "S " << S << " stage " << s << " " << t.name;
+        LOCO_EXPECT_BELOW(rel_diff(b, a), 1e-5) << "S " << S << " stage " << s << " " << t.name;
         worst = std::max(worst, rel_diff(b, a));
       }
     std::printf("S %d: loss %.9g vs %.9g, largest relative gradient difference %.2e\n", S, l_full, l_comp, worst);
@@ -189,8 +191,8 @@ double residual_after_steps(bool subspace_adamw, bool project, int steps) {
 }  // namespace
 
 TEST(Protocol, SubspaceAdamwKeepsWeightsInTheSubspace) {
-  EXPECT_LT(residual_after_steps(true, false, 300), 1e-5);
-  EXPECT_LT(residual_after_steps(false, true, 300), 1e-6);
+  LOCO_EXPECT_BELOW(residual_after_steps(true, false, 300), 1e-5);
+  LOCO_EXPECT_BELOW(residual_after_steps(false, true, 300), 1e-6);
   // Plain AdamW leaves it at once (its per-entry second moment bends the update): the check can fail.
   EXPECT_GT(residual_after_steps(false, false, 20), 1e-2);
 }
@@ -213,13 +215,13 @@ TEST(Protocol, GrassmannStepKeepsUOrthonormalAndLowersTheLoss) {
     u = grassmann_step(u, a, d, k, 1.0, before, after);
     if (it == 0) first = before;
     EXPECT_LT(after, before) << "step " << it;
-    EXPECT_NEAR(before, std::min(prev, before), 1e-6);  // U_new rounded to float
+    LOCO_EXPECT_NEAR(before, std::min(prev, before), 1e-6);  // U_new rounded to float
     prev = after;
     for (int i = 0; i < k; ++i)
       for (int j = 0; j < k; ++j) {
         double s = 0;
         for (int r = 0; r < d; ++r) s += double(u[size_t(r) * k + i]) * u[size_t(r) * k + j];
-        EXPECT_NEAR(s, i == j ? 1.0 : 0.0, 1e-6);
+        LOCO_EXPECT_NEAR(s, i == j ? 1.0 : 0.0, 1e-6);
       }
   }
   EXPECT_LT(prev, first - 0.1);
@@ -262,9 +264,9 @@ TEST(Protocol, ChangeOfBasisKeepsTheFunctionInTheCommonSubspace) {
   for (size_t s = 0; s < p.stages.size(); ++s) p.sub.change_basis(u_new, p.stages[s]->layout(), {p.params[s].data()});
   // (change_basis on each stage's layout sets the same U each time.)
   const double after = p.run(inputs, targets);
-  EXPECT_NEAR(after, before, 1e-6 * std::abs(before));
+  LOCO_EXPECT_NEAR(after, before, 1e-6 * std::abs(before));
   for (size_t s = 0; s < p.stages.size(); ++s)
-    EXPECT_LT(p.sub.max_residual(p.stages[s]->layout(), p.params[s].data()), 1e-6);
+    LOCO_EXPECT_BELOW(p.sub.max_residual(p.stages[s]->layout(), p.params[s].data()), 1e-6);
   // Without the rotation of E_s the function would change: the check can fail.
   for (int64_t v = 0; v < e.rows; ++v) p.params[0][size_t(e.offset + v * k + 0)] += 0.5f;
   EXPECT_GT(std::abs(p.run(inputs, targets) - before), 1e-4);
@@ -289,7 +291,7 @@ TEST(Protocol, MaterialisedEmbeddingIsFixedPlusCoordinates) {
   for (int32_t v : {0, 17, 63}) {
     std::vector<float> c(kRank);
     sub.compress(plain.data() + pe.offset + int64_t(v) * m.hidden_size, &v, 1, c.data());
-    for (int j = 0; j < kRank; ++j) EXPECT_NEAR(c[size_t(j)], params[size_t(e.offset + v * kRank + j)], 1e-5);
+    for (int j = 0; j < kRank; ++j) LOCO_EXPECT_NEAR(c[size_t(j)], params[size_t(e.offset + v * kRank + j)], 1e-5);
   }
   EXPECT_THROW(sub.set_basis(std::vector<float>(size_t(m.hidden_size) * kRank, 0.1f), "test"), Error);
 }

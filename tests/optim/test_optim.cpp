@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 
 #include "optim/adamw.h"
@@ -13,7 +15,7 @@ TEST(Schedule, WarmupThenCosine) {
   EXPECT_DOUBLE_EQ(s.at(4), 0.5);
   EXPECT_DOUBLE_EQ(s.at(9), 1.0);
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);
-  EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // halfway through the cosine
+  LOCO_EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // halfway through the cosine
   EXPECT_DOUBLE_EQ(s.at(110), 0.1);
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
   for (int64_t t = 10; t < 110; ++t) EXPECT_GE(s.at(t), s.at(t + 1));
@@ -24,8 +26,8 @@ TEST(Clip, ScalesToMaxNorm) {
   EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 10.0), 5.0);
   EXPECT_EQ(g, (std::vector<float>{3, 4}));  // below the limit: untouched
   EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
-  EXPECT_NEAR(std::sqrt(g[0] * g[0] + g[1] * g[1]), 1.0, 1e-6);
-  EXPECT_NEAR(g[0] / g[1], 0.75, 1e-6);
+  LOCO_EXPECT_NEAR(std::sqrt(g[0] * g[0] + g[1] * g[1]), 1.0, 1e-6);
+  LOCO_EXPECT_NEAR(g[0] / g[1], 0.75, 1e-6);
 }
 
 TEST(AdamW, FirstStepMovesByLrAndDecayOnlyMatrices) {
@@ -44,7 +46,7 @@ TEST(AdamW, FirstStepMovesByLrAndDecayOnlyMatrices) {
   // Bias-corrected first step: update = lr * sign(g) (up to eps); decay 1 - lr * wd on matrices.
   for (const auto& t : layout.tensors()) {
     const float expect = t.is_matrix() ? 1.0f * (1.0f - 0.001f) - 0.01f : 1.0f - 0.01f;
-    EXPECT_NEAR(p[t.offset], expect, 1e-6) << t.name;
+    LOCO_EXPECT_NEAR(p[t.offset], expect, 1e-6) << t.name;
   }
   EXPECT_EQ(opt.steps(), 1);
 }

@@ -3,6 +3,8 @@
 // machines (virtual clocks): (S-1)/(m+S-1) of the step for equal stage times.
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -236,10 +238,10 @@ TEST(Executor, BoundaryBytesAndLinkTime) {
   // Stage 1 waits for F0 until its tokens (12 bytes, 3 us on the wire, sent after the
   // activations) arrive: 10 + 1 + 0.003 + 5 ms; later inputs arrive before they are needed.
   const double tokens_wire = 12 * 8 / 32e6;
-  EXPECT_NEAR(times[1].bubble, 0.016 + tokens_wire, 1e-12);
+  LOCO_EXPECT_NEAR(times[1].bubble, 0.016 + tokens_wire, 1e-12);
   // Stage 0 idles from the end of F2 (30 ms) until B0's gradient arrives: stage 1 ends F2 at
   // 46.003 ms and B0 at 66.003 ms, then 1 + 5 ms of link; B1 and B2 arrive just in time.
-  EXPECT_NEAR(times[0].bubble, 0.072 + tokens_wire - 0.030, 1e-12);
+  LOCO_EXPECT_NEAR(times[0].bubble, 0.072 + tokens_wire - 0.030, 1e-12);
 }
 
 TEST(PipelineSimulator, EqualsTheExecutorOnIdealMachines) {
@@ -265,9 +267,9 @@ TEST(PipelineSimulator, EqualsTheExecutorOnIdealMachines) {
     const auto real =
         run_pipeline(kind, S, m, p.forward_s, p.backward_s, LinkConfig{p.bandwidth_bps, p.latency_s}, floats);
     for (int s = 0; s < S; ++s) {
-      EXPECT_NEAR(sim.first_step[size_t(s)].schedule_end, real[size_t(s)].end, 1e-12) << "trial " << trial;
-      EXPECT_NEAR(sim.first_step[size_t(s)].bubble, real[size_t(s)].bubble, 1e-12) << "trial " << trial;
-      EXPECT_NEAR(sim.first_step[size_t(s)].compute, real[size_t(s)].compute, 1e-12);
+      LOCO_EXPECT_NEAR(sim.first_step[size_t(s)].schedule_end, real[size_t(s)].end, 1e-12) << "trial " << trial;
+      LOCO_EXPECT_NEAR(sim.first_step[size_t(s)].bubble, real[size_t(s)].bubble, 1e-12) << "trial " << trial;
+      LOCO_EXPECT_NEAR(sim.first_step[size_t(s)].compute, real[size_t(s)].compute, 1e-12);
     }
   }
 }
@@ -285,6 +287,6 @@ TEST(PipelineSimulator, SteadyStateBubbleOnEqualStages) {
         p.backward_s.assign(size_t(S), 1.0);
         const auto r = sim::simulate_pipeline(p, 5);
         EXPECT_DOUBLE_EQ(r.step_s, (m + S - 1) * 1.5);
-        for (double b : r.bubble_share) EXPECT_NEAR(b, double(S - 1) / (m + S - 1), 1e-12);
+        for (double b : r.bubble_share) LOCO_EXPECT_NEAR(b, double(S - 1) / (m + S - 1), 1e-12);
       }
 }

@@ -1,6 +1,8 @@
 // The simulator and estimators against cases with known answers (spec 06-simulator.md).
 #include <gtest/gtest.h>
 
+#include "../tolerance.h"
+
 #include <cmath>
 
 #include "core/blas.h"
@@ -46,7 +48,7 @@ const Convention kConventions[] = {Convention::Loco, Convention::Paper};
 TEST(SimCu, InfiniteBandwidthGivesFullUtilization) {
   const Profile p = small_profile();
   for (Convention c : kConventions)
-    for (Method m : all_methods()) EXPECT_NEAR(simulate_cu(p, m, 1e300, 0, c).cu, 1.0, 1e-12) << method_name(m);
+    for (Method m : all_methods()) LOCO_EXPECT_NEAR(simulate_cu(p, m, 1e300, 0, c).cu, 1.0, 1e-12) << method_name(m);
 }
 
 TEST(SimCu, ReductionBytesAreWhatTheCodeSends) {
@@ -65,9 +67,9 @@ TEST(SimCu, ReductionBytesAreWhatTheCodeSends) {
   EXPECT_DOUBLE_EQ(reduction_latency(p, Method::DDP, 1000, 1e8), 6 * p.latency_s);
   // 4 chunks of 2^18 floats (1 MiB, 4 pieces of 256 KiB) at 100 Mbit/s: 84 ms per chunk, 21 ms
   // per piece, so a 30 ms latency is hidden at every step but the first.
-  EXPECT_NEAR(reduction_latency(p, Method::DDP, 4 << 18, 1e8), p.latency_s, 1e-12);
+  LOCO_EXPECT_NEAR(reduction_latency(p, Method::DDP, 4 << 18, 1e8), p.latency_s, 1e-12);
   // 4 chunks of 2^15 floats (128 KiB, one piece): 10.5 ms per chunk, all six latencies.
-  EXPECT_NEAR(reduction_latency(p, Method::DDP, 4 << 15, 1e8), 6 * p.latency_s, 1e-12);
+  LOCO_EXPECT_NEAR(reduction_latency(p, Method::DDP, 4 << 15, 1e8), 6 * p.latency_s, 1e-12);
   p.replicas = 2;
   // paper: bf16, and 4 bits for fp4.
   EXPECT_DOUBLE_EQ(reduction_bytes(p, Method::DiLoCo, n, Convention::Paper), 2 * n);
@@ -77,7 +79,7 @@ TEST(SimCu, ReductionBytesAreWhatTheCodeSends) {
   for (int M : {4, 8, 64}) {
     p.replicas = M;
     const double fp32 = reduction_bytes(p, Method::DDP, n) / n, fp4 = reduction_bytes(p, Method::StreamingOverlapFp4, n) / n;
-    EXPECT_NEAR(fp32, 8.0 * (M - 1) / M, 4.0 * 2 * 256 / n) << M;  // up to a 256-value block per chunk
+    LOCO_EXPECT_NEAR(fp32, 8.0 * (M - 1) / M, 4.0 * 2 * 256 / n) << M;  // up to a 256-value block per chunk
     EXPECT_GT(fp4, 0.7);
     EXPECT_LT(fp4, 1.1) << M;
   }
@@ -90,22 +92,22 @@ TEST(SimCu, WholeReductionIsComputeOverComputePlusTransfer) {
   // loco's DDP reduces the whole gradient after the backward: nothing overlaps.
   const double ring =
       8 * reduction_bytes(p, Method::DDP, p.params) / bw + reduction_latency(p, Method::DDP, p.params, bw);
-  EXPECT_NEAR(simulate_cu(p, Method::DDP, bw).cu, p.step_time_s / (p.step_time_s + ring), 1e-12);
+  LOCO_EXPECT_NEAR(simulate_cu(p, Method::DDP, bw).cu, p.step_time_s / (p.step_time_s + ring), 1e-12);
   // The paper's per-layer reductions: with one layer there is nothing to overlap either.
   p.layers = 1;
   const double bf16 = 8 * 2 * p.params / bw;
-  EXPECT_NEAR(simulate_cu(p, Method::DDP, bw, 0, Convention::Paper).cu, p.step_time_s / (p.step_time_s + bf16), 1e-12);
+  LOCO_EXPECT_NEAR(simulate_cu(p, Method::DDP, bw, 0, Convention::Paper).cu, p.step_time_s / (p.step_time_s + bf16), 1e-12);
 }
 
 TEST(SimCu, DilocoRoundIsHStepsOverHStepsPlusTransfer) {
   Profile p = small_profile();
   for (double bw : {1e8, 1e9, 1e10}) {
     const double H = double(p.inner_steps), transfer = 8 * reduction_bytes(p, Method::DiLoCo, p.params) / bw;
-    EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw).cu, H * p.step_time_s / (H * p.step_time_s + transfer), 1e-12);
+    LOCO_EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw).cu, H * p.step_time_s / (H * p.step_time_s + transfer), 1e-12);
   }
   p.layers = 1;
   const double bw = 1e9, H = double(p.inner_steps), transfer = 8 * 2 * p.params / bw;
-  EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw, 0, Convention::Paper).cu,
+  LOCO_EXPECT_NEAR(simulate_cu(p, Method::DiLoCo, bw, 0, Convention::Paper).cu,
               H * p.step_time_s / (H * p.step_time_s + transfer), 1e-12);
 }
 
@@ -123,12 +125,12 @@ TEST(SimCu, OverlapReachesFullUtilizationWhenAFragmentFitsInTauSteps) {
   // The largest fragment (2 blocks, 2e8 values) takes 0.9 steps: hidden by tau = 2 steps of
   // compute, but not without overlap.
   const double bw = 8 * reduction_bytes(p, Method::StreamingOverlap, 2e8) / (0.9 * p.step_time_s);
-  EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlap, bw).cu, 1.0, 1e-12);
+  LOCO_EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlap, bw).cu, 1.0, 1e-12);
   EXPECT_LT(simulate_cu(p, Method::Streaming, bw).cu, 0.999);
   // At a quarter of that bandwidth it no longer fits.
   EXPECT_LT(simulate_cu(p, Method::StreamingOverlap, bw / 4).cu, 0.999);
   // fp4 moves about 0.13 of fp32's bytes, so it fits at a quarter.
-  EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlapFp4, bw / 4).cu, 1.0, 1e-12);
+  LOCO_EXPECT_NEAR(simulate_cu(p, Method::StreamingOverlapFp4, bw / 4).cu, 1.0, 1e-12);
 }
 
 TEST(SimCu, UtilizationNeverFallsWithBandwidthAndFp4NeverNeedsMore) {
@@ -139,7 +141,7 @@ TEST(SimCu, UtilizationNeverFallsWithBandwidthAndFp4NeverNeedsMore) {
         for (double bw = 1e7; bw <= 1e14; bw *= 1.7) {
           const double cu = simulate_cu(p, m, bw, 0, c).cu;
           EXPECT_GE(cu, prev - 1e-12) << name << " " << method_name(m) << " at " << bw;
-          EXPECT_LE(cu, 1.0 + 1e-12);
+          LOCO_EXPECT_AT_MOST(cu, 1.0 + 1e-12);
           prev = cu;
         }
       }
@@ -220,26 +222,26 @@ TEST(Estimate, SlicingScalesOnlyParameterGradients) {
   EXPECT_DOUBLE_EQ(full.forward, mlp4.forward);
   EXPECT_DOUBLE_EQ(full.backward_input, mlp4.backward_input);
   // Appendix C.2: the MLP's parameter term 4 B S H D_ff becomes 4 rho B S H D_ff.
-  EXPECT_NEAR(full.backward_params - mlp4.backward_params, L * 4 * B * S * H * F * 0.75, 1.0);
+  LOCO_EXPECT_NEAR(full.backward_params - mlp4.backward_params, L * 4 * B * S * H * F * 0.75, 1.0);
 }
 
 TEST(Estimate, RingAllReduceTime) {
   // 2.6 GB of bf16 gradients over 32 nodes at 2.875 GB/s: 2 x 31/32 x 2.6 / 2.875 s.
-  EXPECT_NEAR(ring_allreduce_seconds(2.6e9, 32, 2.875e9 * 8), 2.0 * 31 / 32 * 2.6 / 2.875, 1e-12);
+  LOCO_EXPECT_NEAR(ring_allreduce_seconds(2.6e9, 32, 2.875e9 * 8), 2.0 * 31 / 32 * 2.6 / 2.875, 1e-12);
 }
 
 TEST(Latency, ClosedFormsAgreeWithMonteCarlo) {
   for (double sigma : {0.3, 1.0, 1.5})
     for (int n : {4, 64, 1024}) {
       const auto tree = tree_allreduce_mc(n, 0.2, sigma, 20000, 7);
-      EXPECT_NEAR(tree.mean, tree_allreduce_closed(n, 0.2, sigma), 4 * tree.stderr_) << n << " " << sigma;
+      LOCO_EXPECT_NEAR(tree.mean, tree_allreduce_closed(n, 0.2, sigma), 4 * tree.stderr_) << n << " " << sigma;
     }
   for (double sigma : {0.3, 1.0}) {
     const auto pair = pair_average_mc(0.0, sigma, 40000, 9);
-    EXPECT_NEAR(pair.mean, pair_average_closed(0.0, sigma), 4 * pair.stderr_) << sigma;
+    LOCO_EXPECT_NEAR(pair.mean, pair_average_closed(0.0, sigma), 4 * pair.stderr_) << sigma;
   }
   // The hop ratio is log2 n; the full tree (max over paths) is slower, more so with variance.
-  EXPECT_NEAR(tree_allreduce_closed(1024, 0, 1) / pair_average_closed(0, 1), 10.0, 1e-12);
+  LOCO_EXPECT_NEAR(tree_allreduce_closed(1024, 0, 1) / pair_average_closed(0, 1), 10.0, 1e-12);
   const double full_low = tree_allreduce_full_mc(256, 0, 0.3, 200, 3).mean / tree_allreduce_closed(256, 0, 0.3);
   const double full_high = tree_allreduce_full_mc(256, 0, 1.5, 200, 3).mean / tree_allreduce_closed(256, 0, 1.5);
   EXPECT_GT(full_low, 1.0);
@@ -250,17 +252,17 @@ TEST(Latency, ClosedFormsAgreeWithMonteCarlo) {
 TEST(Latency, BarrierCostNormalApproximationAgreesWithMonteCarlo) {
   // Pairs: E[max of two normals] is exact, so only the normal approximation of the sum errs.
   const auto pair = barrier_cost_mc(2, 100, 1.0, 0.5, 4000, 11);
-  EXPECT_NEAR(pair.mean, barrier_cost_closed(2, 100, 1.0, 0.5), 4 * pair.stderr_ + 0.002);
+  LOCO_EXPECT_NEAR(pair.mean, barrier_cost_closed(2, 100, 1.0, 0.5), 4 * pair.stderr_ + 0.002);
   // 1024 workers: Blom's approximation of the expected maximum, within 15%. About 20% at H = 100.
   const auto global = barrier_cost_mc(1024, 100, 1.0, 0.5, 40, 12);
-  EXPECT_NEAR(global.mean, barrier_cost_closed(1024, 100, 1.0, 0.5), 0.15 * global.mean);
+  LOCO_EXPECT_NEAR(global.mean, barrier_cost_closed(1024, 100, 1.0, 0.5), 0.15 * global.mean);
   EXPECT_GT(global.mean, 0.15);
   EXPECT_LT(pair.mean, 0.05);
   // Step times exp(sigma |Z|) (network.compute_jitter): the folded moments
   // E[exp(s|Z|)] = 2 exp(s^2/2) Phi(s), capped at 20, carry the same approximation.
   for (double sigma : {0.25, 0.5, 1.0, 2.0}) {  // at 2 the cap of 20 is reached by 13% of steps
     const auto folded = barrier_cost_mc(2, 50, 0.0, sigma, 4000, 13, true);
-    EXPECT_NEAR(folded.mean, barrier_cost_closed(2, 50, 0.0, sigma, true), 4 * folded.stderr_ + 0.002) << sigma;
+    LOCO_EXPECT_NEAR(folded.mean, barrier_cost_closed(2, 50, 0.0, sigma, true), 4 * folded.stderr_ + 0.002) << sigma;
     EXPECT_LT(folded.mean, barrier_cost_mc(2, 50, 0.0, sigma, 4000, 13).mean) << "folding narrows the spread";
   }
   EXPECT_EQ(barrier_cost_closed(8, 20, 0.0, 0.0, true), 0.0);
