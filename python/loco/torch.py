@@ -245,6 +245,43 @@ def unpack_state(data):
     return dec(tree)
 
 
+def _digest(text):
+    import hashlib
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _scalars(obj, skip=()):
+    """The plain settings an object holds (numbers, strings, bools, tuples of them), as text."""
+    out = []
+    for k, v in sorted(vars(obj).items()):
+        if k.startswith("_") or k in skip:
+            continue
+        if isinstance(v, (bool, int, float, str)) or (isinstance(v, tuple) and all(
+                isinstance(e, (bool, int, float, str)) for e in v)):
+            out.append(f"{k}={v!r}")
+    return ",".join(out)
+
+
+def _identity(model, opt):
+    """What the members of an elastic run must share beyond the parameters' names and shapes,
+    compared when a member joins: the model's architecture (a Hugging Face model's config; else
+    its modules' classes and plain settings, e.g. a head count that leaves every shape as it is)
+    and the inner optimizer's kind and settings (its learning rate aside, which a schedule moves)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        d = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
+        arch = type(model).__name__ + " " + json.dumps(d, sort_keys=True, default=str)
+    else:
+        arch = ";".join(f"{name}:{type(m).__name__}({_scalars(m, skip=('training',))})"
+                        for name, m in model.named_modules())
+    groups = []
+    for g in getattr(opt, "param_groups", []):
+        groups.append(",".join(f"{k}={v!r}" for k, v in sorted(g.items())
+                               if k not in ("params", "lr", "initial_lr") and isinstance(v, (bool, int, float, str, tuple))))
+    return {"model architecture": f"{type(model).__name__}, {_digest(arch)}",
+            "inner optimizer": f"{type(opt).__name__}, {_digest('|'.join(groups))}"}
+
+
 class _Background:
     """One thread that runs a method's hooks in the order given, while the training loop goes on
     (the hooks release Python's lock). The first error is raised by the next join()."""
@@ -298,7 +335,40 @@ class _InnerState:
         return pack_state(self._opt.state_dict())
 
     def load_inner(self, data):
-        self._opt.load_state_dict(unpack_state(data))
+        state = unpack_state(data)
+        bad = []
+
+        def finite(x, where):
+            if isinstance(x, _torch.Tensor):
+                if x.is_floating_point() and not bool(_torch.isfinite(x).all()):
+                    bad.append(where)
+            elif isinstance(x, dict):
+                for k, v in x.items():
+                    finite(v, f"{where}[{k!r}]")
+            elif isinstance(x, (list, tuple)):
+                for i, v in enumerate(x):
+                    finite(v, f"{where}[{i}]")
+            elif isinstance(x, float) and (x != x or abs(x) == float("inf")):
+                bad.append(where)
+
+        finite(state, "state")
+        if bad:  # a member whose optimizer state went wrong must not hand it on
+            raise _loco.Error(f"the inner optimizer state received holds non-finite values ({', '.join(bad[:3])}"
+                              f"{', ...' if len(bad) > 3 else ''}); refusing it")
+        # torch takes another optimizer's state without a word and fails at its next step: the
+        # parameter groups must have this optimizer's settings and sizes.
+        mine = self._opt.state_dict()["param_groups"]
+        theirs = state.get("param_groups") if isinstance(state, dict) else None
+        shape = lambda gs: [(sorted(k for k in g if k != "params"), len(g.get("params", []))) for g in gs]
+        if not isinstance(theirs, list) or not all(isinstance(g, dict) for g in theirs) or shape(theirs) != shape(mine):
+            raise _loco.Error("the inner optimizer state received does not fit this member's optimizer (its "
+                              f"parameter groups differ: {type(self._opt).__name__} here); the members must use "
+                              "one kind of optimizer with the same settings")
+        try:
+            self._opt.load_state_dict(state)
+        except (KeyError, ValueError, TypeError) as e:
+            raise _loco.Error(f"the inner optimizer state received does not fit this member's optimizer "
+                              f"({type(e).__name__}: {e})") from None
 
 
 class Sync:
@@ -365,7 +435,8 @@ class Sync:
         if partial and self._on_device:
             raise _loco.Error("partial updates (partial_slices > 1) need the model's parameters on the CPU")
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
-                                  _InnerState(inner_opt) if elastic else None)
+                                  _InnerState(inner_opt) if elastic else None,
+                                  _identity(model, inner_opt) if elastic else {})
         self.method = method
         self.rank = self._core.rank
         self.size = self._core.size
@@ -627,8 +698,8 @@ class Sync:
         self._bg.join()
         if self._losses:
             mean = sum(self._losses) / len(self._losses)
-        else:
-            mean = self._last["train_loss"] if self._last else float("nan")
+        else:  # a non-finite loss was written as null
+            mean = self._last["train_loss"] if self._last and self._last["train_loss"] is not None else float("nan")
         self._losses = []
         rec = self._core.record(mean, self._tokens, val_loss, time.monotonic() - self._t0)
         self._last = json.loads(rec)

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -159,8 +160,11 @@ class Method {
  public:
   // `inner`: for an elastic endpoint, the object whose save_inner() -> bytes and
   // load_inner(bytes) hold the caller's inner optimizer state (what a joiner receives).
+  // `identity`: what else the members of an elastic run must share, described by the caller
+  // (the model's architecture beyond its shapes, the inner optimizer's kind and settings),
+  // compared at join with the run's configuration.
   Method(const Endpoint& ep, const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
-         int num_blocks, py::object inner)
+         int num_blocks, py::object inner, std::map<std::string, std::string> identity)
       : busy_(claim(ep)),
         release_{busy_},
         cfg_(make_config(settings, tensors, num_blocks, !ep.join_url.empty())),
@@ -168,6 +172,7 @@ class Method {
         comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
         w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks)),
         inner_(std::move(inner)),
+        identity_(std::move(identity)),
         algo_(ep.join_url.empty() ? make_algorithm(cfg_, w_) : make_elastic(ep, tensors)),
         share_{comm_.rank(), comm_.size()} {
     if (cfg_.distributed.replicas != comm_.size() && cfg_.distributed.replicas != 1)
@@ -449,7 +454,9 @@ class Method {
     if (inner_.is_none()) fail("internal: an elastic method needs the inner optimizer's state hooks");
     ElasticOptions o = elastic_options(cfg_, ep.join_url, ep.worker);
     o.link = ep.link;
-    o.fingerprint = foreign_fingerprint(cfg_, tensors).dump();
+    auto fingerprint = foreign_fingerprint(cfg_, tensors);
+    for (const auto& [k, v] : identity_) fingerprint[k] = v;
+    o.fingerprint = fingerprint.dump();
     o.foreign = std::make_shared<ForeignWorker>();
     // Called on this member's own thread, inside a hook that released Python's lock. A Python
     // exception becomes loco's error here, with the lock held: no Python object crosses the
@@ -506,6 +513,7 @@ class Method {
   Communicator comm_;
   Worker w_;
   py::object inner_;  // elastic: the inner optimizer's state hooks (None otherwise)
+  std::map<std::string, std::string> identity_;
   bool elastic_ = false;
   std::unique_ptr<Algorithm> algo_;
   std::pair<int, int> share_;  // this member's data slot and the members sharing the data
@@ -638,9 +646,9 @@ PYBIND11_MODULE(_loco, m) {
 
   py::class_<Method>(m, "Method")
       .def(py::init<const Endpoint&, const std::vector<std::string>&, const std::vector<ForeignTensor>&, int,
-                    py::object>(),
+                    py::object, std::map<std::string, std::string>>(),
            py::arg("endpoint"), py::arg("settings"), py::arg("tensors"), py::arg("num_blocks"),
-           py::arg("inner") = py::none())
+           py::arg("inner") = py::none(), py::arg("identity") = std::map<std::string, std::string>())
       .def("params", [](py::object self) { return self.cast<Method&>().params(self); })
       .def("grads", [](py::object self) { return self.cast<Method&>().grads(self); })
       .def("broadcast_params", &Method::broadcast_params)

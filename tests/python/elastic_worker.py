@@ -20,12 +20,19 @@ for a in ("url", "name", "seed", "out", "method", "steps"):
 p.add_argument("--die-after", type=int, default=-1, help="SIGKILL itself after this many steps")
 p.add_argument("--gate", default="", help="FILE:STEP: before step STEP, wait (at most 120 s) for FILE to exist")
 p.add_argument("--min-workers", type=int, default=2)
+p.add_argument("--heads", type=int, default=0, help="another head count (the same shapes)")
+p.add_argument("--sgd", action="store_true", help="SGD with momentum as the inner optimizer")
 a = p.parse_args()
 torch.set_num_threads(1)
 steps = int(a.steps)
 loco.init(a.url, worker=a.name)
 model = make_model(int(a.seed))
-opt = make_opt(model)
+if a.heads:
+    from llama import Llama
+    from llama_torch import VOCAB
+    torch.manual_seed(int(a.seed))
+    model = Llama(VOCAB, d=32, layers=2, heads=a.heads, f=48)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9) if a.sgd else make_opt(model)
 sync = loco.torch.wrap(model, opt, a.method, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, train_steps=steps,
                        min_workers=a.min_workers, elastic_address="127.0.0.1", elastic_timeout="2s",
                        out_dir=a.out)

@@ -157,6 +157,17 @@ try:
               f"{method}: both workers end with the same outer parameters (max diff {worst:.2e}), "
               f"{len(rounds)} rounds")
 
+    # 3b. A worker whose model has other heads (every shape the same) or whose inner optimizer is
+    # another is refused when it registers, the difference named (the run's configuration entry
+    # outlives its members).
+    for flag, what in (("--sgd", "inner optimizer"), ("--heads=2", "model architecture")):
+        name = flag.strip("-").split("=")[0]
+        p = start("fixed", name, 7, 12, flag)
+        wait(p, "fixed", name, expect=1, limit=60)
+        log = open(f"fixed/{name}.log").read()
+        check(f"{what}: this worker" in log and "differs from the run's" in log,
+              f"a joiner with {flag} is refused: {log.strip().splitlines()[-1][:200]}")
+
     # 4. The inner optimizer's state as a joiner receives it: round trip, and hostile bytes refused.
     m = make_model(0)
     o = make_opt(m)
@@ -197,6 +208,25 @@ try:
             msg = str(e)
         check("corrupt" in msg, f"unpack_state refuses {what}: {msg}")
     check(len(first) >= 3, "(the state's entries were found where the cases above change them)")
+    # A member whose AdamW state went non-finite must not hand it to a joiner (which would train
+    # on NaN from its first step); a state for another optimizer is refused clearly.
+    for poison in (float("nan"), float("inf")):
+        sd = o.state_dict()
+        sd["state"][0]["exp_avg_sq"] = sd["state"][0]["exp_avg_sq"].clone()
+        sd["state"][0]["exp_avg_sq"].view(-1)[3] = poison
+        try:
+            loco.torch._InnerState(make_opt(make_model(1))).load_inner(loco.torch.pack_state(sd))
+            msg = "accepted"
+        except loco.Error as e:
+            msg = str(e)
+        check("non-finite" in msg and "exp_avg_sq" in msg, f"a joiner refuses an optimizer state holding {poison}: {msg}")
+    sgd = torch.optim.SGD(make_model(1).parameters(), lr=0.1, momentum=0.9)
+    try:
+        loco.torch._InnerState(sgd).load_inner(packed)
+        msg = "accepted"
+    except loco.Error as e:
+        msg = str(e)
+    check("does not fit" in msg, f"an SGD member refuses AdamW's state clearly: {msg}")
 
     # 5. Bad calls.
     def error_of(f):

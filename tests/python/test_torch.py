@@ -380,6 +380,25 @@ def step_without_optimizer():
 
 expect_error("step without an optimizer step", "without an inner optimizer step", step_without_optimizer)
 
+# A non-finite loss is recorded (as null) and finish() still writes the run directory.
+import json
+import tempfile
+with tempfile.TemporaryDirectory() as d:
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, "diloco", endpoint=loco.inprocess(1)[0], out_dir=d + "/run", log_interval=1)
+    inner_step(model, opt, 0, 0)
+    opt.step()
+    sync.step(float("nan"), 64)
+    try:
+        sync.finish(val_loss=2.0)
+        summary = json.load(open(d + "/run/summary.json"))
+        msg = f"summary written, final train loss {summary['final_train_loss']}"
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+    sync.close()
+check(msg.startswith("summary written"), f"finish() after a NaN loss: {msg}")
+
 # State: a DiLoCo run stopped after 6 steps and resumed from state_dicts ends as the full run.
 def diloco_resumed():
     ep = loco.inprocess(1)[0]
