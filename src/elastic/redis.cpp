@@ -5,6 +5,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <sys/time.h>
 
 #include "core/error.h"
@@ -150,6 +151,16 @@ RedisReply Redis::command(const std::vector<std::string>& args) {
     if (r->type == REDIS_REPLY_ERROR) {
       const std::string e(r->str, r->len);
       freeReplyObject(r);
+      // loco writes each of its keys with one type: a key of another type was written by
+      // someone else (a Redis writer without the run secret). Like any forged entry it carries
+      // nothing of the run's: it is removed, once, and the command runs again.
+      if (e.rfind("WRONGTYPE", 0) == 0 && args.size() >= 2 && args[0] != "EVAL" && attempt < 2) {
+        std::cerr << "loco: warning: Redis key " << args[1] << " held a value of another type than loco writes "
+                  << "there (not this run's: forged?); removed\n";
+        auto* d = static_cast<redisReply*>(redisCommand(ctx_, "DEL %b", args[1].data(), args[1].size()));
+        if (d) freeReplyObject(d);
+        continue;
+      }
       throw RedisError("Redis " + args[0] + ": " + e, false);
     }
     RedisReply out = convert(r);

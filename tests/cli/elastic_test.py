@@ -21,7 +21,8 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
   - Redis stopped past the timeout (twice: 4 s and 2.5 s), then continued: the workers ride it
     out; Redis restarted without its data, or flushed while up: they stop with a clear message;
   - entries forged in Redis without the run secret (a roster, outcomes, drops, an exclusion,
-    malformed ids, events) are ignored with a warning, and the run is the in-process one bitwise;
+    malformed ids, events, keys of another type) are ignored or removed with a warning, and the
+    run is the in-process one bitwise;
   - a worker with another num_heads (same parameter count), other training data, another
     outer.lr or another run secret is refused at start with the difference named, and the run
     goes on without it;
@@ -83,7 +84,9 @@ try:
               ["SADD", "loco:forged:members", "x", "99", "-1"], ["SADD", "loco:forged:round:1:0:arrived", "42"],
               ["SADD", "loco:forged:round:2:0:done", "1", "2", "3"],
               ["RPUSH", "loco:forged:events", "not json", '{"event":"left","member":1,"why":"forged"}'],
-              ["RPUSH", "loco:forged:rosters", "garbage", "1:x"], ["SET", "loco:forged:finished", "1"]]
+              ["RPUSH", "loco:forged:rosters", "garbage", "1:x"], ["SET", "loco:forged:finished", "1"],
+              # keys of another type than loco writes there (a set, a set): removed with a warning
+              ["HSET", "loco:forged:joiners", "x", "1"], ["HSET", "loco:forged:round:2:0:arrived", "x", "1"]]
     for c in forged:
         redis_cli(*c)
     ps = [start("forged", n, "forged", common + ["--set", "elastic.min_workers=3"]) for n in names]
@@ -100,6 +103,8 @@ try:
             fail(f"forged/{n}: member ids {e['member_ids']}, events {e['events']}")
     if "without this run's MAC" not in logs:
         fail("forged: no member warned about the forged entries:\n" + logs[-3000:])
+    if "held a value of another type" not in logs:
+        fail("forged: no member warned about the keys of another type:\n" + logs[-3000:])
     print("entries forged in Redis (a roster, outcomes, drops, an exclusion, ids, events): ignored with a warning; "
           "3 rounds of 3 and the in-process model bit for bit")
 
