@@ -119,6 +119,16 @@ namespace {
 double steady_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
+namespace {
+// The type of the key a command reads or adds to, as TYPE names it ("" for the others).
+std::string expected_type(const std::string& command) {
+  if (command == "SADD" || command == "SREM" || command == "SMEMBERS") return "set";
+  if (command == "RPUSH" || command == "LRANGE" || command == "LLEN") return "list";
+  if (command == "GET" || command == "INCR") return "string";
+  return "";
+}
+}  // namespace
+
 RedisReply Redis::command(const std::vector<std::string>& args) {
   std::lock_guard<std::mutex> lock(mu_);
   const double t0 = steady_s();
@@ -153,11 +163,19 @@ RedisReply Redis::command(const std::vector<std::string>& args) {
       freeReplyObject(r);
       // loco writes each of its keys with one type: a key of another type was written by
       // someone else (a Redis writer without the run secret). Like any forged entry it carries
-      // nothing of the run's: it is removed, once, and the command runs again.
-      if (e.rfind("WRONGTYPE", 0) == 0 && args.size() >= 2 && args[0] != "EVAL" && attempt < 2) {
+      // nothing of the run's: it is removed and the command runs again. Removed only while it
+      // still has another type (atomically): a member that removed it first may already have
+      // written the key anew, as the other members do at the same moment.
+      const std::string type = expected_type(args[0]);
+      if (e.rfind("WRONGTYPE", 0) == 0 && args.size() >= 2 && !type.empty() && attempt < 3) {
         std::cerr << "loco: warning: Redis key " << args[1] << " held a value of another type than loco writes "
                   << "there (not this run's: forged?); removed\n";
-        auto* d = static_cast<redisReply*>(redisCommand(ctx_, "DEL %b", args[1].data(), args[1].size()));
+        static const std::string kDeleteIfOtherType =
+            "local t = redis.call('TYPE', KEYS[1]).ok "
+            "if t ~= 'none' and t ~= ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+        auto* d = static_cast<redisReply*>(redisCommand(ctx_, "EVAL %b 1 %b %b", kDeleteIfOtherType.data(),
+                                                        kDeleteIfOtherType.size(), args[1].data(), args[1].size(),
+                                                        type.data(), type.size()));
         if (d) freeReplyObject(d);
         continue;
       }
