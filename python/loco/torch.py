@@ -17,14 +17,16 @@ they will use (Method.access: the gradients, ranges of parameters read and writt
 cross, in one copy per range on the current CUDA stream, and a step that uses nothing (every
 inner step of DiLoCo, Streaming DiLoCo and NoLoCo) copies nothing and waits for nothing.
 LOCO_TORCH_AS_DEVICE=1 runs this path on CPU tensors (the device buffer a CPU tensor of its own),
-so that CPU tests check it; metrics()["host_device_bytes"] counts what crossed. Keyword arguments are loco's config
-keys (docs/configs.md): first a key of the method's own sections (NoLoCo: noloco.*; Streaming
-DiLoCo: streaming.*, then outer.*; DiLoCo and data-parallel, which ignores them: outer.*), so
+so that CPU tests check it; metrics()["host_device_bytes"] counts what crossed.
+
+Keyword arguments are loco's config keys (docs/configs.md): first a key of the method's own
+sections (NoLoCo: noloco.*; Streaming DiLoCo: streaming.*, then outer.*; DiLoCo and data-parallel, which ignores them: outer.*), so
 inner_steps is outer.inner_steps for DiLoCo and noloco.inner_steps for NoLoCo; else the key
 with the first underscore written as a dot (outer_lr = outer.lr, train_steps = train.steps);
 else the key whose last part it is, where that names one key (codec = outer.codec).
 """
 import functools
+import hashlib
 import json
 import os
 import queue
@@ -246,7 +248,6 @@ def unpack_state(data):
 
 
 def _digest(text):
-    import hashlib
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
@@ -619,7 +620,7 @@ class Sync:
             raise _loco.Error("sync_gradients() was called twice before the optimizer's step")
         self._check_parameters()
         if self._on_device:
-            if self._done + 1 < self._quiet_until:  # a step that uses nothing, behind a sync in the background
+            if self._quiet():
                 self._bg.submit(self._core.on_gradients)
             else:
                 self._bg.join()
@@ -656,6 +657,11 @@ class Sync:
             if self._done % self._core.log_interval == 0:
                 self._record()
 
+    def _quiet(self):
+        """Whether the coming step uses nothing and comes behind a sync started in the background
+        (its hooks are then queued behind it)."""
+        return self._done + 1 < self._quiet_until
+
     def _device_step(self):
         """The method's end of step for a model on a device. A step that only reads parameters
         (a Streaming DiLoCo sync starting, its merge tau >= 1 steps later) copies them to the host
@@ -663,7 +669,7 @@ class Sync:
         the background thread, with the hooks of the steps that use nothing after it; the loop
         waits for it at the next step that uses something. Other steps run here."""
         done = self._done + 1
-        if done < self._quiet_until:
+        if self._quiet():
             self._bg.submit(self._core.after_step)
             self._done = done
             return

@@ -58,19 +58,21 @@ class Diloco : public Algorithm {
   StepAccess access(const Worker& w, int64_t done, bool last) const override {
     StepAccess a = StepAccess::nothing();
     a.gradients = done - 1 < start_step_ && uses_gradients(w);
-    if (done < start_step_ || (done > start_step_ && (done - start_step_) % outer_.inner_steps != 0 && !last)) return a;
+    if (done < start_step_ || (done > start_step_ && !round_ends(done, last))) return a;
     a.reads = whole_;
     if (done > start_step_) a.writes = whole_;
     return a;
   }
   bool uses_gradients(const Worker& w) const override { return start_step_ > 0 && w.replicas > 1; }
+  // After the data-parallel steps: whether step `done` ends a round (the last step always does).
+  bool round_ends(int64_t done, bool last) const { return last || (done - start_step_) % outer_.inner_steps == 0; }
 
   void after_step(Worker& w, int64_t done, bool last) override {
     if (done <= start_step_) {
       if (done == start_step_) theta_ = w.params;  // identical on every replica after data-parallel steps
       return;
     }
-    if ((done - start_step_) % outer_.inner_steps != 0 && !last) return;
+    if (!round_ends(done, last)) return;
     const int64_t n = int64_t(theta_.size());
     const double sync_start = w.comm.clock().now();
     if (robust_) {
@@ -86,14 +88,13 @@ class Diloco : public Algorithm {
       if (rejected_ && w.rank == 0)
         std::cerr << "loco: warning: round ending at step " << done << ", left out: "
                   << describe_rejections(s, "replica") << "\n";
-    } else if (w.replicas == 1) {
-      avg_ = w.params;  // the average of one
-    } else {
+    } else if (w.replicas > 1) {
       // With partial updates, each entry is averaged over the replicas that train it.
       CountVectorAverage::Op op;
       average_.start(w.comm, w.params.data(), whole_, op);
       average_.finish(w.comm, op, whole_, avg_);
     }
+    const float* avg = robust_ || w.replicas > 1 ? avg_.data() : w.params.data();  // one replica: its own
     // The norms' sums over fixed chunks, added in order: the same bits whatever the threads.
     constexpr int64_t kChunk = 1 << 16;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
@@ -102,7 +103,7 @@ class Diloco : public Algorithm {
       for (int64_t c = c0; c < c1; ++c) {
         double outer = 0, own = 0;
         for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-          const double d = double(theta_[i]) - avg_[i], m = double(theta_[i]) - w.params[i];
+          const double d = double(theta_[i]) - avg[i], m = double(theta_[i]) - w.params[i];
           outer += d * d;
           own += m * m;
         }
@@ -112,7 +113,7 @@ class Diloco : public Algorithm {
     double outer = 0, own = 0;
     for (int64_t c = 0; c < chunks; ++c) outer += outer_sq[size_t(c)], own += own_sq[size_t(c)];
     outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
-    outer_sgd_step(theta_.data(), momentum_.data(), avg_.data(), n, outer_);
+    outer_sgd_step(theta_.data(), momentum_.data(), avg, n, outer_);
     w.params = theta_;
     sync_s_ = w.comm.clock().now() - sync_start;
   }

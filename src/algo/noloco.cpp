@@ -165,15 +165,17 @@ class Noloco : public Algorithm {
 
   // The whole model at an outer step, nothing between them.
   StepAccess access(const Worker& w, int64_t done, bool last) const override {
-    if (done % cfg_.inner_steps != 0 && !last) return StepAccess::nothing();
+    if (!outer_step_at(done, last)) return StepAccess::nothing();
     const std::vector<Range> all{{0, n_}};
     return {false, all, all};
   }
   bool uses_gradients(const Worker&) const override { return false; }
+  // Whether step `done` ends with an outer step (every H steps, and the last one).
+  bool outer_step_at(int64_t done, bool last) const { return last || done % cfg_.inner_steps == 0; }
 
   void after_step(Worker& w, int64_t done, bool last) override {
     const int64_t H = cfg_.inner_steps;
-    if (done % H != 0 && !last) return;
+    if (!outer_step_at(done, last)) return;
     const int64_t k = (done + H - 1) / H;  // this outer step (the last one may end a short round)
     const auto group = group_of(k);
     const int self = int(std::find(group.begin(), group.end(), w.rank) - group.begin());
