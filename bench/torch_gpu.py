@@ -15,6 +15,14 @@ host memory loco holds (the resident-set growth across wrap() and the run), and 
 per step (metrics: bytes between the model's tensors and loco's host buffers). On a CPU the same
 code path runs with LOCO_TORCH_AS_DEVICE=1 (set it to check the script); its times say nothing
 about a GPU. --out FILE also writes the rows as JSON.
+
+Partial updates (methods partial2, partial4, partial2h: DiLoCo where each member trains 1/2 or
+1/4 of the MLPs, or 1/2 of the MLPs and 1/2 of the heads; rows only for member counts they divide,
+e.g. --members 1,2,4): per member, the parameters it trains, its optimizer's state bytes, the
+device's peak memory divided by the members, and the step time, each against DiLoCo's with the
+same members, beside the partial-updates paper's table 1 (its 1.3B model: trainable 1.3B / 0.87B
+/ 0.67B / 0.72B, memory 19.36 / 14.87 / 12.77 / 13.29 GB for DiLoCo, 1/2 and 1/4 of the MLPs, 1/2
+of the MLPs and heads; an analytic estimate there, a measurement here).
 """
 import argparse
 import json
@@ -28,6 +36,7 @@ import torch
 
 import loco
 import loco.torch
+from loco import _partial
 
 p = argparse.ArgumentParser()
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -44,7 +53,7 @@ p.add_argument("--inner-steps", type=int, default=30, help="H of DiLoCo and Stre
 p.add_argument("--steps", type=int, default=60, help="timed steps per row (whole rounds: a multiple of H)")
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
-p.add_argument("--methods", default="plain,ddp,diloco,streaming")
+p.add_argument("--methods", default="plain,ddp,diloco,streaming,partial2,partial4,partial2h")
 p.add_argument("--out", default="")
 args = p.parse_args()
 device = torch.device(args.device)
@@ -91,11 +100,27 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+# The partial-updates paper's table 1 (1.3B model): trainable parameters and memory against DiLoCo's.
+PAPER = {"partial2": (0.87 / 1.3, 14.87 / 19.36), "partial4": (0.67 / 1.3, 12.77 / 19.36),
+         "partial2h": (0.72 / 1.3, 13.29 / 19.36)}
+
+
+def slices_of(method):
+    return int(method[len("partial"):].rstrip("h")) if method.startswith("partial") else 1
+
+
 def settings(method):
     if method == "ddp":
         return {}
     if method == "streaming":
         return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": 1}
+    if slices_of(method) > 1:
+        out = {"inner_steps": args.inner_steps, "partial_slices": slices_of(method)}
+        if method.endswith("h"):  # the heads too (a Hugging Face model gives its head counts)
+            out["partial_strategy"] = "mlp+heads"
+            if not args.hf:
+                out["num_heads"] = args.heads
+        return out
     return {"inner_steps": args.inner_steps}
 
 
@@ -107,7 +132,8 @@ def member(method, endpoint, rank, out, barrier):
     barrier.wait()
     rss0 = rss_bytes()
     t0 = time.perf_counter()
-    sync = loco.torch.wrap(model, opt, method, endpoint=endpoint, **settings(method)) if method != "plain" else None
+    kind = "diloco" if slices_of(method) > 1 else method
+    sync = loco.torch.wrap(model, opt, kind, endpoint=endpoint, **settings(method)) if method != "plain" else None
     if cuda:
         torch.cuda.synchronize(device)
     wrap_s = time.perf_counter() - t0
@@ -128,7 +154,9 @@ def member(method, endpoint, rank, out, barrier):
             sync.step()
         loss.item()
         times.append(time.perf_counter() - start)
-    row = {"wrap_s": wrap_s, "times": times[args.warmup:], "host_bytes": rss_bytes() - rss0}
+    row = {"wrap_s": wrap_s, "times": times[args.warmup:], "host_bytes": rss_bytes() - rss0,
+           "trainable_params": sum(q.numel() for q in model.parameters() if q.requires_grad),
+           "opt_state_bytes": _partial.state_bytes(opt)}
     if sync:
         m = sync.metrics()
         row["host_device_bytes_per_step"] = (m["host_device_bytes"] - bytes0) / args.steps
@@ -183,14 +211,29 @@ run("plain", 1)  # the first loop of a process pays for kernel selection and all
 args.steps = saved
 rows = []
 for members in [int(x) for x in args.members.split(",")]:
-    plain = None
+    plain = diloco = None
     for method in args.methods.split(","):
+        if members % slices_of(method):
+            continue  # each slice needs its members
         row = run(method, members)
         plain = row if method == "plain" else plain
+        diloco = row if method == "diloco" else diloco
         if plain is not None:
             row["median_ratio"] = row["median_s"] / plain["median_s"]
             row["mean_ratio"] = row["mean_s"] / plain["mean_s"]
         rows.append(row)
+        if slices_of(method) > 1 and diloco is not None:
+            per = lambda r: r.get("peak_device_bytes", 0) / members
+            row["vs_diloco"] = {"trainable": row["trainable_params"] / diloco["trainable_params"],
+                                "opt_state": row["opt_state_bytes"] / diloco["opt_state_bytes"],
+                                "peak_memory": per(row) / per(diloco) if per(diloco) else float("nan"),
+                                "median_step": row["median_s"] / diloco["median_s"]}
+            v, paper = row["vs_diloco"], PAPER.get(method)
+            print(f"{method:>9} x{members} per member against diloco x{members}: trainable {row['trainable_params']:,} "
+                  f"({v['trainable']:.3f}x), optimizer state {row['opt_state_bytes'] / 2**20:.1f} MiB "
+                  f"({v['opt_state']:.3f}x), peak device memory {per(row) / 2**30:.2f} GiB ({v['peak_memory']:.3f}x), "
+                  f"median step {v['median_step']:.3f}x" +
+                  (f"; paper's table 1: trainable {paper[0]:.3f}x, memory {paper[1]:.3f}x" if paper else ""))
         print(f"{method:>9} x{members}: median {row['median_s']:.4f} s ({row.get('median_ratio', float('nan')):.3f}x), "
               f"mean {row['mean_s']:.4f} s ({row.get('mean_ratio', float('nan')):.3f}x), "
               f"slowest/median {row['max_s'] / row['median_s']:.2f}, wrap {row['wrap_s']:.2f} s, "

@@ -40,6 +40,7 @@ import torch as _torch
 
 import loco as _loco_pkg
 from loco import _loco
+from loco import _partial
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
 
@@ -143,12 +144,28 @@ def _toml(name, value):
 
 _BLOCK = re.compile(r"^(.*?)\.(\d+)\.")
 _MLP = {"gate_proj.weight": "gate", "up_proj.weight": "up", "down_proj.weight": "down"}
+_HEADS = {"q_proj.weight": "q", "k_proj.weight": "k", "v_proj.weight": "v"}
 
 
-def _mlp_kind(name):
+def _sliced_kind(name, heads):
     """"gate", "up" or "down" for a block's MLP projection named as in Hugging Face's Llama
-    (...mlp.gate_proj.weight), else ""."""
-    return next((k for suffix, k in _MLP.items() if name.endswith(suffix)), "")
+    (...mlp.gate_proj.weight), with heads also "q", "k" or "v" for its attention projections,
+    else ""."""
+    kinds = {**_MLP, **_HEADS} if heads else _MLP
+    return next((k for suffix, k in kinds.items() if name.endswith(suffix)), "")
+
+
+def _head_settings(model, values):
+    """Partial updates of the heads: the head counts, given or from a Hugging Face config."""
+    if "model.num_heads" in values:
+        return []
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not isinstance(heads, int):
+        raise _loco.Error('partial_strategy="mlp+heads" slices the attention heads: pass num_heads= (and '
+                          "num_kv_heads= with grouped-query attention), or wrap a model with a Hugging Face config")
+    kv = getattr(config, "num_key_value_heads", None)
+    return [f"model.num_heads={heads}"] + ([f"model.num_kv_heads={kv}"] if isinstance(kv, int) else [])
 
 
 def _auto_blocks(names):
@@ -403,14 +420,21 @@ class Sync:
         self._opt = inner_opt
         self._names = [names[i] for i in order]
         self._params = [named[i][1] for i in order]
-        self._ids = [id(p) for p in self._params]
+        self._shapes = [p.shape for p in self._params]
         # Partial updates slice the MLP's hidden units: rows of gate_proj and up_proj (f x d) and
         # columns of down_proj (d x f), which loco lays transposed so that every slice is a row
-        # block of the flat buffer (the parameter is then a transposed view of it).
+        # block of the flat buffer (the parameter is then a transposed view of it); with
+        # mlp+heads also the rows of whole heads of q_proj, k_proj and v_proj.
         slices = values.get("partial.slices", (None, 1))[1]
         partial = isinstance(slices, int) and slices > 1  # other values: the config's checks refuse them
-        self._mlp = [(_mlp_kind(names[i]) if partial and block_of[i] >= 0 and named[i][1].dim() == 2 else "")
-                     for i in order]
+        heads = partial and values.get("partial.strategy", (None, "mlp"))[1] == "mlp+heads"
+        self._mlp = [(_sliced_kind(names[i], heads) if partial and block_of[i] >= 0 and named[i][1].dim() == 2
+                      else "") for i in order]
+        # Each member's slices become parameters of their own (_partial.py): checked before the
+        # method starts, rewritten once the parameters live in loco's buffers.
+        self._linears = {i: _partial.linear_of(model, self._names[i], self._params[i])
+                         for i, kind in enumerate(self._mlp) if kind}
+        _partial.check_optimizer_fresh(inner_opt, [self._params[i] for i in self._linears])
         tensors = []
         for i, kind in zip(order, self._mlp):
             p = named[i][1]
@@ -424,6 +448,8 @@ class Sync:
             raise _loco.Error("an elastic run needs train_steps= (where the run ends: members finish and "
                               "joiners stop waiting there)")
         settings = [f"{key}={_toml(k, v)}" for key, (k, v) in values.items()]
+        if heads:
+            settings += _head_settings(model, values)
         if "train.steps" not in values:
             settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
         out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
@@ -433,8 +459,6 @@ class Sync:
         # On a device (or as if, LOCO_TORCH_AS_DEVICE=1) the parameters stay there; else they
         # become views of the method's buffer.
         self._on_device = self._device.type != "cpu" or _as_device()
-        if partial and self._on_device:
-            raise _loco.Error("partial updates (partial_slices > 1) need the model's parameters on the CPU")
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
                                   _InnerState(inner_opt) if elastic else None,
                                   _identity(model, inner_opt) if elastic else {})
@@ -448,22 +472,13 @@ class Sync:
         for p in self._params:
             self._slices.append((at, at + p.numel()))
             at += p.numel()
-        # With partial updates the method's gradient buffer is compact (this member's slice and the
-        # shared entries): torch's gradients live in a full buffer of their own, whose entries
-        # outside the trained ranges are zeroed, and the parameters there restored after each
-        # inner step (they change only at the outer synchronizations).
+        # With partial updates (the DiLoCo family: no method reads the gradients) torch's
+        # gradients stay torch's, and exist only for what this member trains.
         self._partial = bool(partial)
-        if self._partial:
-            self._trained = [tuple(r) for r in self._core.trainable_ranges]
-            self._frozen, prev = [], 0
-            for lo, hi in self._trained + [(at, at)]:
-                if lo > prev:
-                    self._frozen.append((prev, lo))
-                prev = hi
-            self._gbuf = _torch.zeros(at)
-            self._kept = _torch.empty(sum(hi - lo for lo, hi in self._frozen))  # their values across a step
-        else:
-            self._gbuf = self._gflat
+        self._gbuf = self._gflat
+        if self._partial and not self._on_device:
+            self._core.release_gradients()
+            self._gflat = self._gbuf = None
         self._copier = _Copier(self._device)
         self._bg = _Background()  # a device model's sync starts, run while the loop goes on
         self._quiet_until = 0     # steps before it use nothing: their hooks are queued behind them
@@ -482,7 +497,11 @@ class Sync:
             if not self._on_device:
                 for i, p in enumerate(self._params):
                     p.data = self._as_param(self._flat, i)
-                    p.grad = self._as_param(self._gbuf, i)
+                    if self._gbuf is not None:
+                        p.grad = self._as_param(self._gbuf, i)
+        if self._partial:
+            self._slice_modules(inner_opt)
+        self._ids = [id(p) for p in self._params]
         self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
         if self._on_device and (self.size > 1 or elastic):  # member 0's parameters, or the run's
             self._copier.to_device([(self._flat, self._dflat)])
@@ -508,12 +527,7 @@ class Sync:
                 self.sync_gradients()
             self._synced = False
             self._stepped = True
-            if not self._partial:
-                return original(*args, **kwargs)
-            self._frozen_copy(to_kept=True)  # the entries this member does not train keep their values
-            out = original(*args, **kwargs)
-            self._frozen_copy(to_kept=False)
-            return out
+            return original(*args, **kwargs)
 
         inner_opt.step = step
         self._original_step = original
@@ -553,31 +567,38 @@ class Sync:
             raise _loco.Error("the model's parameters were moved or replaced since loco.torch.wrap "
                               "(e.g. model.to() or a new .data); wrap the model again")
 
-    def _frozen_copy(self, to_kept):
-        """Partial updates: the entries this member does not train, into self._kept or back."""
-        at = 0
-        with _torch.no_grad():
-            for lo, hi in self._frozen:
-                kept = self._kept[at:at + hi - lo]
-                if to_kept:
-                    kept.copy_(self._flat[lo:hi])
-                else:
-                    self._flat[lo:hi].copy_(kept)
-                at += hi - lo
+    def _slice_modules(self, opt):
+        """Partial updates: each sliced projection's module rewritten so that this member's rows
+        of it (gate, up; columns of down) are the parameter it trains, a view of the same buffer
+        as the rest of the weight; the inner optimizer pointed at the new parameters."""
+        storage = self._dflat if self._on_device else self._flat
+        trained = [tuple(r) for r in self._core.trainable_ranges]
+        new_of = {}
+        for i, module in self._linears.items():
+            a, b = self._slices[i]
+            down = self._mlp[i] == "down"  # laid transposed: its columns are rows of the buffer
+            cols = self._shapes[i][0] if down else self._shapes[i][1]
+            lo, hi = next(((max(t0, a), min(t1, b)) for t0, t1 in trained if t0 < b and t1 > a), (a, a))
+            rows = storage[lo:hi].view((hi - lo) // cols, cols)
+            old = self._params[i]
+            self._params[i] = _partial.slice_linear(module, self._as_param(storage, i), rows.t() if down else rows,
+                                                    1 if down else 0, (lo - a) // cols, (hi - a) // cols)
+            new_of[id(old)] = self._params[i]
+        _partial.repoint_optimizer(opt, new_of)
+        if self._on_device:
+            self._data_ptrs = [p.data_ptr() for p in self._params]
 
     def _as_param(self, flat, i):
         """Parameter i's entries of a flat buffer, shaped as the parameter (a transposed view for
         a down projection laid transposed)."""
         a, b = self._slices[i]
-        p = self._params[i]
+        shape = self._shapes[i]
         if self._mlp[i] == "down":
-            return flat[a:b].view(p.shape[1], p.shape[0]).t()
-        return flat[a:b].view_as(p)
+            return flat[a:b].view(shape[1], shape[0]).t()
+        return flat[a:b].view(shape)
 
     def _gather_grads(self):
-        """Makes the gradient buffer hold this step's gradients (a missing one as zeros); with
-        partial updates, zero outside this member's trained ranges, which the method's compact
-        buffer then holds."""
+        """Makes the gradient buffer hold this step's gradients (a missing one as zeros)."""
         with _torch.no_grad():
             for i, p in enumerate(self._params):
                 view = self._as_param(self._gbuf, i)
@@ -589,13 +610,6 @@ class Sync:
                         raise _loco.Error("sparse gradients are not supported")
                     view.copy_(g.detach())
                     p.grad = view
-            if self._partial:
-                for lo, hi in self._frozen:
-                    self._gbuf[lo:hi].zero_()
-                at = 0
-                for lo, hi in self._trained:
-                    self._gflat[at:at + hi - lo].copy_(self._gbuf[lo:hi])
-                    at += hi - lo
 
     def _device_gradients(self, gradients):
         """The method's gradient hook for a model on a device: the gradients cross to the host
@@ -627,14 +641,17 @@ class Sync:
                 self._device_gradients(self._core.access()[0])
             self._synced = True
             return
+        if self._gbuf is None:  # partial updates: the method reads no gradients
+            self._core.on_gradients()
+            self._synced = True
+            return
         self._gather_grads()
         self._core.on_gradients()
-        if not self._partial:
-            with _torch.no_grad():  # gradients that are not views of the buffer (staged ones) get its values
-                for i, p in enumerate(self._params):
-                    view = self._as_param(self._gbuf, i)
-                    if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
-                        p.grad.copy_(view)
+        with _torch.no_grad():  # gradients that are not views of the buffer (staged ones) get its values
+            for i, p in enumerate(self._params):
+                view = self._as_param(self._gbuf, i)
+                if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                    p.grad.copy_(view)
         self._synced = True
 
     def step(self, loss=None, tokens=None):

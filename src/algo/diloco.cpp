@@ -59,11 +59,18 @@ class Diloco : public Algorithm {
     StepAccess a = StepAccess::nothing();
     a.gradients = done - 1 < start_step_ && uses_gradients(w);
     if (done < start_step_ || (done > start_step_ && !round_ends(done, last))) return a;
-    a.reads = whole_;
+    // With partial updates the count-vector average reads only the entries this replica trains;
+    // the others equal the outer parameters since the last round (inner steps leave them).
+    a.reads = trained_only(w, done) ? intersect_ranges(whole_, w.trainable.ranges()) : whole_;
     if (done > start_step_) a.writes = whole_;
     return a;
   }
   bool uses_gradients(const Worker& w) const override { return start_step_ > 0 && w.replicas > 1; }
+  // Whether the round ending at `done` reads only the trained entries (see access).
+  bool trained_only(const Worker& w, int64_t done) const {
+    return w.trainable.size() < int64_t(theta_.size()) && !robust_ && fault_.kind == Fault::Kind::None &&
+           w.replicas > 1 && done > start_step_;
+  }
   // After the data-parallel steps: whether step `done` ends a round (the last step always does).
   bool round_ends(int64_t done, bool last) const { return last || (done - start_step_) % outer_.inner_steps == 0; }
 
@@ -98,20 +105,30 @@ class Diloco : public Algorithm {
     // The norms' sums over fixed chunks, added in order: the same bits whatever the threads.
     constexpr int64_t kChunk = 1 << 16;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
+    const bool trained = trained_only(w, done);  // the replica's own delta is 0 outside them
     std::vector<double> outer_sq(static_cast<size_t>(chunks)), own_sq(static_cast<size_t>(chunks));
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double outer = 0, own = 0;
         for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-          const double d = double(theta_[i]) - avg[i], m = double(theta_[i]) - w.params[i];
+          const double d = double(theta_[i]) - avg[i];
           outer += d * d;
-          own += m * m;
+          if (!trained) {
+            const double m = double(theta_[i]) - w.params[i];
+            own += m * m;
+          }
         }
         outer_sq[size_t(c)] = outer, own_sq[size_t(c)] = own;
       }
     });
     double outer = 0, own = 0;
     for (int64_t c = 0; c < chunks; ++c) outer += outer_sq[size_t(c)], own += own_sq[size_t(c)];
+    if (trained)
+      for (const auto& r : w.trainable.ranges())
+        for (int64_t i = r.begin; i < r.end; ++i) {
+          const double m = double(theta_[i]) - w.params[i];
+          own += m * m;
+        }
     outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
     outer_sgd_step(theta_.data(), momentum_.data(), avg, n, outer_);
     w.params = theta_;

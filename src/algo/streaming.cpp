@@ -178,9 +178,14 @@ StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
     if (!(p.apply_at <= done || last)) break;
     applied(p.fragment, last);
   }
+  // With partial updates the count-vector average reads only the entries this replica trains
+  // (begin_sync); a codec, a fault or a robust rule packs the whole fragment.
+  const bool trained_only = w.trainable.size() < int64_t(num_params_) && codec_->lossless() && !robust_ &&
+                            fault_.kind == Fault::Kind::None;
   for (size_t j = 0; j < plan_.size(); ++j) {
     if (!starts_sync(j, done, last)) continue;
-    a.reads.insert(a.reads.end(), ranges_[j].begin(), ranges_[j].end());
+    const auto reads = trained_only ? intersect_ranges(ranges_[j], w.trainable.ranges()) : ranges_[j];
+    a.reads.insert(a.reads.end(), reads.begin(), reads.end());
     if (tau_ == 0 || last) applied(j, last);
   }
   a.reads = merge_ranges(a.reads);

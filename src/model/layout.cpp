@@ -37,7 +37,8 @@ ParamLayout::ParamLayout(const ModelConfig& c, StageSpec stage) : config_(c), st
   }
 }
 
-ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int num_blocks) {
+ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int num_blocks, int num_heads,
+                                 int num_kv_heads) {
   check(num_blocks >= 0, "a model's block count must be >= 0");
   ModelConfig c;
   c.num_layers = num_blocks;
@@ -46,6 +47,7 @@ ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int 
   out.stage_.last_block = num_blocks;
   std::set<std::string> names;
   int block = -1;
+  int64_t head_width = 0;  // of the attention projections' heads, once one is seen
   for (const auto& t : tensors) {
     check(!t.name.empty(), "a parameter without a name");
     check(names.insert(t.name).second, "parameter " + t.name + " appears twice");
@@ -58,9 +60,28 @@ ParamLayout ParamLayout::foreign(const std::vector<ForeignTensor>& tensors, int 
     if (t.block != block) out.block_first_tensor_.push_back(out.tensors_.size());
     block = t.block;
     TensorKind kind = TensorKind::Foreign;
-    if (!t.mlp.empty()) {
+    if (t.mlp == "q" || t.mlp == "k" || t.mlp == "v") {
+      check(t.block >= 0, "parameter " + t.name + ": an attention projection must belong to a block");
+      check(num_heads > 0, "parameter " + t.name + " is marked " + t.mlp + ", and the head count is not given");
+      const int kv = num_kv_heads > 0 ? num_kv_heads : num_heads;
+      check(num_heads % kv == 0, "the query heads (" + std::to_string(num_heads) +
+                                     ") must be a multiple of the key/value heads (" + std::to_string(kv) + ")");
+      const int64_t heads = t.mlp == "q" ? num_heads : kv;
+      check(t.rows % heads == 0, "parameter " + t.name + ": " + std::to_string(t.rows) + " rows are not " +
+                                     std::to_string(heads) + " heads of equal width");
+      const int64_t width = t.rows / heads;
+      check(head_width == 0 || head_width == width, "parameter " + t.name + ": heads of " + std::to_string(width) +
+                                                        " units, another projection's have " +
+                                                        std::to_string(head_width));
+      head_width = width;
+      out.config_.num_heads = num_heads;
+      out.config_.num_kv_heads = kv;
+      out.config_.hidden_size = int(width * num_heads);  // so that head_dim() is the heads' width
+      kind = t.mlp == "q" ? TensorKind::Q : t.mlp == "k" ? TensorKind::K : TensorKind::V;
+    } else if (!t.mlp.empty()) {
       check(t.mlp == "gate" || t.mlp == "up" || t.mlp == "down",
-            "parameter " + t.name + ": mlp must be \"gate\", \"up\", \"down\" or \"\", got \"" + t.mlp + "\"");
+            "parameter " + t.name + ": mlp must be \"gate\", \"up\", \"down\", \"q\", \"k\", \"v\" or \"\", got \"" +
+                t.mlp + "\"");
       check(t.block >= 0, "parameter " + t.name + ": an MLP projection must belong to a block");
       check(out.config_.intermediate_size == 0 || out.config_.intermediate_size == t.rows,
             "parameter " + t.name + ": " + std::to_string(t.rows) + " hidden units, another MLP projection has " +

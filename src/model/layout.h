@@ -61,9 +61,10 @@ inline bool is_constrained(const StageSpec& stage, const TensorInfo& t) {
 enum class SliceStrategy { Mlp, MlpHeads };
 
 // A tensor of a foreign model: its name, the block (fragment unit) it belongs to (-1: none) and
-// its shape as (rows, cols) of its elements in storage order. `mlp` marks the MLP projections
-// that partial updates slice: "gate" and "up" (f x d, rows = hidden units) and "down" stored
-// transposed (f x d: the caller lays its d x f weight's transpose); "" for every other tensor.
+// its shape as (rows, cols) of its elements in storage order. `mlp` marks the projections that
+// partial updates slice: "gate" and "up" (f x d, rows = hidden units) and "down" stored
+// transposed (f x d: the caller lays its d x f weight's transpose); "q", "k" and "v" (rows =
+// the heads' output units, head by head, as in Hugging Face's Llama); "" for every other tensor.
 struct ForeignTensor {
   std::string name;
   int block = -1;
@@ -79,8 +80,11 @@ class ParamLayout {
   // error names the first tensor out of order, a block without tensors, an empty or duplicate
   // name). Stage: every block, no embedding or head semantics. Partial slicing (strategy mlp)
   // cuts the tensors marked gate/up/down by their rows, the hidden units (every marked tensor must
-  // have the same row count f, the layout's intermediate size).
-  static ParamLayout foreign(const std::vector<ForeignTensor>& tensors, int num_blocks);
+  // have the same row count f, the layout's intermediate size); strategy mlp+heads also those
+  // marked q/k/v, by whole heads: num_heads query heads and num_kv_heads key/value heads (0: as
+  // many as the query heads), of q's rows / num_heads units each.
+  static ParamLayout foreign(const std::vector<ForeignTensor>& tensors, int num_blocks, int num_heads = 0,
+                             int num_kv_heads = 0);
 
   int64_t size() const { return size_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }

@@ -170,7 +170,7 @@ class Method {
         cfg_(make_config(settings, tensors, num_blocks, !ep.join_url.empty())),
         traffic_(std::make_shared<TrafficStats>(ep.comm.peak_window_s)),
         comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
-        w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks)),
+        w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks, cfg_.model.num_heads, cfg_.model.num_kv_heads)),
         inner_(std::move(inner)),
         identity_(std::move(identity)),
         algo_(ep.join_url.empty() ? make_algorithm(cfg_, w_) : make_elastic(ep, tensors)),
@@ -430,11 +430,14 @@ class Method {
     // The model is the caller's: its blocks are the fragment units, its MLP projections' hidden
     // units what partial updates slice. Defaults resolved as for `loco train` (the methods'
     // paper values); an elastic member's config checked as one.
-    int64_t f = 0;
-    for (const auto& t : tensors)
-      if (!t.mlp.empty()) f = t.rows;
+    int64_t f = 0, q = 0;
+    for (const auto& t : tensors) {
+      if (t.mlp == "gate" || t.mlp == "up" || t.mlp == "down") f = t.rows;
+      if (t.mlp == "q") q = t.rows;
+    }
     std::vector<std::string> all{"model.num_layers=" + std::to_string(std::max(1, num_blocks))};
     if (f > 0) all.push_back("model.intermediate_size=" + std::to_string(f));
+    if (q > 0) all.push_back("model.hidden_size=" + std::to_string(q));  // the query heads' units
     all.insert(all.end(), settings.begin(), settings.end());
     if (elastic) all.push_back("distributed.backend=\"elastic\"");
     RunConfig cfg = load_run_config("", all);
@@ -442,8 +445,9 @@ class Method {
       if (f == 0)
         fail("partial.slices > 1 slices the MLP's hidden units, and this model has no parameter named like "
              "*gate_proj.weight, *up_proj.weight or *down_proj.weight inside a block");
-      if (cfg.partial.strategy != "mlp")
-        fail("partial.strategy = \"" + cfg.partial.strategy + "\" is not available for torch models (\"mlp\" is)");
+      if (cfg.partial.strategy == "mlp+heads" && q == 0)
+        fail("partial.strategy = \"mlp+heads\" slices the attention heads too, and this model has no parameter named "
+             "like *q_proj.weight, *k_proj.weight and *v_proj.weight inside a block");
     }
     return cfg;
   }

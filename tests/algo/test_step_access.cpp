@@ -168,6 +168,17 @@ TEST(StepAccess, StreamingTouchesOnlyTheFragmentsItSyncsOrMerges) {
     }
 }
 
+TEST(StepAccess, PartialUpdatesReadOnlyTheEntriesEachReplicaTrains) {
+  // 2 slices of the MLPs over 2 replicas: a sync reads the shared entries and the replica's own
+  // slice (the rest is NaN on the device run, so a read of it fails the finiteness check) and
+  // writes the whole fragment.
+  for (const char* algorithm : {"diloco", "streaming"}) {
+    RunConfig c = access_config(algorithm);
+    c.partial.slices = 2;
+    expect_contract(c, std::string("partial ") + algorithm, algorithm == std::string("diloco") ? 4 : 18, 6);
+  }
+}
+
 TEST(StepAccess, NolocoTouchesTheModelOnlyAtOuterSteps) {
   // 23 steps, H = 5: outer steps at 5, 10, 15, 20 and the last step.
   expect_contract(access_config("noloco"), "noloco", 5, 5);

@@ -208,6 +208,36 @@ TEST(Layout, ForeignMlpProjectionsAreSlicedByHiddenUnits) {
   refused({{"g", 0, 6, 4, "gates"}}, "mlp must be");
 }
 
+TEST(Layout, ForeignAttentionProjectionsAreSlicedByWholeHeads) {
+  // Grouped-query attention: 8 query heads and 2 key/value heads of 4 units (q 32 x 16, k and v
+  // 8 x 16). Slice n of 2 holds key/value head n and the 4 query heads that read it: rows
+  // [16n, 16n + 16) of q and [4n, 4n + 4) of k and v; the MLP (f = 6) as before, o shared.
+  const std::vector<ForeignTensor> t = {{"l.0.q_proj.weight", 0, 32, 16, "q"}, {"l.0.k_proj.weight", 0, 8, 16, "k"},
+                                        {"l.0.v_proj.weight", 0, 8, 16, "v"},  {"l.0.o_proj.weight", 0, 16, 32, ""},
+                                        {"l.0.gate_proj.weight", 0, 6, 16, "gate"}};
+  const auto layout = ParamLayout::foreign(t, 1, 8, 2);
+  EXPECT_EQ(layout.config().head_dim(), 4);
+  EXPECT_EQ(layout.config().kv_heads(), 2);
+  // q at 0 (512), k at 512 (128), v at 640 (128), o at 768 (512), gate at 1280 (96).
+  EXPECT_EQ(layout.slice_ranges(1, 2, SliceStrategy::MlpHeads),
+            (std::vector<Range>{{256, 512}, {576, 640}, {704, 768}, {1328, 1376}}));
+  EXPECT_EQ(layout.slice_ranges(1, 2, SliceStrategy::Mlp), (std::vector<Range>{{1328, 1376}}));
+  const TrainableSet s0(layout, 0, 2, "mlp+heads");
+  EXPECT_EQ(s0.size(), 256 + 64 + 64 + 512 + 48);
+  auto refused = [](const std::vector<ForeignTensor>& ts, int heads, int kv, const std::string& what) {
+    try {
+      ParamLayout::foreign(ts, 1, heads, kv);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{"q", 0, 32, 16, "q"}}, 0, 0, "q is marked q, and the head count is not given");
+  refused({{"q", 0, 30, 16, "q"}}, 8, 2, "q: 30 rows are not 8 heads of equal width");
+  refused({{"q", 0, 32, 16, "q"}, {"k", 0, 16, 16, "k"}}, 8, 2, "k: heads of 8 units, another projection's have 4");
+  refused({{"q", 0, 32, 16, "q"}}, 8, 3, "must be a multiple of the key/value heads");
+}
+
 TEST(Layout, ExportImportRoundTrip) {
   for (bool tied : {false, true}) {
     const auto c = tiny(tied, true);

@@ -9,60 +9,9 @@ import torch
 
 import loco
 import loco.torch
+from harness import TOL, check, compare, expect_error, failures, run_loco
 from llama_torch import (inner_step, make_model, make_opt, max_diff, params_of, reference_ddp, reference_diloco,
-                         reference_noloco, reference_partial, reference_streaming)
-
-TOL = 1e-6
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what, flush=True)
-    if not ok:
-        failures.append(what)
-
-
-def run_loco(method, M, steps, clip=None, **kwargs):
-    """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
-    replica from replica 0's parameters) with loco.torch; returns params, eval params, metrics."""
-    endpoints = loco.inprocess(M)
-    out, errors = [None] * M, []
-    models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
-
-    def worker(r):
-        try:
-            torch.set_num_threads(1)
-            model = models[r]
-            opt = make_opt(model)
-            sync = loco.torch.wrap(model, opt, method, endpoint=endpoints[r], **kwargs)
-            for t in range(steps):
-                inner_step(model, opt, r, t)
-                if clip is not None:  # the averaged gradients clipped, as loco train does
-                    sync.sync_gradients()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                opt.step()
-                opt.zero_grad()
-                sync.step()
-            out[r] = (params_of(model), list(sync.eval_parameters().values()), sync.metrics(), sync.report())
-            sync.close()
-        except Exception as e:  # reported by the main thread
-            errors.append(f"replica {r}: {e}")
-            endpoints[r].abort(str(e))
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(M)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    return out
-
-
-def compare(name, got, ref):
-    worst = max(max_diff(g[0], r) for g, r in zip(got, ref))
-    check(worst <= TOL, f"{name}: replicas' parameters within {TOL} of the plain-torch reference (max diff {worst:.2e})")
-
+                         reference_noloco, reference_streaming)
 
 torch.set_num_threads(1)
 
@@ -258,44 +207,7 @@ check(all(sorted(p) == [0, 1, 2, 3] for p in perms) and len({tuple(p) for p in p
       and perms[0] == loco.route_permutation(4, 7, 0, 0, 0),
       f"noloco routing: permutations of the replicas, the same for the same (seed, step, microbatch), varying ({perms[:3]})")
 
-# Partial updates: DiLoCo with 2 slices of the MLP's hidden units (replica k trains slice k mod 2:
-# rows of gate/up, columns of down) against the plain-torch reference (masked gradients, AdamW
-# undone outside the slice, each entry averaged over the replicas that train it). 2 replicas:
-# each slice has one trainer and the shared entries a mean of 2, summed alike by both.
-got = run_loco("diloco", 2, 8, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, partial_slices=2)
-ref, ref_outer = reference_partial(2, 8, 4, 0.7, 0.9, 2)
-compare("partial (2 slices, 2 replicas)", got, ref)
-worst = max(max_diff(g[1], ref_outer) for g in got)
-check(worst <= TOL, f"partial: eval parameters are the outer parameters (max diff {worst:.2e})")
-full, _ = reference_diloco(2, 8, 4, 0.7, 0.9)
-apart = max_diff(ref[0], full[0])
-check(apart > 1e-3, f"partial: differs from DiLoCo without slices ({apart:.2e}), so the slicing is what was tested")
-# 4 replicas, 2 per slice: loco's ring all-reduce adds 4 float32 values in another order than the
-# reference's sum, which alone moves DiLoCo without slices by about 1e-6 here (measured below);
-# both are held to 4e-6.
-got = run_loco("diloco", 4, 8, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, partial_slices=2)
-ref, _ = reference_partial(4, 8, 4, 0.7, 0.9, 2)
-worst = max(max_diff(g[0], r) for g, r in zip(got, ref))
-plain = run_loco("diloco", 4, 8, inner_steps=4, outer_lr=0.7, outer_momentum=0.9)
-plain_ref, _ = reference_diloco(4, 8, 4, 0.7, 0.9)
-order = max(max_diff(g[0], r) for g, r in zip(plain, plain_ref))
-check(worst <= 4e-6 and order <= 4e-6, f"partial, 2 slices of 4 replicas: max diff {worst:.2e} from the reference "
-                                       f"(DiLoCo without slices, 4 replicas: {order:.2e})")
-check(got[0][2]["bytes_sent"] > 0, f"partial: replicas exchanged their slices ({got[0][2]['bytes_sent']} bytes)")
-
 # Bad calls give clear errors.
-def expect_error(what, pattern, fn):
-    try:
-        fn()
-    except loco.Error as e:
-        check(pattern in str(e), f"{what}: '{e}'")
-        return
-    except Exception as e:
-        check(False, f"{what}: raised {type(e).__name__}: {e}")
-        return
-    check(False, f"{what}: no error")
-
-
 def wrap1(model, **kw):
     return loco.torch.wrap(model, make_opt(model), endpoint=loco.inprocess(1)[0], **kw)
 
@@ -305,12 +217,6 @@ expect_error("bf16 parameters", "loco's methods keep float32 parameters", lambda
 expect_error("unknown keyword", "unknown keyword outer_lrr", lambda: wrap1(make_model(0), outer_lrr=0.1))
 expect_error("unknown method", "method must be one of", lambda: wrap1(make_model(0), method="fsdp"))
 expect_error("bad value", "outer.momentum", lambda: wrap1(make_model(0), outer_momentum=2.0))
-expect_error("partial mlp+heads", "not available for torch models",
-             lambda: loco.torch.wrap(make_model(0), None, "diloco", endpoint=loco.inprocess(2)[0], partial_slices=2,
-                                     partial_strategy="mlp+heads"))
-expect_error("partial without an MLP", "no parameter named like",
-             lambda: loco.torch.wrap(torch.nn.Sequential(torch.nn.Linear(4, 4)), None, "diloco",
-                                     endpoint=loco.inprocess(2)[0], partial_slices=2))
 
 
 def changed_parameters():

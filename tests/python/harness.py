@@ -1,0 +1,79 @@
+"""What the Python layer's in-process tests share: checks that print and record, loco.torch runs
+with the members as threads of this process (loco.inprocess), and expected errors."""
+import threading
+
+import torch
+
+import loco
+import loco.torch
+from llama_torch import inner_step, make_model, make_opt, max_diff, params_of
+
+TOL = 1e-6
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def run_loco(method, M, steps, clip=None, inspect=None, **kwargs):
+    """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
+    replica from replica 0's parameters) with loco.torch; returns per member (params, eval
+    params, metrics, report), and with inspect, the list of what inspect(t, model, opt, sync)
+    returned at each step t, called after the optimizer's step (the gradients still there) and
+    before sync.step()."""
+    endpoints = loco.inprocess(M)
+    out, errors = [None] * M, []
+    models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
+
+    def worker(r):
+        try:
+            torch.set_num_threads(1)
+            model, seen = models[r], []
+            opt = make_opt(model)
+            sync = loco.torch.wrap(model, opt, method, endpoint=endpoints[r], **kwargs)
+            for t in range(steps):
+                inner_step(model, opt, r, t)
+                if clip is not None:  # the averaged gradients clipped, as loco train does
+                    sync.sync_gradients()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                if inspect is not None:
+                    seen.append(inspect(t, model, opt, sync))
+                opt.zero_grad()
+                sync.step()
+            out[r] = (params_of(model), list(sync.eval_parameters().values()), sync.metrics(), sync.report())
+            if inspect is not None:
+                out[r] += (seen,)
+            sync.close()
+        except Exception as e:  # reported by the main thread
+            errors.append(f"replica {r}: {e}")
+            endpoints[r].abort(str(e))
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(M)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return out
+
+
+def compare(name, got, ref, tol=TOL):
+    worst = max(max_diff(g[0], r) for g, r in zip(got, ref))
+    check(worst <= tol, f"{name}: replicas' parameters within {tol} of the plain-torch reference (max diff {worst:.2e})")
+
+
+def expect_error(what, pattern, fn):
+    try:
+        fn()
+    except loco.Error as e:
+        check(pattern in str(e), f"{what}: '{e}'")
+        return
+    except Exception as e:
+        check(False, f"{what}: raised {type(e).__name__}: {e}")
+        return
+    check(False, f"{what}: no error")
