@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "comm/link.h"
 #include "core/error.h"
 #include "elastic/secure_channel.h"
 
@@ -33,6 +34,11 @@ nlohmann::json config_fingerprint(const RunConfig& cfg) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [key, value] : run_config_schema(copy).values())
     if (!per_worker(key)) out[key] = value;
+  // The link model (network.*) is each member's own outgoing link, and may differ between them;
+  // but its messages carry their arrival time, so either every member models its link or none.
+  const bool link = parse_bandwidth(cfg.network.bandwidth, "network.bandwidth") > 0 ||
+                    parse_duration(cfg.network.latency, "network.latency") > 0;
+  out["network link model"] = link ? "on (network.bandwidth or network.latency set)" : "off";
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -271,8 +272,10 @@ void Membership::register_member() {
     for (int tries = 0; tries < 1000 && id < 0; ++tries) {
       const int64_t candidate = redis_->incr(key("next_id"));
       const std::string mk = key("member:" + std::to_string(candidate));
-      if (candidate > 0 &&
-          redis_->set_nx(mk, seal(mk, nlohmann::json{{"name", opt_.name}, {"address", opt_.address}}.dump())))
+      // The record carries this worker's fingerprint: the closer that would take it in compares
+      // it with its own (joiner_refusals), whatever the run's config entry in Redis says.
+      const nlohmann::json record{{"name", opt_.name}, {"address", opt_.address}, {"fingerprint", opt_.fingerprint}};
+      if (candidate > 0 && redis_->set_nx(mk, seal(mk, record.dump())))
         id = candidate;
     }
     if (id < 0) fail("elastic: no free member id in Redis after 1000 tries (key next_id tampered with?)");
@@ -380,7 +383,10 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
     if (!last_round)
       for (const int64_t j : sealed_ids(*redis_, key("joiners")))
         if (!contains(epoch, j) && live(j)) joiners.push_back(j);
-    const auto excluded = exclusions(round, attempt, epoch, joiners);
+    auto excluded = exclusions(round, attempt, epoch, joiners);
+    for (auto& refusal : joiner_refusals(joiners))
+      if (std::none_of(excluded.begin(), excluded.end(), [&](const auto& e) { return e.first == refusal.first; }))
+        excluded.push_back(std::move(refusal));
     auto reason = [&](int64_t m) {
       for (const auto& [id, why] : excluded)
         if (id == m) return why;
@@ -420,6 +426,40 @@ bool Membership::close_roster(int64_t round, int64_t attempt, const std::vector<
   const bool in = contains(out.contributors, id_);
   if (!in) check_not_excluded();
   return in;
+}
+
+std::vector<std::pair<int64_t, std::string>> Membership::joiner_refusals(const std::vector<int64_t>& joiners) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  if (opt_.fingerprint.empty()) return out;
+  // The run's config entry, put back if someone removed or replaced it (a joiner that registered
+  // meanwhile wrote its own): what later joiners compare with at registration.
+  const std::string ck = key("config");
+  const std::string entry = redis_->get(ck);
+  const std::string mine = opt_.fingerprint + "\n" + mac_entry(opt_.run_key, ck, opt_.fingerprint);
+  if (entry != mine) {
+    std::cerr << "loco: elastic: the run's configuration entry in Redis was " << (entry.empty() ? "removed" : "replaced")
+              << "; writing it again\n";
+    redis_->command({"SET", ck, mine});
+  }
+  const auto run = nlohmann::json::parse(opt_.fingerprint);
+  for (const int64_t j : joiners) {
+    std::string info;
+    std::string why;
+    if (!get_sealed(*redis_, key("member:" + std::to_string(j)), info)) {
+      why = "refused as a joiner: it has no member record";
+    } else {
+      const auto record = nlohmann::json::parse(info, nullptr, false);
+      const auto theirs = record.is_object() && record.contains("fingerprint") && record["fingerprint"].is_string()
+                              ? nlohmann::json::parse(record["fingerprint"].get<std::string>(), nullptr, false)
+                              : nlohmann::json();
+      const std::string diff = theirs.is_object() ? fingerprint_differences(theirs, run) : "no configuration given";
+      if (!diff.empty())
+        why = "refused as a joiner: its configuration differs from the run's, which its members must share (" +
+              diff.substr(0, 300) + ")";
+    }
+    if (!why.empty()) out.emplace_back(j, why);
+  }
+  return out;
 }
 
 void Membership::blame(const Roster& roster, const std::vector<int64_t>& culprits) {
@@ -541,13 +581,21 @@ bool Membership::try_restart(int64_t step) {
   bool restarted = false;
   retry([&] {
     if (in_outage_grace()) return;  // heartbeats lapsed during an outage prove nothing
+    // The generation first, then who is live: a joiner that restarted the run between the two
+    // reads (still listed among the joiners) is found as the generation's live claimant, and
+    // one that claims after this read makes this member's claim of the same generation fail.
+    std::string g;
+    int64_t gen = 0;
+    if (get_sealed(*redis_, key("generation"), g) && !parse_count(g, gen)) gen = 0;
+    std::string leader;
+    int64_t lead = -1;
+    if (gen > 0 && get_sealed(*redis_, key("restart:" + std::to_string(gen)), leader) && parse_count(leader, lead) &&
+        lead != id_ && live(lead))
+      return;  // the generation's restarter runs it: wait to be taken in
     const auto joiners = sealed_ids(*redis_, key("joiners"));
     const auto members = sealed_ids(*redis_, key("members"));
     for (const int64_t m : members)
       if (m != id_ && !contains(joiners, m) && live(m)) return;  // the run goes on: wait to be taken in
-    std::string g;
-    int64_t gen = 0;
-    if (get_sealed(*redis_, key("generation"), g) && !parse_count(g, gen)) gen = 0;
     const std::string claim = key("restart:" + std::to_string(gen + 1));
     if (!redis_->set_nx(claim, seal(claim, std::to_string(id_)))) return;  // another joiner restarts it
     // The previous generation's members are dropped: one that was only stalled rejoins this one.
@@ -634,19 +682,28 @@ void Membership::log_event(const nlohmann::json& event) {
 
 std::vector<nlohmann::json> Membership::new_events() {
   std::vector<nlohmann::json> out;
+  std::set<std::string> fresh;  // the texts of `out`
   int64_t read = 0;
   retry([&] {
     out.clear();
+    fresh.clear();
     read = 0;
     for (const auto& e : redis_->lrange(key("events"), events_seen_, -1)) {
       ++read;
       std::string text;
       if (!open(key("events"), e, text)) continue;
+      // A genuine event pushed again (a replay needs no secret) counts once: every event logged
+      // carries its time, so two alike are one.
+      if (events_opened_.count(text) || fresh.count(text)) continue;
       auto j = nlohmann::json::parse(text, nullptr, false);
-      if (j.is_object()) out.push_back(std::move(j));
+      if (j.is_object()) {
+        out.push_back(std::move(j));
+        fresh.insert(text);
+      }
     }
   });
   events_seen_ += read;
+  events_opened_.insert(fresh.begin(), fresh.end());
   return out;
 }
 

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,6 +168,10 @@ class Membership {
   void check_fingerprint();
   // Fails with the reason if this member was excluded from the run (or refused as a joiner).
   void check_not_excluded();
+  // The joiners whose member record carries another fingerprint than this member's (or none):
+  // refused, the differences named, even when the run's config entry in Redis was removed or
+  // replaced since they registered (it is written again here).
+  std::vector<std::pair<int64_t, std::string>> joiner_refusals(const std::vector<int64_t>& joiners);
   // Who the closer of attempt `attempt` of `round` excludes (member -> reason): joiners blamed
   // in the previous attempt, and the member of `epoch` blamed in each of the last
   // exclude_after attempts by more distinct members than any other.
@@ -207,6 +212,7 @@ class Membership {
   std::thread beat_thread_;
   std::atomic<double> outage_end_s_{-1e300};
   int64_t events_seen_ = 0;
+  std::set<std::string> events_opened_;  // the events read so far (replays of them are skipped)
   int64_t rosters_seen_ = 0;
   int64_t generation_ = 0;  // of the rounds this member takes part in
 };

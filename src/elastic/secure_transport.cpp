@@ -1,5 +1,6 @@
 #include "elastic/secure_transport.h"
 
+#include <algorithm>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -170,6 +171,7 @@ class SecureTransport : public Transport {
     // Failures keep their type (PeerError names the peers to blame).
     std::exception_ptr accept_error, connect_error;
     std::thread acceptor;
+    std::atomic<bool> accepted{false};
     if (listener.get() >= 0)
       acceptor = std::thread([&] {
         try {
@@ -177,9 +179,16 @@ class SecureTransport : public Transport {
         } catch (...) {
           accept_error = std::current_exception();
         }
+        accepted = true;
       });
     try {
       for (int j = 0; j < rank; ++j) connect_to(book, j, deadline);
+      // This thread alone uses the book: while the higher ranks connect, it keeps this member's
+      // address entry as published.
+      while (acceptor.joinable() && !accepted) {
+        guard_address(book);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     } catch (...) {
       connect_error = std::current_exception();
       setup_stop_ = true;
@@ -299,7 +308,7 @@ class SecureTransport : public Transport {
       if (s.get() < 0 || ::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
         fail(std::string("elastic: cannot open a listening socket: ") + std::strerror(errno));
     }
-    if (::listen(s.get(), 64) != 0) fail(std::string("elastic: cannot listen: ") + std::strerror(errno));
+    if (::listen(s.get(), SOMAXCONN) != 0) fail(std::string("elastic: cannot listen: ") + std::strerror(errno));
     set_nonblocking(s.get());
     sockaddr_storage bound{};
     socklen_t len = sizeof bound;
@@ -307,9 +316,24 @@ class SecureTransport : public Transport {
     const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                                  : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
     const std::string where = (address.empty() ? local_host_name() : address) + " " + std::to_string(port);
-    const std::string key = prefix_ + "addr:" + std::to_string(rank_);
-    book.put(key, where + " " + mac_entry(run_key_, key, where));
+    own_key_ = prefix_ + "addr:" + std::to_string(rank_);
+    own_entry_ = where + " " + mac_entry(run_key_, own_key_, where);
+    book.put(own_key_, own_entry_);
     return s;
+  }
+
+  // Writes this member's address entry again if someone replaced or removed it (checked at most
+  // every 100 ms): the peers ignore an entry without the run's MAC and wait for the real one.
+  void guard_address(AddressBook& book) {
+    if (own_key_.empty() || steady::now() < next_guard_) return;
+    next_guard_ = steady::now() + std::chrono::milliseconds(100);
+    std::string v;
+    if (book.get(own_key_, &v) && v == own_entry_) return;
+    if (!guard_warned_)
+      std::fprintf(stderr, "loco: warning: elastic: this member's address entry in Redis was replaced or removed; "
+                           "writing it again\n");
+    guard_warned_ = true;
+    book.put(own_key_, own_entry_);
   }
 
   void warn_dropped(const std::string& who, const std::string& why) {
@@ -361,8 +385,16 @@ class SecureTransport : public Transport {
           p.fd = std::move(c);
           p.until = after(timeout_s_);
           if (pending.size() >= 64) {
-            warn_dropped(p.who, "came while 64 others were still unauthenticated");
-            continue;
+            // Full: the oldest connection that has sent nothing yet makes room (a member sends its
+            // HELLO as soon as it connects), so that held connections cannot starve the members.
+            auto silent = std::find_if(pending.begin(), pending.end(),
+                                       [](const Pending& q) { return !q.welcomed && q.in.empty(); });
+            if (silent == pending.end()) {
+              warn_dropped(p.who, "came while 64 others were still authenticating");
+              continue;
+            }
+            warn_dropped(silent->who, "sent nothing while newer connections waited");
+            pending.erase(silent);
           }
           pending.push_back(std::move(p));
         }
@@ -417,12 +449,21 @@ class SecureTransport : public Transport {
   void connect_to(AddressBook& book, int j, steady::time_point deadline) {
     const std::string key = prefix_ + "addr:" + std::to_string(j);
     const std::string member = "member " + std::to_string(j);
-    bool warned = false;
+    bool warned = false, genuine = false;
     for (;;) {
-      if (seconds_left(deadline) <= 0)
+      guard_address(book);
+      if (seconds_left(deadline) <= 0) {
+        // Only forged entries seen: the member is not at fault (anyone who can write to Redis can
+        // do that), so it is not blamed; the attempt fails and the next one tries again.
+        if (warned && !genuine)
+          throw PeerError("elastic: " + member + "'s address in Redis carried no MAC of this run for " +
+                              std::to_string(int(timeout_s_)) + " s (forged, or this worker holds another secret); "
+                              "nobody is blamed",
+                          {});
         throw PeerError("elastic: " + member + " of the quorum could not be reached and authenticated within " +
                             std::to_string(int(timeout_s_)) + " s",
                         {j});
+      }
       std::string v, host, port, mac;
       const bool found = book.get(key, &v);
       if (found) {
@@ -441,6 +482,7 @@ class SecureTransport : public Transport {
           warned = true;
           host.clear();
         }
+        genuine |= !host.empty();
       }
       if (!host.empty() && try_connect(host, port, j, deadline)) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -573,6 +615,9 @@ class SecureTransport : public Transport {
   std::vector<Peer> peers_;
   std::atomic<bool> stop_{false}, setup_stop_{false};
   std::atomic<int> dropped_{0};
+  std::string own_key_, own_entry_;  // this member's address entry, as published
+  steady::time_point next_guard_{};
+  bool guard_warned_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::string failed_;

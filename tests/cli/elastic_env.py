@@ -139,6 +139,14 @@ def redis_cli(*args):
                           check=True, capture_output=True, text=True, timeout=10).stdout
 
 
+def redis_json(*args):
+    """One command to the test's Redis; its reply decoded from redis-cli's JSON (values that hold
+    a newline, as sealed entries do, intact)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "--json", *args], env=dict(os.environ, REDISCLI_AUTH=PASSWORD),
+                         check=True, capture_output=True, text=True, timeout=10).stdout
+    return json.loads(out)
+
+
 def val_loss(path):
     return json.load(open(path))["final_val_loss"]
 

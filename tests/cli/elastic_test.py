@@ -11,8 +11,8 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     round's first contributor's slow weights (checksum) and is in every later round;
   - a worker that joins mid-run starts from the outer parameters of its round (checksum) and
     takes part in every later round;
-  - every worker killed: the checkpoint writer resumed with --resume restarts the run from its
-    checkpoint, and new workers join it;
+  - every worker killed: the checkpoint writer and a copy of its directory resumed with --resume
+    at once: one restarts the run from the checkpoint, the other and new workers join it;
   - Streaming DiLoCo: kill -9 one of 4 workers, then a new worker joins: every fragment's round
     from the kill on has exactly the survivors until the joiner, which starts from the outer
     parameters (checksum) and is in every later round; the final loss is close to a 3-replica run's;
@@ -24,8 +24,9 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     malformed ids, events, keys of another type) are ignored or removed with a warning, and the
     run is the in-process one bitwise;
   - a worker with another num_heads (same parameter count), other training data, another
-    outer.lr or another run secret is refused at start with the difference named, and the run
-    goes on without it;
+    outer.lr, a link model where the members have none, or another run secret is refused at start with the difference named, and the run
+    goes on without it; so is one with another outer.lr after the run's config entry was deleted
+    from Redis (by the members, from the fingerprint in its member record);
   - a member that sends NaN (elastic.fault) or a sign-flipped outer gradient 10x too large: the
     others' screening leaves its contribution out of every round and all finish with a finite
     model; with outer.screen = off a NaN member makes every member stop with an error, and no
@@ -36,7 +37,7 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     unreachable or password-refusing Redis, a missing or short run secret: one clear error each,
     non-zero exit.
 Usage: elastic_test.py LOCO WORK_DIR"""
-import json, math, os, random, signal, socket, subprocess, sys, time
+import json, math, os, random, shutil, signal, socket, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_env import *  # noqa: E402,F401,F403
@@ -161,6 +162,16 @@ try:
         ps[victim].send_signal(signal.SIGKILL)
         killed_at = time.time()
         ps[victim].wait()
+        # The genuine sealed "left" event, replayed 200 times by a Redis writer (no secret needed):
+        # the survivors must count it once.
+        replayed = None
+        while replayed is None and time.time() < killed_at + 30:
+            replayed = next((e for e in redis_json("LRANGE", f"loco:{out}:events", "0", "-1")
+                             if '"event":"left"' in e), None)
+            time.sleep(0.1)
+        if replayed is None:
+            fail(f"{out}: no left event in Redis 30 s after the kill")
+        redis_cli("RPUSH", f"loco:{out}:events", *([replayed] * 200))
         survivors = [n for k, n in enumerate(names) if k != victim]
         wait_all([p for k, p in enumerate(ps) if k != victim], survivors, out)
         events = elastic(out, survivors[0])[1]["events"]
@@ -180,10 +191,13 @@ try:
         if any(len(rounds[r][0]) != 4 for r in before):
             fail(f"{out}: rounds before the kill must have 4 contributors: {rounds}")
         lost = elastic(out, survivors[0])[1]["tokens_lost_run"]
+        if lost != left[0]["tokens_lost"]:
+            fail(f"{out}: tokens_lost_run {lost}, the one left event's {left[0]['tokens_lost']} (replays counted?)")
         loss = val_loss(f"{out}/{survivors[0]}/summary.json")
         expect_close(out, loss, ref_loss)
         print(f"kill -9 of {names[victim]} (1 of 4) past step {kill_step}, round {left[0]['round']}: detected after "
-              f"{detected:.2f} s, {len(after)} later rounds of exactly the 3 survivors, {lost} tokens lost, val loss "
+              f"{detected:.2f} s, {len(after)} later rounds of exactly the 3 survivors, {lost} tokens lost (its event "
+              f"replayed 200 times in Redis, counted once), val loss "
               f"{loss:.4f} (3 replicas throughout: {ref_loss:.4f})")
 
     # 2b. Streaming: kill -9 one of 4 workers, then a fifth worker joins.
@@ -325,31 +339,37 @@ try:
         if time.time() > deadline:
             fail("dead: the 2 new workers did not wait to be taken in within 60 s")
         time.sleep(0.05)
-    resumed = subprocess.Popen([loco, "train", "--resume", f"dead/{writer[0]}", "--quiet", "--join",
-                                f"redis://127.0.0.1:{port}/dead", "--worker", writer[0]], env=ENV,
-                               stdout=open(f"dead-{writer[0]}.log", "a"), stderr=subprocess.STDOUT)
-    procs.append(resumed)
-    wait_all([resumed] + fresh, [writer[0], "w3", "w4"], "dead")
-    r = elastic("dead", writer[0])[1]
-    restart = [x for x in r["rounds"] if "restarted" in x]
-    if len(restart) != 1 or restart[0]["step"] != ck_step:
-        fail(f"dead/{writer[0]}: expected a restart at step {ck_step}: {r['rounds'][:3]}")
-    if not any(e["event"] == "restarted" for e in r["events"]):
-        fail(f"dead/{writer[0]}: no 'restarted' event: {r['events']}")
-    for n in ("w3", "w4"):
+    # Two holders of the checkpoint (the writer's directory and a copy of it) resume at once: one
+    # restarts the run, the other is taken in as a joiner.
+    twin = writer[0] + "b"
+    shutil.copytree(f"dead/{writer[0]}", f"dead/{twin}")
+    holders = [writer[0], twin]
+    resumed = [subprocess.Popen([loco, "train", "--resume", f"dead/{n}", "--quiet", "--join",
+                                 f"redis://127.0.0.1:{port}/dead", "--worker", n], env=ENV,
+                                stdout=open(f"dead-{n}.log", "a"), stderr=subprocess.STDOUT) for n in holders]
+    procs.extend(resumed)
+    wait_all(resumed + fresh, holders + ["w3", "w4"], "dead")
+    restarts = {n: [x for x in elastic("dead", n)[1]["rounds"] if "restarted" in x] for n in holders}
+    leader = [n for n in holders if restarts[n]]
+    r = elastic("dead", leader[0] if leader else writer[0])[1]
+    if len(leader) != 1 or len(restarts[leader[0]]) != 1 or restarts[leader[0]][0]["step"] != ck_step:
+        fail(f"dead: expected one of {holders} to restart the run at step {ck_step}: {restarts}")
+    if sum(e["event"] == "restarted" for e in r["events"]) != 1:
+        fail(f"dead/{leader[0]}: expected one 'restarted' event: {r['events']}")
+    for n in ["w3", "w4"] + [h for h in holders if h != leader[0]]:
         first = elastic("dead", n)[1]["rounds"][0]
         if "joined" not in first or first["step"] <= ck_step:
             fail(f"dead/{n}: expected to join the restarted run after step {ck_step}: {first}")
-    rounds = rounds_by_number("dead", [writer[0], "w3", "w4"])
+    rounds = rounds_by_number("dead", holders + ["w3", "w4"])
     last = max(rounds)
-    if len(rounds[last][0]) != 3:
-        fail(f"dead: the last round should have the 3 members: {rounds[last]}")
+    if len(rounds[last][0]) != 4:
+        fail(f"dead: the last round should have the 4 members: {rounds[last]}")
     ref60 = inprocess_loss(rargs, "inproc-dead")
-    loss = val_loss(f"dead/{writer[0]}/summary.json")
+    loss = val_loss(f"dead/{leader[0]}/summary.json")
     expect_close("dead", loss, ref60)
-    print(f"all 3 workers killed after the checkpoint at step {ck_step}: --resume of the writer restarted the run "
-          f"from it, 2 new workers joined at step {first['step']}, {len(rounds)} rounds after; val loss {loss:.4f} "
-          f"(3 replicas throughout: {ref60:.4f})")
+    print(f"all 3 workers killed after the checkpoint at step {ck_step}: two holders of the checkpoint resumed at "
+          f"once, {leader[0]} restarted the run from it, the other and 2 new workers joined at step {first['step']}, "
+          f"{len(rounds)} rounds after, all agreeing; val loss {loss:.4f} (3 replicas throughout: {ref60:.4f})")
 
     # 4. SIGSTOP past the timeout, then SIGCONT: dropped, rejoins as a new member.
     names = ["w0", "w1", "w2"]
@@ -429,7 +449,8 @@ try:
 
     # 6b. Members must agree: a worker with another config (same parameter count), other data
     # or another run secret is refused at start, the differing keys named; the run goes on.
-    args = ["--set", "train.steps=60", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2"]
+    args = ["--set", "train.steps=60", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2",
+            "--set", "elastic.timeout=30s"]
     ps = [start("agree", n, "agree", args) for n in ("w0", "w1")]
     wait_step("agree/w0/metrics.jsonl", 5)
     subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", "other.tok", "256", "20000", "9"], check=True)
@@ -437,18 +458,50 @@ try:
             ("heads", ["--set", "model.num_heads=4"], ENV, "model.num_heads: this worker 4, the run 2"),
             ("data", ["--set", "data.train=other.tok"], ENV, "data.train tokens: this worker 20000 tokens"),
             ("lr", ["--set", "outer.lr=0.5"], ENV, "outer.lr: this worker 0.5, the run 0.6"),
+            ("link", ["--set", "network.latency=1ms", "--set", "network.bandwidth=1Gbit"], ENV,
+             "network link model: this worker on (network.bandwidth or network.latency set), the run off"),
             ("secret", [], dict(ENV, LOCO_RUN_SECRET="another secret of the same size"), "another run secret")):
         r = subprocess.run(BASE + args + extra + ["--set", "train.out_dir=agree", "--set", "elastic.address=127.0.0.1",
                                                   "--join", f"redis://127.0.0.1:{port}/agree", "--worker",
                                                   "bad-" + label], env=env, capture_output=True, text=True, timeout=60)
         if r.returncode == 0 or expect not in r.stderr:
             fail(f"agree/bad-{label}: expected a refusal naming {expect!r}: exit {r.returncode}, {r.stderr[-1500:]}")
+    # The run's config entry removed (by anyone who can write to Redis) while the members are
+    # stopped (SIGSTOP, well within their elastic.timeout of 30 s, so that none of them writes the
+    # entry again first): a joiner with another outer.lr registers (its own entry takes the place)
+    # and waits; once the members go on, their closer refuses it by the fingerprint in its member
+    # record, and writes the entry again.
+    for p in ps:
+        p.send_signal(signal.SIGSTOP)
+    redis_cli("DEL", "loco:agree:config")
+    bad = subprocess.Popen(BASE + args + ["--set", "outer.lr=0.5", "--set", "train.out_dir=agree", "--set",
+                                          "elastic.address=127.0.0.1", "--join", f"redis://127.0.0.1:{port}/agree",
+                                          "--worker", "bad-deleted"], env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    procs.append(bad)
+    deadline = time.time() + 20
+    while int(redis_cli("SCARD", "loco:agree:joiners")) < 1 and time.time() < deadline and bad.poll() is None:
+        time.sleep(0.05)
+    for p in ps:
+        p.send_signal(signal.SIGCONT)
+    try:
+        _, err = bad.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        fail("agree/bad-deleted: still running 60 s after the members went on")
+    r = subprocess.CompletedProcess(bad.args, bad.returncode, "", err)
+    expect = "its configuration differs from the run's, which its members must share (outer.lr: this worker 0.5, the run 0.6"
+    if r.returncode == 0 or expect not in r.stderr:
+        fail(f"agree/bad-deleted: expected a refusal naming {expect!r}: exit {r.returncode}, {r.stderr[-1500:]}")
+    restored = redis_cli("GET", "loco:agree:config")
+    if '"outer.lr":"0.6"' not in restored.replace(" ", ""):
+        fail(f"agree: the run's config entry was not written again: {restored[:300]}")
     wait_all(ps, ["w0", "w1"], "agree")
     rounds = rounds_by_number("agree", ["w0", "w1"])
     if any(len(c) != 2 for c, _ in rounds.values()):
         fail(f"agree: a refused worker entered a round: {rounds}")
-    print("members must agree: another num_heads, other data, another outer.lr and another secret each refused "
-          "at start with the difference named; the run's 2 members went on alone")
+    print("members must agree: another num_heads, other data, another outer.lr, a link model and another secret each refused "
+          "at start with the difference named, another outer.lr also after the run's config entry was deleted "
+          "(by the members, who wrote it again); the run's 2 members went on alone")
 
     # 6c. A member that sends NaN, or a sign-flipped outer gradient ten times too large: every
     # member's screening (on by default in elastic runs) leaves it out of each of the 4 rounds, and
