@@ -34,9 +34,13 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
     session_.start(w, resumed, install());
   }
 
+  bool rounds_at(const Worker&, int64_t done, bool last) const override {
+    return done % outer_.inner_steps == 0 || last;
+  }
+
   void after_step(Worker& w, int64_t done, bool last) override {
     session_.count_step();
-    if (done % outer_.inner_steps != 0 && !last) return;
+    if (!rounds_at(w, done, last)) return;
     const int64_t n = int64_t(theta_.size());
     std::vector<float> theta, momentum, avg;
     ElasticSession::Round r;

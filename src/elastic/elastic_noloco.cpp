@@ -39,10 +39,14 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
     session_.start(w, resumed, install());
   }
 
+  bool rounds_at(const Worker&, int64_t done, bool last) const override {
+    return done % cfg_.inner_steps == 0 || last;
+  }
+
   void after_step(Worker& w, int64_t done, bool last) override {
     session_.count_step();
     const int64_t H = cfg_.inner_steps;
-    if (done % H != 0 && !last) return;
+    if (!rounds_at(w, done, last)) return;
     const int64_t k = (done + H - 1) / H;
     std::vector<float> phi, delta;
     std::vector<float> theta(static_cast<size_t>(n_));

@@ -38,6 +38,12 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
     session_.start(w, resumed, install());
   }
 
+  // Streaming DiLoCo's own schedule: the steps whose syncs start (a round each) or merge.
+  bool rounds_at(const Worker& w, int64_t done, bool last) const override {
+    const StepAccess a = Streaming::access(w, done, last);
+    return last || !a.reads.empty() || !a.writes.empty();
+  }
+
   void after_step(Worker& w, int64_t done, bool last) override {
     session_.count_step();
     Streaming::after_step(w, done, last);

@@ -120,13 +120,17 @@ class ElasticMethod : public Base {
       : Base(std::forward<BaseArgs>(base)...),
         session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()) {}
 
-  // A round may take in a joiner's or the run's state at any step: the whole model, every step.
-  // No elastic method averages gradients (data-parallel is not one of them).
-  StepAccess access(const Worker& w, int64_t, bool) const override {
+  // A step that runs a round may take in the run's state (a member dropped and taken in again
+  // installs the whole model): the whole model then. Other steps use nothing: rounds_at says
+  // which run one. No elastic method averages gradients (data-parallel is not one of them).
+  StepAccess access(const Worker& w, int64_t done, bool last) const override {
+    if (!rounds_at(w, done, last)) return StepAccess::nothing();
     StepAccess a = StepAccess::everything(int64_t(w.params.size()));
     a.gradients = false;
     return a;
   }
+  // Whether after_step(w, done, last) may run a round (or otherwise use the model).
+  virtual bool rounds_at(const Worker& w, int64_t done, bool last) const = 0;
   bool uses_gradients(const Worker&) const override { return false; }
   double wait_seconds() const override { return session_.wait_seconds(); }
   bool writes_checkpoints() const override { return session_.first_member(); }

@@ -1,7 +1,8 @@
 """One worker of an elastic run for test_elastic.py: the small torch Llama (llama_torch.py)
 trained with loco.torch joined to redis://... (password and run secret from the environment).
 Reads the batch of its data share: batch(slot, step). Writes OUT/NAME.pt: final parameters,
-eval parameters, the inner optimizer's state, the step it started from, its first data share.
+eval parameters, the inner optimizer's state, the step it started from, its first data share,
+and the bytes copied between its model and loco's host buffers in each step.
   elastic_worker.py URL NAME SEED OUT METHOD STEPS [--die-after N] [--gate FILE:STEP]"""
 import argparse
 import os
@@ -39,6 +40,7 @@ sync = loco.torch.wrap(model, opt, a.method, inner_steps=4, outer_lr=0.7, outer_
 started, share = sync.steps_done, sync.data_share
 print(f"{a.name}: started at step {started}, data share {share}, device path {sync._on_device}", flush=True)
 gate_file, gate_step = a.gate.rsplit(":", 1) if a.gate else ("", -1)
+crossed = []  # (steps done after a step, bytes copied between the model and loco's buffers in it)
 while sync.steps_done < steps:
     t = sync.steps_done
     if t == int(gate_step):
@@ -51,11 +53,14 @@ while sync.steps_done < steps:
     loss = inner_step(model, opt, slot, t)
     opt.step()
     opt.zero_grad()
+    before = sync.metrics()["host_device_bytes"]
     sync.step(loss.item(), 64)
+    crossed.append((sync.steps_done, sync.metrics()["host_device_bytes"] - before))
     if sync.steps_done == a.die_after:
         os.kill(os.getpid(), signal.SIGKILL)
 sync.finish()
 torch.save({"params": params_of(model), "eval": list(sync.eval_parameters().values()), "opt": opt.state_dict(),
-            "started": started, "share": share, "steps": sync.steps_done}, os.path.join(a.out, a.name + ".pt"))
+            "started": started, "share": share, "steps": sync.steps_done, "crossed": crossed},
+           os.path.join(a.out, a.name + ".pt"))
 sync.close()
 print(f"{a.name}: done", flush=True)

@@ -92,6 +92,9 @@ try:
                          f"initialization (max diff {worst:.2e})")
     worst = max(max_diff(ra["eval"], ref_outer), max_diff(rb["eval"], ref_outer))
     check(worst <= 1e-6, f"fixed: eval parameters are the reference's outer parameters (max diff {worst:.2e})")
+    copied = [t for t, n in rb["crossed"] if n]
+    check(copied == [4, 8, 12], f"fixed: b's model (device path) crossed to the host only at the rounds' steps "
+                                f"({copied})")
     summ = json.load(open("fixed/a/summary.json"))
     rounds = summ["workers"][0]["elastic"]["rounds"]
     check(len(rounds) == 3 and all(len(r["contributors"]) == 2 for r in rounds) and summ["replicas"] == 2,
@@ -123,6 +126,8 @@ try:
     ra, rb, rd = result("churn", "a"), result("churn", "b"), result("churn", "d")
     check("device path True" in open("churn/d.log").read() and "device path False" in open("churn/a.log").read(),
           "churn: d's model took the path of a GPU model, a's the CPU one")
+    copied = [t for t, n in rd["crossed"] if n]
+    check(copied and all(t % 4 == 0 for t in copied), f"churn: d's model crossed to the host only at rounds ({copied})")
     check(rd["started"] in (8, 12, 16) and rd["steps"] == 32,
           f"churn: d joined at a round's step ({rd['started']}) and ended at {rd['steps']}")
     worst = max(max_diff(ra["eval"], rb["eval"]), max_diff(ra["eval"], rd["eval"]))
