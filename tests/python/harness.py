@@ -18,41 +18,22 @@ def check(ok, what):
         failures.append(what)
 
 
-def run_loco(method, M, steps, clip=None, inspect=None, **kwargs):
-    """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
-    replica from replica 0's parameters) with loco.torch; returns per member (params, eval
-    params, metrics, report), and with inspect, the list of what inspect(t, model, opt, sync)
-    returned at each step t, called after the optimizer's step (the gradients still there) and
-    before sync.step()."""
+def run_members(M, fn):
+    """fn(r, endpoint) in M threads, the members of one in-process world; their results, in
+    order. A member's error aborts its endpoint (so that the others stop waiting on it) and is
+    raised here."""
     endpoints = loco.inprocess(M)
     out, errors = [None] * M, []
-    models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
 
-    def worker(r):
+    def body(r):
         try:
             torch.set_num_threads(1)
-            model, seen = models[r], []
-            opt = make_opt(model)
-            sync = loco.torch.wrap(model, opt, method, endpoint=endpoints[r], **kwargs)
-            for t in range(steps):
-                inner_step(model, opt, r, t)
-                if clip is not None:  # the averaged gradients clipped, as loco train does
-                    sync.sync_gradients()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                opt.step()
-                if inspect is not None:
-                    seen.append(inspect(t, model, opt, sync))
-                opt.zero_grad()
-                sync.step()
-            out[r] = (params_of(model), list(sync.eval_parameters().values()), sync.metrics(), sync.report())
-            if inspect is not None:
-                out[r] += (seen,)
-            sync.close()
+            out[r] = fn(r, endpoints[r])
         except Exception as e:  # reported by the main thread
             errors.append(f"replica {r}: {e}")
             endpoints[r].abort(str(e))
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(M)]
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(M)]
     for t in threads:
         t.start()
     for t in threads:
@@ -60,6 +41,35 @@ def run_loco(method, M, steps, clip=None, inspect=None, **kwargs):
     if errors:
         raise RuntimeError("; ".join(errors))
     return out
+
+
+def run_loco(method, M, steps, clip=None, inspect=None, **kwargs):
+    """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
+    replica from replica 0's parameters) with loco.torch; returns per member (params, eval
+    params, metrics, report), and with inspect, the list of what inspect(t, model, opt, sync)
+    returned at each step t, called after the optimizer's step (the gradients still there) and
+    before sync.step()."""
+    models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
+
+    def member(r, endpoint):
+        model, seen = models[r], []
+        opt = make_opt(model)
+        sync = loco.torch.wrap(model, opt, method, endpoint=endpoint, **kwargs)
+        for t in range(steps):
+            inner_step(model, opt, r, t)
+            if clip is not None:  # the averaged gradients clipped, as loco train does
+                sync.sync_gradients()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            if inspect is not None:
+                seen.append(inspect(t, model, opt, sync))
+            opt.zero_grad()
+            sync.step()
+        out = (params_of(model), list(sync.eval_parameters().values()), sync.metrics(), sync.report())
+        sync.close()
+        return out + ((seen,) if inspect is not None else ())
+
+    return run_members(M, member)
 
 
 def compare(name, got, ref, tol=TOL):

@@ -10,8 +10,9 @@ import torch
 
 import loco
 import loco.torch
-from harness import TOL, check, compare, expect_error, failures, run_loco
-from llama_torch import batch, make_model, make_opt, max_diff, params_of, reference_diloco, reference_partial
+from harness import TOL, check, compare, expect_error, failures, run_loco, run_members
+from llama_torch import (batch, inner_step, make_model, make_opt, max_diff, params_of, reference_diloco,
+                         reference_partial)
 from loco import _partial
 
 torch.set_num_threads(1)
@@ -152,7 +153,68 @@ mlp_only, _ = reference_partial(2, 8, 4, 0.7, 0.9, 2)
 apart = max_diff(ref[0], mlp_only[0])
 check(apart > 1e-3, f"partial mlp+heads: differs from mlp only ({apart:.2e}), so the heads' slicing is what was tested")
 
-# 5. Bad calls give clear errors.
+# 5. Checkpoints: 2 members stopped after 6 steps (mid-round, H = 4), their model, optimizer and
+# method state_dicts saved, then wrapped again around other models and loaded (after wrap(): the
+# optimizer then holds the slices, and loading the model's state_dict fills them): the same
+# parameters as the uninterrupted run, bit for bit, on both paths.
+def resumed(device):
+    kw = dict(inner_steps=4, outer_lr=0.7, outer_momentum=0.9, partial_slices=2)
+
+    def train(model, opt, sync, r, steps):
+        for t in steps:
+            inner_step(model, opt, r, t)
+            opt.step()
+            opt.zero_grad()
+            sync.step()
+
+    # The models made here: torch's seed is global to the process, not to a thread.
+    models = [make_model(r) for r in range(2)] + [make_model(7 + r) for r in range(2)]
+
+    def first(r, endpoint):
+        model = models[r]
+        opt = make_opt(model)
+        sync = loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, **kw)
+        train(model, opt, sync, r, range(6))
+        saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
+        sync.close()
+        return saved
+
+    def second(r, endpoint):
+        model = models[2 + r]
+        opt = make_opt(model)
+        sync = loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, **kw)
+        model.load_state_dict(saved[r][0])
+        opt.load_state_dict(saved[r][1])
+        sync.load_state_dict(saved[r][2])
+        train(model, opt, sync, r, range(6, 12))
+        out = params_of(model)
+        sync.close()
+        return out
+
+    if device:
+        os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    try:
+        saved = run_members(2, first)
+        return run_members(2, second)
+    finally:
+        os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
+
+
+for device in (False, True):
+    where = "device path" if device else "CPU path"
+    full = run_path(device, "diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, partial_slices=2)
+    again = resumed(device)
+    d = max(max_diff(f[0], g) for f, g in zip(full, again))
+    check(d == 0, f"{where}, partial: stopped at step 6 and resumed from state_dicts == uninterrupted (max diff {d:.1e})")
+
+# Streaming DiLoCo with partial updates (a fragment per block, tau 1): the device path equals the
+# CPU path bit for bit.
+kw = dict(inner_steps=6, fragment_blocks=1, tau=1, alpha=0.5, partial_slices=2, train_steps=14)
+d = max(max_diff(a[0], b[0]) for a, b in zip(run_path(False, "streaming", 2, 14, **kw),
+                                              run_path(True, "streaming", 2, 14, **kw)))
+check(d == 0, f"streaming with partial updates: the device path equals the CPU path (max diff {d:.1e})")
+
+# 6. Bad calls give clear errors.
 def stepped_before_wrap():
     model = make_model(0)
     opt = make_opt(model)
