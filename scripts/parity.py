@@ -45,7 +45,7 @@ H = 30
 WARM_FRACTION = 0.2  # outer.start_step of the warm-started runs, as a fraction of the steps
 SEED1 = ["train.seed=1", "data.seed=1235"]
 # Scaling Laws for DiLoCo (Charles et al., 2025), Table 4, 35M parameters: DiLoCo's loss against
-# data-parallel's, each tuned, in percent (spec 01-diloco.md).
+# data-parallel's, each tuned, in percent (docs/diloco.md).
 PAPER_GAP_35M = {1: -0.1, 2: 0.7, 4: 2.0, 8: 3.9}
 TARGET_GAP = {1: 0.0, 4: 3.0, 8: 6.0}  # the study's targets (issue 30): the paper's shape at our scale
 

@@ -22,7 +22,7 @@ STREAM = ["algorithm=streaming", "outer.inner_steps=20", "streaming.fragment_blo
           "streaming.tau=1", "streaming.alpha=0.5", "outer.lr=0.4", "outer.momentum=0.9"]
 SEED1 = ["train.seed=1", "data.seed=1235"]
 PP2 = [f"distributed.replicas={M}", "pipeline.stages=2", "pipeline.microbatches=2"]
-# Protocol models keep the embedding apart from the unembedding (spec 05): both pipeline runs untie them.
+# Protocol models keep the embedding apart from the unembedding (docs/protocol.md): both pipeline runs untie them.
 PIPE4 = ["distributed.replicas=1", f"data.batch_size={M * BATCH}", "pipeline.stages=4", "pipeline.microbatches=4",
          "model.tie_embeddings=false", "algorithm=ddp"]
 

@@ -52,7 +52,7 @@ class Algorithm {
   // What eval_params(w) holds after `step` steps, when a reader needs to be told (e.g. outer
   // parameters whose fragments were synchronized at different steps); "" otherwise.
   virtual std::string eval_note(int64_t step) const { return ""; }
-  // Terms of the spread between replicas (spec 04), for algorithms whose replicas differ:
+  // Terms of the spread between replicas (docs/noloco.md), for algorithms whose replicas differ:
   // {sum over this worker's parameters of (p_r - mean over replicas)^2, parameter count};
   // summed over all workers, spread = sqrt(first / second). Called by every worker at each
   // evaluation (it may communicate); empty: replicas are identical.

@@ -1,4 +1,4 @@
-// Data-parallel baseline (spec 01-diloco.md): every step, each replica's gradient is averaged
+// Data-parallel baseline (docs/diloco.md): every step, each replica's gradient is averaged
 // with an all-reduce, so every replica applies the same AdamW step.
 #include "algo/algorithm.h"
 

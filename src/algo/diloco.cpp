@@ -1,4 +1,4 @@
-// DiLoCo (spec 01-diloco.md): replicas train independently with their own AdamW; every H inner
+// DiLoCo (docs/diloco.md): replicas train independently with their own AdamW; every H inner
 // steps the outer gradients Delta_m = theta - theta_m are averaged (the only communication),
 // the outer parameters take a Nesterov step, and every replica restarts from them. The inner
 // AdamW state is kept across rounds. The final step always ends a round, so the run's last

@@ -1,4 +1,4 @@
-// NoLoCo (spec 04-noloco.md), the outer step: every H inner steps replica i meets the members of
+// NoLoCo (docs/noloco.md), the outer step: every H inner steps replica i meets the members of
 // its random group G (one partner for n = 2) point to point and takes the heavy-ball step
 //   d_j = theta_j - phi_j
 //   delta_i = alpha delta_i + beta mean_G(d) - gamma (phi_i - mean_G(phi))

@@ -1,5 +1,5 @@
 #pragma once
-// NoLoCo (spec 04-noloco.md): no collective at all. Every H inner steps each replica averages
+// NoLoCo (docs/noloco.md): no collective at all. Every H inner steps each replica averages
 // with a small random group (one partner by default) instead of everyone, and with pipeline
 // stages every microbatch can take a random path through the stages. The pieces every worker
 // must compute identically from shared seeds live here.
@@ -21,7 +21,7 @@ std::vector<int> noloco_group_of(int R, int n, uint64_t seed, int64_t k, int r);
 
 // Random pipeline routing is pipeline/executor.h's random_route.
 
-// One outer step of replica i (spec 04, heavy-ball form), for n values:
+// One outer step of replica i (docs/noloco.md, heavy-ball form), for n values:
 //   d_j = theta_j - phi_j;   delta = alpha delta + beta mean_G(d) - gamma (phi_i - mean_G(phi))
 //   phi_i += delta;   theta_i = phi_i
 // `phis` and `progress` hold the group's members' phi_j and d_j in ascending member order (this

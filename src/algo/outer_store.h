@@ -1,8 +1,8 @@
 #pragma once
 // Outer parameters and outer momentum of Streaming DiLoCo, fragment by fragment. In memory, or
 // offloaded to a scratch file (streaming.offload_outer) so that only the fragments being
-// synchronized are resident: the spec's "only the fragment being synchronized needs its outer
-// state at hand", with the disk as the slower memory.
+// synchronized are resident (docs/streaming.md, "Memory": only the fragment being synchronized
+// needs its outer state at hand), with the disk as the slower memory.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 #pragma once
-// Count-vector averaging of partial parameter updates (spec 03-partial.md). Entries every node
+// Count-vector averaging of partial parameter updates (docs/partial.md). Entries every node
 // trains are averaged over all M nodes (ring all-reduce). The entries of slice n are averaged
 // over the G = M / N nodes that train it: a ring all-reduce within that group (ranks n, n + N,
 // ...), and then each "column" of N nodes (ranks iN .. iN + N - 1, one per slice) all-gathers

@@ -1,4 +1,4 @@
-// Protocol models in the training loop (spec 05): keeping the constrained matrices in the
+// Protocol models in the training loop (docs/protocol.md): keeping the constrained matrices in the
 // subspace, and Grassmann updates of the subspace itself. The boundary compression is in
 // pipeline/stage_model.cpp, the subspace algebra in model/protocol.cpp.
 #include <cstring>

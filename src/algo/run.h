@@ -120,11 +120,11 @@ StepResult train_step(WorkerRun& run, int64_t step, double lr);
 
 // Mean validation loss of the algorithm's evaluation parameters (every worker calls it).
 double evaluate(WorkerRun& run);
-// The spread between replicas (spec 04), pooled over stages; -1 when the algorithm keeps its
+// The spread between replicas (docs/noloco.md), pooled over stages; -1 when the algorithm keeps its
 // replicas identical. Every worker calls it at the same step (diagnostic traffic "spread").
 double replica_spread(WorkerRun& run);
 
-// Protocol models (spec 05; protocol_run.cpp), no-ops when protocol.rank = 0:
+// Protocol models (docs/protocol.md; protocol_run.cpp), no-ops when protocol.rank = 0:
 // constrained matrices projected into the subspace at initialisation (scaled by sqrt(d/k) to
 // keep their norm); their gradients projected after backward; the weights projected after every
 // optimizer step with "project"; every protocol.grassmann_interval steps the subspace moved

@@ -1,4 +1,4 @@
-// Streaming DiLoCo (spec 02-streaming.md). Three changes to DiLoCo, each switchable:
+// Streaming DiLoCo (docs/streaming.md). Three changes to DiLoCo, each switchable:
 //  1. fragments: the model is split into fragments of blocks (plus one for the non-block
 //     parameters), each synchronized every H steps at its own offset j floor(H / N), so only
 //     one fragment's bytes are on the wire at a time; fragments not being synchronized keep

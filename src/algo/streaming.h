@@ -1,5 +1,5 @@
 #pragma once
-// Fragment schedule of Streaming DiLoCo (spec 02-streaming.md).
+// Fragment schedule of Streaming DiLoCo (docs/streaming.md).
 #include <cstdint>
 #include <deque>
 #include <memory>

@@ -1,4 +1,4 @@
-// loco simulate cu | latency, loco estimate: predictions at scale (spec 06-simulator.md).
+// loco simulate cu | latency, loco estimate: predictions at scale (docs/simulator.md).
 // loco simulate pipeline is in cmd_sim_pipeline.cpp.
 #include <algorithm>
 #include <cmath>
@@ -53,7 +53,7 @@ struct CuArgs {
   std::string plot, gantt, calibrate, convention = "loco";
   int gantt_steps = 12;
   double gantt_gbit = 1.0;
-  double grid = 1.2;  // the paper's table 4 reads off a log grid about 1.2x apart (spec 06)
+  double grid = 1.2;  // the paper's table 4 reads off a log grid about 1.2x apart (docs/simulator.md)
 };
 
 std::vector<sim::Profile> selected_profiles(const CuArgs& a) {

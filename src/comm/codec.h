@@ -1,5 +1,5 @@
 #pragma once
-// Codecs for outer gradients (spec 02-streaming.md, "low-precision outer gradients"). Each
+// Codecs for outer gradients (docs/streaming.md, "low-precision outer gradients"). Each
 // replica encodes its own, unreduced fragment delta; the payloads are all-gathered and every
 // worker decodes and sums them in float32 in rank order, so all get the same result.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The model architecture of spec 00-system.md. Serialized as a Hugging Face LlamaForCausalLM
+// The model architecture of docs/model.md. Serialized as a Hugging Face LlamaForCausalLM
 // config.json (plus a few loco keys) and read from the [model] table of a TOML run config.
 #include <cstdint>
 #include <string>

@@ -44,7 +44,7 @@ struct StageSpec {
   int last_block = -1;  // -1: up to num_layers
   bool embedding = true;
   bool head = true;
-  // Protocol models (spec 05, model/protocol.h): with embedding_rank = k > 0 the embedding
+  // Protocol models (docs/protocol.md, model/protocol.h): with embedding_rank = k > 0 the embedding
   // tensor holds the trainable coordinates E_s (V x k) of E = E_fixed + E_s U^T; o_proj and
   // down_proj of blocks below constrained_end write only into span(U).
   int embedding_rank = 0;

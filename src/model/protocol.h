@@ -1,5 +1,5 @@
 #pragma once
-// Protocol models (spec 05-protocol.md): one global k-dimensional subspace S = span(U) of the
+// Protocol models (docs/protocol.md): one global k-dimensional subspace S = span(U) of the
 // residual stream, U (d x k) with orthonormal columns, and a frozen, seeded embedding part
 // E_fixed (V x d). The token embedding is E = E_fixed + E_s U^T with E_s (V x k) trainable, and
 // every o_proj / down_proj before the last stage boundary writes only into S, so every
@@ -70,7 +70,7 @@ class Subspace {
   std::vector<float> fixed_;  // (V, d)
 };
 
-// One Grassmann step (spec 05): with A (d x d, a sum of g^T g) normalised to unit trace,
+// One Grassmann step (docs/protocol.md): with A (d x d, a sum of g^T g) normalised to unit trace,
 // R = (I - U U^T)(-2 A U) and U_new = qr(U - eta R).Q with positive diag(R), in double. `before`
 // and `after` receive the subspace loss L(U) = 1 - tr(U^T A U) of U and U_new (-1 and U kept
 // when A is zero).

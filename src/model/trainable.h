@@ -1,5 +1,5 @@
 #pragma once
-// The parameters one node trains (partial parameter updates, spec 03-partial.md). Node k
+// The parameters one node trains (partial parameter updates, docs/partial.md). Node k
 // trains slice n = k mod N of every block's MLP (rows of gate/up and of the transposed down)
 // and, with heads, of q/k/v; every other tensor is trained everywhere. Gradients and optimizer
 // state exist only for the trained entries: a compact buffer holding, in layout order, the

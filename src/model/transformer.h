@@ -1,5 +1,5 @@
 #pragma once
-// The Llama-style decoder of spec 00-system.md as a pipeline stage (the whole model is the
+// The Llama-style decoder of docs/model.md as a pipeline stage (the whole model is the
 // stage with every block, the embedding and the head). Parameters and gradients are flat
 // buffers laid out by ParamLayout and owned by the caller; activations live in a Workspace.
 #include <cstdint>
@@ -67,7 +67,7 @@ class Transformer {
   void set_protocol(const Subspace* subspace);
   const Subspace* protocol() const;
 
-  // Seeded init of spec 00-system.md. Each tensor draws from its own stream (seed, name), in
+  // Seeded init of docs/model.md. Each tensor draws from its own stream (seed, name), in
   // Hugging Face element order, so a stage gets the same values as the full model.
   void init_params(float* params, uint64_t seed) const;
 

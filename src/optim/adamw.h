@@ -23,7 +23,7 @@ struct AdamWConfig {
 class AdamW {
  public:
   // Moments for the trained entries only (all parameters without `trainable`). With
-  // `subspace_moments`, the protocol-constrained matrices of the layout's stage (spec 05) use
+  // `subspace_moments`, the protocol-constrained matrices of the layout's stage (docs/protocol.md) use
   // the subspace AdamW: the bias-corrected second moment is averaged over the output (d)
   // dimension, so an update whose first moment lies in the subspace stays there.
   AdamW(const AdamWConfig& config, const ParamLayout& layout, const TrainableSet* trainable = nullptr,

@@ -37,7 +37,7 @@ class TransformerStage : public StageCompute {
   double eval_loss_sum(const float* params, PipelineExecutor& ex, const Route& route,
                        const std::vector<int32_t>& tokens, int64_t first, int64_t count, int batch);
 
-  // Protocol models (spec 05): boundaries carry the k subspace coordinates of the activations
+  // Protocol models (docs/protocol.md): boundaries carry the k subspace coordinates of the activations
   // (with the token ids) and of the activation gradients when `compress`, else all d (the same
   // results, for checking). `grassmann` (the last stage only, or null): A += g^T g over the rows
   // of the full gradient g of this stage's input, before it is compressed.

@@ -1,5 +1,5 @@
 #pragma once
-// Compute-utilization simulator (spec 06-simulator.md): a discrete-event schedule of one
+// Compute-utilization simulator (docs/simulator.md): a discrete-event schedule of one
 // worker's steps as a DAG of per-layer compute nodes (forward F_l, backward to activations B_l,
 // backward to weights W_l) on one compute resource and reductions R on one network resource,
 // under loco's convention or the paper's (below).
@@ -24,13 +24,13 @@ struct Profile {
   double latency_s = 0;     // one-way latency per message (loco convention)
 };
 
-// How a reduction is costed and scheduled (spec 06):
+// How a reduction is costed and scheduled (docs/simulator.md):
 //  - Loco: what loco sends and when. fp32 through an M-worker ring all-reduce (the bytes of
 //    ring_all_reduce_floats_sent, 2 (M-1) dependent messages); fp4 E3M0 in blocks of
 //    codec_block, combined as outer.reduce = auto does (encoded_sync_bytes; all-gather: M-1
 //    messages, reduce-scatter: 2 rounds). DDP reduces the whole gradient after the backward,
 //    DiLoCo all parameters after the step, streaming a fragment after its sync step.
-//  - Paper: the Streaming DiLoCo paper's model as spec 06 states it: per-layer reductions for
+//  - Paper: the Streaming DiLoCo paper's model as docs/simulator.md states it: per-layer reductions for
 //    every method, each right after its layer's W (DiLoCo's at step kH, overlapping the rest of
 //    that backward); bf16 payloads (2 bytes per value) except fp4 (0.5); cost = payload /
 //    bandwidth, no latency.

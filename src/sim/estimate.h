@@ -1,5 +1,5 @@
 #pragma once
-// FLOPs, parameter and memory estimators (spec 06-simulator.md; partial-updates paper,
+// FLOPs, parameter and memory estimators (docs/simulator.md; partial-updates paper,
 // section 3.1 and appendix C.2). Pure arithmetic over an architecture description.
 #include <cstdint>
 #include <string>

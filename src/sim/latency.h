@@ -1,5 +1,5 @@
 #pragma once
-// NoLoCo's latency model (spec 04-noloco.md, section 5.3): message times t ~ LogNormal(mu,
+// NoLoCo's latency model (docs/simulator.md, `loco simulate latency`; the NoLoCo paper's section 5.3): message times t ~ LogNormal(mu,
 // sigma^2). Closed forms and Monte Carlo estimates of
 //  - a tree all-reduce over n workers (reduce to a root, then broadcast: 2 log2 n hops, each
 //    waiting for the slower of two messages) vs pair averaging (2 hops with one partner);

@@ -1,4 +1,4 @@
-// NoLoCo (spec 04): groups, the outer step against an independent reference of the spec's
+// NoLoCo (docs/noloco.md): groups, the outer step against an independent reference of docs/noloco.md's
 // equations, DiLoCo with heavy-ball momentum as the n = R case, bytes and peers per outer step
 // at the transport, random routes.
 #include <gtest/gtest.h>
@@ -139,7 +139,7 @@ Rounds run_rounds(const RunConfig& cfg, int steps) {
   return r;
 }
 
-// The spec's equations in double precision, for every replica and outer step.
+// docs/noloco.md's equations in double precision, for every replica and outer step.
 std::vector<std::vector<std::vector<double>>> reference(const RunConfig& cfg, const Rounds& r) {
   const int R = cfg.distributed.replicas, steps = int(r.local.size());
   const size_t n = r.start.size();

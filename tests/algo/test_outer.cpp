@@ -1,4 +1,4 @@
-// DiLoCo's outer step with two in-process replicas against the formula of spec 01-diloco.md,
+// DiLoCo's outer step with two in-process replicas against the formula of docs/diloco.md,
 // computed independently here: Delta_m = theta - theta_m, Delta = mean, v = mu v + Delta,
 // theta -= eta (Delta + mu v); every replica restarts from theta.
 #include <gtest/gtest.h>

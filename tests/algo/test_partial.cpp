@@ -1,4 +1,4 @@
-// Partial parameter updates (spec 03-partial.md): sliced backward, trainable-only state,
+// Partial parameter updates (docs/partial.md): sliced backward, trainable-only state,
 // count-vector synchronization.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Streaming DiLoCo: the fragment schedule of spec 02-streaming.md, and a pinned regression for
+// Streaming DiLoCo: the fragment schedule of docs/streaming.md, and a pinned regression for
 // every (tau, alpha) in {0, 1} x {0, 0.5, 1}: loco's 2-replica run against an independent
 // serial reference written here (its own fragment, overlap and merge logic). The reference
 // computes with the same kernels as loco (the engine's inner steps, whose gradients and AdamW are
@@ -51,7 +51,7 @@ TEST(StreamingPlan, FragmentsAndOffsets) {
   EXPECT_EQ(seq[1].blocks, (std::vector<int>{3, 4, 5}));
   EXPECT_EQ(seq[2].blocks, (std::vector<int>{6}));
   EXPECT_EQ(seq[3].offset, 21);  // j floor(H / N) = 3 floor(30 / 4)
-  // The spec's 2-fragment example (one block fragment + the non-block one), H = 100:
+  // docs/streaming.md's 2-fragment example (one block fragment + the non-block one), H = 100:
   // syncs at 100, 200 and at 150, 250.
   const auto two = plan_fragments(3, 3, "strided", 100);
   ASSERT_EQ(two.size(), 2u);
@@ -107,8 +107,8 @@ RunConfig tiny_config(const std::string& dir, int steps, int tau, double alpha, 
   return c;
 }
 
-// The reference: M replicas trained one after the other in this thread, with the spec's
-// Algorithm 2 written out again: at a fragment's sync step t the outer step is taken on the
+// The reference: M replicas trained one after the other in this thread, with the Streaming DiLoCo
+// paper's Algorithm 2 written out again: at a fragment's sync step t the outer step is taken on the
 // replicas' average; replica m merges the result at t + tau_m. The last step ends every round:
 // syncs in flight are applied, and a fragment whose latest sync started within the last
 // max tau steps ends with it, every other one takes a final sync; local values are replaced.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NoLoCo through `loco train`:
 #  - the replica spread in metrics.jsonl equals the spread of the replicas' saved weights
-#    computed here from the checkpoint files (spec 04's definition, pooled over stages);
+#    computed here from the checkpoint files (docs/noloco.md's definition, pooled over stages);
 #  - resume with slow weights in flight (sent after an outer step, awaited at the next) ==
 #    uninterrupted, without and with stages (3 replicas: a group of three);
 #  - fixed routing with 2 stages == the same run on one worker per replica (bitwise);

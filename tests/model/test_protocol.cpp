@@ -1,4 +1,4 @@
-// Protocol models (spec 05): the compressed pipeline against the uncompressed one (exactness,
+// Protocol models (docs/protocol.md): the compressed pipeline against the uncompressed one (exactness,
 // and a mutation that must break it), the two ways of keeping weights in the subspace, and
 // Grassmann updates of the subspace.
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent PyTorch oracle for loco (test-only).
 
-Builds the Llama of spec 00-system.md in torch (float64) from a loco checkpoint directory,
+Builds the Llama of docs/model.md in torch (float64) from a loco checkpoint directory,
 computes the mean loss over token windows and all parameter gradients, and compares them with
 a gradient file written by `loco grad`; or runs torch.optim.AdamW steps and compares the
 resulting parameters with a checkpoint written by loco. Exits non-zero on any mismatch.

@@ -106,7 +106,7 @@ SLICED_HEADS = ("q_proj.weight", "k_proj.weight", "v_proj.weight")
 
 
 def _slice_mask(name, p, n, N, heads=False):
-    """True where slice n of N trains parameter `name` (spec 03-partial.md, MLP strategy): rows
+    """True where slice n of N trains parameter `name` (docs/partial.md, MLP strategy): rows
     [n f/N, (n+1) f/N) of gate_proj and up_proj (f x d), the same columns of down_proj (d x f);
     with heads also the rows of heads [n h/N, (n+1) h/N) of q_proj, k_proj and v_proj (the test
     model has as many key/value heads as query heads, so these are rows [n d/N, (n+1) d/N));

@@ -1,4 +1,4 @@
-// The simulator and estimators against cases with known answers (spec 06-simulator.md).
+// The simulator and estimators against cases with known answers (docs/simulator.md).
 #include <gtest/gtest.h>
 
 #include "../tolerance.h"

@@ -1,4 +1,4 @@
-// Test tool: a protocol model (spec 05) of the model in a TOML config, cut into STAGES stages
+// Test tool: a protocol model (docs/protocol.md) of the model in a TOML config, cut into STAGES stages
 // with subspace rank K: initialised as `loco train` does (seed 11), its materialised Llama
 // written to OUT_CKPT, and the gradient of the mean loss over the first W windows computed
 // through the compressed pipeline (the stages driven in turn in one thread, two microbatches)
