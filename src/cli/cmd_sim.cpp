@@ -16,6 +16,7 @@
 #include "model/layout.h"
 #include "sim/cu.h"
 #include "comm/stats.h"
+#include "core/json.h"
 #include "sim/estimate.h"
 #include "sim/latency.h"
 

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "comm/link.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "io/fs.h"
 #include "io/run_config.h"
 #include "pipeline/grid.h"

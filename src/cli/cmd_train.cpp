@@ -12,6 +12,7 @@
 #include "algo/trainer.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/stop_signal.h"
 #include "data/prepare.h"
 #include "io/fs.h"

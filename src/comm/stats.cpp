@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/json.h"
 
 namespace loco {
 

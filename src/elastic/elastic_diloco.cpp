@@ -10,9 +10,8 @@
 #include <iostream>
 
 #include "algo/robust.h"
-
+#include "core/checksum.h"
 #include "elastic/session.h"
-#include "io/tensorboard.h"
 
 namespace loco {
 

@@ -13,10 +13,10 @@
 
 #include "algo/noloco.h"
 #include "algo/robust.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "elastic/methods.h"
 #include "elastic/session.h"
-#include "io/tensorboard.h"
 
 namespace loco {
 

@@ -11,9 +11,9 @@
 #include <memory>
 
 #include "algo/streaming.h"
+#include "core/checksum.h"
 #include "elastic/methods.h"
 #include "elastic/session.h"
-#include "io/tensorboard.h"
 
 namespace loco {
 

@@ -6,10 +6,10 @@
 #include <cstring>
 
 #include "comm/inprocess.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "elastic/methods.h"
 #include "elastic/secure_transport.h"
-#include "io/tensorboard.h"
 
 namespace loco {
 

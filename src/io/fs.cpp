@@ -84,24 +84,6 @@ void append_line(const std::string& path, const std::string& line) {
   if (std::fclose(f) != 0 || !ok) fail(path + ": cannot write");
 }
 
-uint64_t checksum64(const void* data, size_t size) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
-  size_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h ^= w;
-    h *= 1099511628211ull;
-    h ^= h >> 29;
-  }
-  for (; i < size; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 nlohmann::json read_json_file(const std::string& path) {
   const std::string text = read_file(path);
   try {
@@ -111,12 +93,5 @@ nlohmann::json read_json_file(const std::string& path) {
   }
 }
 
-int64_t json_integer(const nlohmann::json& j, const char* key, const std::string& source) {
-  if (!j.is_object() || !j.contains(key)) fail(source + ": missing \"" + key + "\"");
-  const auto& v = j.at(key);
-  if (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(INT64_MAX)) return int64_t(v.get<uint64_t>());
-  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
-  fail(source + ": \"" + key + "\" must be an integer, got " + v.dump());
-}
 
 }  // namespace loco

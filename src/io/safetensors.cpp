@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "io/fs.h"
 

@@ -6,22 +6,13 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "io/fs.h"
 
 namespace loco {
 
 namespace {
-
-std::array<uint32_t, 256> crc32c_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;  // reflected 0x1EDC6F41
-    t[i] = c;
-  }
-  return t;
-}
 
 // Protocol buffer wire format: a field key is (number << 3) | wire type (0 varint, 1 64-bit,
 // 2 length-delimited, 5 32-bit).
@@ -64,14 +55,6 @@ std::string event(int64_t step, int field, const std::string& payload) {
 }
 
 }  // namespace
-
-uint32_t crc32c(const void* data, size_t size) {
-  static const auto table = crc32c_table();
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < size; ++i) c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
-}
 
 uint32_t masked_crc32c(const void* data, size_t size) {
   const uint32_t c = crc32c(data, size);

@@ -8,8 +8,7 @@
 
 namespace loco {
 
-// CRC-32C (Castagnoli), and TFRecord's masking of it: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
-uint32_t crc32c(const void* data, size_t size);
+// TFRecord's masking of a CRC-32C (core/checksum.h): ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 uint32_t masked_crc32c(const void* data, size_t size);
 // One TFRecord around `data`.
 std::string tf_record(const std::string& data);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checksum.h"
 #include "io/tensorboard.h"
 #include "report/svg_chart.h"
 

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/fs.h"
 #include "io/safetensors.h"
 

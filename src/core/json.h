@@ -1,0 +1,14 @@
+#pragma once
+// Reading JSON values that come from outside (files, peers, Redis) safely.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace loco {
+
+// j[key] as an integer: fails, naming `source`, if it is missing or not an integer (a JSON
+// float such as 1e57 would otherwise convert with undefined behaviour).
+int64_t json_integer(const nlohmann::json& j, const char* key, const std::string& source);
+
+}  // namespace loco
