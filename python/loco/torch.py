@@ -41,6 +41,7 @@ import torch as _torch
 import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
+from loco._device import Copier as _Copier, GradientCopies as _GradientCopies
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
 
@@ -48,57 +49,6 @@ METHODS = ("ddp", "diloco", "streaming", "noloco")
 def _as_device():
     """LOCO_TORCH_AS_DEVICE=1: CPU models take the path of GPU ones (read at wrap())."""
     return os.environ.get("LOCO_TORCH_AS_DEVICE", "0") not in ("", "0")
-
-
-class _Copier:
-    """Copies between a model's device tensor and the method's host buffer, counted. On CUDA the
-    copies run on the current stream (after the work that produced the values, before the work
-    that reads them); the host waits only for what it is about to read (an event), and an event
-    marks when the host buffer is free again after copies from it."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-        self.bytes = 0
-        self._from_host = None  # event: the last copies out of the host buffers are done
-
-    def _event(self):
-        ev = _torch.cuda.Event()
-        ev.record()
-        return ev
-
-    def host_free(self):
-        """Before the host buffers are written (by the method or by copies into them)."""
-        if self._from_host is not None:
-            self._from_host.synchronize()
-            self._from_host = None
-
-    def to_host(self, pairs, wait=True):
-        """pairs: (host view, device view); the host holds the values when this returns, or, with
-        wait=False, once the event returned has completed (None: at once)."""
-        self.host_free()
-        with _torch.no_grad():
-            for h, d in pairs:
-                if d is None:
-                    h.zero_()
-                else:
-                    h.copy_(d, non_blocking=True)
-                    self.bytes += h.numel() * h.element_size()
-        if not (self.cuda and pairs):
-            return None
-        ev = self._event()
-        if wait:
-            ev.synchronize()
-            return None
-        return ev
-
-    def to_device(self, pairs):
-        """pairs: (host view, device view); returns at once on CUDA."""
-        with _torch.no_grad():
-            for h, d in pairs:
-                d.copy_(h, non_blocking=True)
-                self.bytes += h.numel() * h.element_size()
-        if self.cuda and pairs:
-            self._from_host = self._event()
 
 
 # The config sections a method reads first, so that a keyword means that method's key: NoLoCo's
@@ -484,6 +434,8 @@ class Sync:
         self._quiet_until = 0     # steps before it use nothing: their hooks are queued behind them
         self._background_syncs = 0
         self._pinned = []
+        self._grad_copies = None  # data-parallel on a device: gradients copied as backward makes them
+        self._copied_in_backward = 0
         if self._on_device:
             self._device_layout()
         with _torch.no_grad():
@@ -615,15 +567,26 @@ class Sync:
         """The method's gradient hook for a model on a device: the gradients cross to the host
         and back only when the method uses them this step."""
         if not gradients:
+            if self._grad_copies is not None:  # no longer (DiLoCo after outer.start_step): no hooks
+                self._grad_copies.remove()
+                self._grad_copies = None
             self._core.on_gradients()
             return
         for p in self._params:
             if p.grad is not None and p.grad.is_sparse:
                 raise _loco.Error("sparse gradients are not supported")
-        pairs = [(self._as_param(self._gbuf, i), p.grad) for i, p in enumerate(self._params)]
-        self._copier.to_host(pairs)
+        if self._grad_copies is None:
+            self._grad_copies = _GradientCopies(self._params, [self._as_param(self._gbuf, i)
+                                                               for i in range(len(self._params))], self._copier)
+            pending = [(self._as_param(self._gbuf, i), p.grad) for i, p in enumerate(self._params)]
+        else:
+            pending, copied = self._grad_copies.pending()  # those the hooks did not copy during backward
+            self._copied_in_backward += copied
+        self._copier.to_host(pending)
+        self._copier.wait()  # the hooks' copies too
         self._core.on_gradients()
-        self._copier.to_device([(h, d) for h, d in pairs if d is not None])
+        self._copier.to_device([(self._as_param(self._gbuf, i), p.grad) for i, p in enumerate(self._params)
+                                if p.grad is not None])
 
     def sync_gradients(self):
         """The method's gradient hook (data-parallel: the gradients averaged over the replicas).
@@ -776,12 +739,15 @@ class Sync:
     def metrics(self):
         """This member's traffic, waits and the method's own fields (metrics.jsonl's names), and
         host_device_bytes: bytes copied between the model's tensors and loco's host buffers since
-        wrap() (0 for a CPU model, whose parameters are views of them), and syncs_in_background:
-        the steps whose end (a sync starting) ran on loco's thread while the loop went on."""
+        wrap() (0 for a CPU model, whose parameters are views of them), syncs_in_background:
+        the steps whose end (a sync starting) ran on loco's thread while the loop went on, and
+        gradients_copied_in_backward: data-parallel on a device, the gradients copied to the host
+        by the parameters' hooks as backward produced them (the others after backward)."""
         self._bg.join()
         out = json.loads(self._core.metrics())
         out["host_device_bytes"] = self._copier.bytes
         out["syncs_in_background"] = self._background_syncs
+        out["gradients_copied_in_backward"] = self._copied_in_backward
         return out
 
     def report(self):
@@ -825,8 +791,11 @@ class Sync:
         except Exception:
             pass
         self._bg.stop()
+        if self._grad_copies is not None:
+            self._grad_copies.remove()
         self._core.close()
-        self._copier.host_free()  # no copy may still read a buffer about to be unregistered
+        self._copier.wait()       # no copy may still write or read a buffer about to be unregistered
+        self._copier.host_free()
         while self._pinned:
             _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
 

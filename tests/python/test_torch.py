@@ -9,7 +9,7 @@ import torch
 
 import loco
 import loco.torch
-from harness import TOL, check, compare, expect_error, failures, run_loco
+from harness import TOL, check, compare, expect_error, failures, run_loco, run_members
 from llama_torch import (inner_step, make_model, make_opt, max_diff, params_of, reference_ddp, reference_diloco,
                          reference_noloco, reference_streaming)
 
@@ -132,8 +132,47 @@ try:
     check(steps == [0, 0, 0], f"device path ddp, one member: no copies ({steps})")
     _, steps = bytes_per_step("ddp", 2, 3)[0]
     check(steps == [2 * model_bytes] * 3, f"device path ddp, 2 members: the gradients there and back ({steps})")
-finally:
+
+    # Data-parallel with the gradients set to None between steps: each gradient is copied to the
+    # host by its parameter's hook as backward produces it (from the second step on; the first
+    # registers the hooks), with the reference's results. Two backward passes before a step
+    # (accumulation) copy every gradient after backward instead, with the CPU path's results.
+    def ddp_loop(accumulate):
+        models = [make_model(r) for r in range(2)]
+
+        def member(r, endpoint):
+            model, opt = models[r], make_opt(models[r])
+            sync = loco.torch.wrap(model, opt, "ddp", endpoint=endpoint)
+            for t in range(4):
+                inner_step(model, opt, r, t)
+                if accumulate:
+                    inner_step(model, opt, r, 100 + t)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                sync.step()
+            out = (params_of(model), sync.metrics())
+            sync.close()
+            return out
+
+        return run_members(2, member)
+
+    tensors = len(list(make_model(0).parameters()))
+    got = ddp_loop(False)
+    worst = max(max_diff(g[0], r) for g, r in zip(got, reference_ddp(2, 4)))
+    copied = [g[1]["gradients_copied_in_backward"] for g in got]
+    check(worst == 0 and copied == [3 * tensors] * 2,
+          f"device path ddp, gradients set to None: {copied} gradients copied by hooks during backward "
+          f"(3 steps x {tensors}), the reference's parameters (max diff {worst:.1e})")
+    got = ddp_loop(True)
     del os.environ["LOCO_TORCH_AS_DEVICE"]
+    cpu = ddp_loop(True)
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    worst = max(max_diff(g[0], c[0]) for g, c in zip(got, cpu))
+    copied = [g[1]["gradients_copied_in_backward"] for g in got]
+    check(worst == 0 and copied == [0, 0], f"device path ddp, two backward passes per step: copied after backward "
+                                           f"({copied} by hooks), equal to the CPU path (max diff {worst:.1e})")
+finally:
+    os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
 
 # The outer optimizer on its own (loco.outer_step) equals torch.optim.SGD with Nesterov momentum.
 g = torch.Generator().manual_seed(3)

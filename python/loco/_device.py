@@ -1,0 +1,106 @@
+"""A model on a device (python/loco/torch.py's GPU path): the copies between its tensors and
+the method's page-locked host buffers, and data-parallel's gradient copies made as backward
+produces the gradients."""
+import functools
+
+import torch as _torch
+
+
+class Copier:
+    """Copies between a model's device tensor and the method's host buffer, counted. On CUDA the
+    copies run on the current stream (after the work that produced the values, before the work
+    that reads them); the host waits only for what it is about to read (an event), and an event
+    marks when the host buffer is free again after copies from it."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.bytes = 0
+        self._from_host = None  # event: the last copies out of the host buffers are done
+
+    def _event(self):
+        ev = _torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def host_free(self):
+        """Before the host buffers are written (by the method or by copies into them)."""
+        if self._from_host is not None:
+            self._from_host.synchronize()
+            self._from_host = None
+
+    def to_host(self, pairs, wait=True):
+        """pairs: (host view, device view); the host holds the values when this returns, or, with
+        wait=False, once the event returned has completed (None: at once)."""
+        self.host_free()
+        with _torch.no_grad():
+            for h, d in pairs:
+                if d is None:
+                    h.zero_()
+                else:
+                    h.copy_(d, non_blocking=True)
+                    self.bytes += h.numel() * h.element_size()
+        if not (self.cuda and pairs):
+            return None
+        ev = self._event()
+        if wait:
+            ev.synchronize()
+            return None
+        return ev
+
+    def to_device(self, pairs):
+        """pairs: (host view, device view); returns at once on CUDA."""
+        with _torch.no_grad():
+            for h, d in pairs:
+                d.copy_(h, non_blocking=True)
+                self.bytes += h.numel() * h.element_size()
+        if self.cuda and pairs:
+            self._from_host = self._event()
+
+    def wait(self):
+        """Until every copy issued so far on the current stream (into the host buffers) is done."""
+        if self.cuda:
+            ev = _torch.cuda.Event()
+            ev.record()
+            ev.synchronize()
+
+
+class GradientCopies:
+    """Data-parallel on a device: each parameter's gradient is copied to its view of the host
+    gradient buffer as soon as backward produces it (a hook on the parameter, the copy queued on
+    the stream backward runs on), so that the copies overlap the rest of backward instead of all
+    following it. This holds when each gradient is produced once into an empty .grad (the loop
+    sets the gradients to None, torch's zero_grad default since 2.0, and runs one backward per
+    step); a second backward before the step (accumulation), an existing .grad or a sparse
+    gradient makes the step copy every gradient after backward instead, as without hooks."""
+
+    def __init__(self, params, host_views, copier):
+        self._params = params
+        self._host = host_views
+        self._copier = copier
+        self._copied = [False] * len(params)
+        self._whole = False  # this step's gradients must be copied after backward
+        self._handles = [p.register_hook(functools.partial(self._ready, i)) for i, p in enumerate(params)]
+
+    def _ready(self, i, grad):
+        if self._copied[i] or self._params[i].grad is not None or grad.is_sparse or grad.layout != _torch.strided:
+            self._whole = True
+            return None
+        self._copier.host_free()  # the previous step's copies out of the buffer are done
+        with _torch.no_grad():
+            self._host[i].copy_(grad, non_blocking=True)
+        self._copier.bytes += grad.numel() * grad.element_size()
+        self._copied[i] = True
+        return None
+
+    def pending(self):
+        """At the step, after backward: the (host view, gradient) pairs still to copy (every one
+        when the hooks could not be used) and how many the hooks copied; the step's record reset."""
+        todo = list(range(len(self._params))) if self._whole else [i for i, c in enumerate(self._copied) if not c]
+        self._copied = [False] * len(self._params)
+        self._whole = False
+        return [(self._host[i], self._params[i].grad) for i in todo], len(self._params) - len(todo)
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
