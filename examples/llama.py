@@ -19,8 +19,8 @@ class RMSNorm(nn.Module):
 def rope(x, theta=10000.0):
     """Rotary position embedding of x (batch, heads, seq, head_dim), halves rotated."""
     S, hd = x.shape[-2], x.shape[-1]
-    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd)
-    ang = torch.arange(S, dtype=torch.float32)[:, None] * inv[None, :]
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float32, device=x.device) / hd)
+    ang = torch.arange(S, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     return x * cos + torch.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1) * sin
 
@@ -40,7 +40,7 @@ class Block(nn.Module):
         a = self.input_layernorm(x)
         q, k, v = (p(a).view(B, S, self.heads, self.hd).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k = rope(q), rope(k)
-        mask = torch.full((S, S), float("-inf")).triu(1)
+        mask = torch.full((S, S), float("-inf"), device=x.device).triu(1)
         att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.hd) + mask, -1) @ v
         x = x + self.o_proj(att.transpose(1, 2).reshape(B, S, d))
         m = self.post_attention_layernorm(x)

@@ -2,6 +2,7 @@
 loco's methods written in plain torch (torch.optim.SGD with Nesterov for the outer step), to
 which loco.torch's runs are compared."""
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -10,11 +11,16 @@ from torch import nn
 from llama import Llama  # examples/llama.py
 
 VOCAB, SEQ, BATCH = 64, 16, 4
+# LOCO_TEST_DEVICE=cuda puts the tests' models and batches on a GPU (scripts/gpu-session.sh runs
+# test_partial.py so, with deterministic kernels); the default is the CPU.
+DEVICE = torch.device(os.environ.get("LOCO_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cuda":
+    torch.use_deterministic_algorithms(True)  # the embedding's backward adds atomically otherwise
 
 
 def make_model(seed):
     torch.manual_seed(seed)
-    return Llama(VOCAB, d=32, layers=2, heads=4, f=48)
+    return Llama(VOCAB, d=32, layers=2, heads=4, f=48).to(DEVICE)
 
 
 def make_opt(model):
@@ -24,7 +30,7 @@ def make_opt(model):
 def batch(replica, step):
     """Replica `replica`'s batch of step `step` (its own data)."""
     g = torch.Generator().manual_seed(1000 * replica + step)
-    t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+    t = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g).to(DEVICE)
     return t[:, :-1], t[:, 1:]
 
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything a session lent a GPU measures, in one device run (docs/python.md, "On a GPU").
+# Here, first: scripts/build.sh && bash ../shared/gpu/make-kit.sh (the extension's kit in .gpukit/),
+# and a dry run on CPU tensors: LOCO_GPU_DRY=1 bash scripts/gpu-session.sh.
+# On the device (the `device` tool's run, carry [".gpukit"], at most about 11 minutes):
+#   bash scripts/gpu-session.sh
+# Writes under $OUT: build.log; test_partial_cuda.log (partial updates on CUDA against the
+# plain-torch reference on CUDA, deterministic kernels); small.json/.log (every method and the
+# partial rows, 1, 2 and 4 members, the small default model); hf.json/.log (the 0.85B Hugging
+# Face Llama, bf16 autocast, 1 and 2 members: the targets of docs/python.md). Each step has its
+# own time limit, so that one failing leaves the others' results.
+set -uo pipefail
+out=${OUT:-/tmp/loco-gpu}
+mkdir -p "$out"
+if [ "${LOCO_GPU_DRY:-0}" = 1 ]; then  # the same steps on CPU tensors, small, to check the script
+  export PYTHONPATH=build/python:tests/python:examples LOCO_TORCH_AS_DEVICE=1
+  py=/usr/bin/python3
+  hf=(--layers 2 --hidden 64 --mlp 172 --vocab 512 --steps 4 --warmup 1 --inner-steps 2 --members 1,2
+      --methods plain,diloco,partial2)
+  small=(--steps 4 --warmup 1 --inner-steps 2 --members 1,2)
+  dev=cpu
+else
+  bash .gpukit/build-on-device.sh > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  export PYTHONPATH=/tmp/pkg:tests/python:examples CUBLAS_WORKSPACE_CONFIG=:4096:8
+  py=python3
+  hf=(--hf --hidden 2048 --layers 16 --heads 16 --kv-heads 4 --mlp 5632 --vocab 32000 --batch 8 --seq 1024
+      --members 1,2 --methods plain,ddp,diloco,streaming,partial2,partial2h --steps 30 --warmup 3)
+  small=(--members 1,2,4)
+  dev=cuda
+fi
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpu.txt" 2>&1 || true
+LOCO_TEST_DEVICE=$dev timeout 120 $py tests/python/test_partial.py > "$out/test_partial_$dev.log" 2>&1
+echo "test_partial on $dev: exit $? ($(grep -c '^ok' "$out/test_partial_$dev.log") ok, $(grep -c '^FAIL' "$out/test_partial_$dev.log") FAIL)"
+timeout 150 $py bench/torch_gpu.py "${small[@]}" --out "$out/small.json" > "$out/small.log" 2>&1
+echo "small model: exit $?"; tail -n 25 "$out/small.log"
+timeout 360 $py bench/torch_gpu.py "${hf[@]}" --out "$out/hf.json" > "$out/hf.log" 2>&1
+echo "0.85B model: exit $?"; tail -n 25 "$out/hf.log"
