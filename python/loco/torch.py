@@ -582,8 +582,9 @@ class Sync:
         else:
             pending, copied = self._grad_copies.pending()  # those the hooks did not copy during backward
             self._copied_in_backward += copied
-        self._copier.to_host(pending)
-        self._copier.wait()  # the hooks' copies too
+        self._copier.to_host(pending)  # waits for its copies, and the hooks' before them on the stream
+        if not pending:
+            self._copier.wait()  # the hooks' copies alone
         self._core.on_gradients()
         self._copier.to_device([(self._as_param(self._gbuf, i), p.grad) for i, p in enumerate(self._params)
                                 if p.grad is not None])

@@ -79,34 +79,22 @@ try:
 
     # Bytes per step: nothing on inner steps; at a sync the ranges read and written.
     def bytes_per_step(method, M, steps, **kw):
-        endpoints = loco.inprocess(M)
-        per, errors = [None] * M, []
+        models = [make_model(r) for r in range(M)]  # torch's seed is global to the process
 
-        def worker(r):
-            try:
-                torch.set_num_threads(1)
-                model = make_model(r)
-                opt = make_opt(model)
-                sync = loco.torch.wrap(model, opt, method, endpoint=endpoints[r], **kw)
-                seen = [sync.metrics()["host_device_bytes"]]
-                for t in range(steps):
-                    inner_step(model, opt, r, t)
-                    opt.step()
-                    opt.zero_grad()
-                    sync.step()
-                    seen.append(sync.metrics()["host_device_bytes"])
-                per[r] = (seen[0], [b - a for a, b in zip(seen, seen[1:])])
-                sync.close()
-            except Exception as e:
-                errors.append(f"replica {r}: {e}")
-                endpoints[r].abort(str(e))
+        def member(r, endpoint):
+            model, opt = models[r], make_opt(models[r])
+            sync = loco.torch.wrap(model, opt, method, endpoint=endpoint, **kw)
+            seen = [sync.metrics()["host_device_bytes"]]
+            for t in range(steps):
+                inner_step(model, opt, r, t)
+                opt.step()
+                opt.zero_grad()
+                sync.step()
+                seen.append(sync.metrics()["host_device_bytes"])
+            sync.close()
+            return seen[0], [b - a for a, b in zip(seen, seen[1:])]
 
-        threads = [threading.Thread(target=worker, args=(r,)) for r in range(M)]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
-        if errors:
-            raise RuntimeError("; ".join(errors))
-        return per
+        return run_members(M, member)
 
     model_bytes = sum(p.numel() for p in make_model(0).parameters()) * 4
     frag_bytes = [sum(list(make_model(0).parameters())[i].numel() for i in f) * 4 for f in frag]
