@@ -16,6 +16,10 @@ per step (metrics: bytes between the model's tensors and loco's host buffers). O
 code path runs with LOCO_TORCH_AS_DEVICE=1 (set it to check the script); its times say nothing
 about a GPU. --out FILE also writes the rows as JSON.
 
+Rows diloco and streaming (Streaming DiLoCo: a fragment per block, fp4-e3m0, tau 1) keep the outer
+state on the device (outer_device="model"), diloco-host and streaming-host on the host; the
+partial rows on the device.
+
 Partial updates (methods partial2, partial4, partial2h: DiLoCo where each member trains 1/2 or
 1/4 of the MLPs, or 1/2 of the MLPs and 1/2 of the heads; rows only for member counts they divide,
 e.g. --members 1,2,4): per member, the parameters it trains, its optimizer's state bytes, the
@@ -53,7 +57,7 @@ p.add_argument("--inner-steps", type=int, default=30, help="H of DiLoCo and Stre
 p.add_argument("--steps", type=int, default=60, help="timed steps per row (whole rounds: a multiple of H)")
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
-p.add_argument("--methods", default="plain,ddp,diloco,streaming,partial2,partial4,partial2h")
+p.add_argument("--methods", default="plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial4,partial2h")
 p.add_argument("--out", default="")
 args = p.parse_args()
 device = torch.device(args.device)
@@ -109,19 +113,26 @@ def slices_of(method):
     return int(method[len("partial"):].rstrip("h")) if method.startswith("partial") else 1
 
 
+def base(method):
+    """The method a row runs ("diloco-host": DiLoCo with its outer state on the host)."""
+    return "diloco" if slices_of(method) > 1 else method.removesuffix("-host")
+
+
 def settings(method):
     if method == "ddp":
         return {}
+    where = {"outer_device": "cpu" if method.endswith("-host") else "model"}
+    method = method.removesuffix("-host")
     if method == "streaming":
-        return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": 1}
+        return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": 1, **where}
     if slices_of(method) > 1:
-        out = {"inner_steps": args.inner_steps, "partial_slices": slices_of(method)}
+        out = {"inner_steps": args.inner_steps, "partial_slices": slices_of(method), **where}
         if method.endswith("h"):  # the heads too (a Hugging Face model gives its head counts)
             out["partial_strategy"] = "mlp+heads"
             if not args.hf:
                 out["num_heads"] = args.heads
         return out
-    return {"inner_steps": args.inner_steps}
+    return {"inner_steps": args.inner_steps, **where}
 
 
 def member(method, endpoint, rank, out, barrier):
@@ -132,8 +143,7 @@ def member(method, endpoint, rank, out, barrier):
     barrier.wait()
     rss0 = rss_bytes()
     t0 = time.perf_counter()
-    kind = "diloco" if slices_of(method) > 1 else method
-    sync = loco.torch.wrap(model, opt, kind, endpoint=endpoint, **settings(method)) if method != "plain" else None
+    sync = loco.torch.wrap(model, opt, base(method), endpoint=endpoint, **settings(method)) if method != "plain" else None
     if cuda:
         torch.cuda.synchronize(device)
     wrap_s = time.perf_counter() - t0
@@ -161,6 +171,8 @@ def member(method, endpoint, rank, out, barrier):
         m = sync.metrics()
         row["host_device_bytes_per_step"] = (m["host_device_bytes"] - bytes0) / args.steps
         row["syncs_in_background"] = m["syncs_in_background"]
+        r = sync.report()
+        row["outer_device"], row["outer_state_bytes"] = r.get("outer_device"), r.get("outer_state_bytes", 0)
         sync.close()
     if cuda and rank == 0:
         row["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -240,7 +252,9 @@ for members in [int(x) for x in args.members.split(",")]:
               f"peak device {row.get('peak_device_bytes', 0) / 2**30:.2f} GiB, "
               f"host +{row['host_bytes'] / 2**30:.2f} GiB, "
               f"host<->device {row.get('host_device_bytes_per_step', 0) / 2**20:.1f} MiB/step, "
-              f"background syncs {row.get('syncs_in_background', 0)}", flush=True)
+              f"background syncs {row.get('syncs_in_background', 0)}" +
+              (f", outer state on {row['outer_device']} ({row['outer_state_bytes'] / 2**30:.2f} GiB)"
+               if row.get("outer_device") else ""), flush=True)
 if args.out:
     with open(args.out, "w") as f:
         json.dump({"device": name, "cpu": cpu, "torch": torch.__version__, "params": nparams, "args": vars(args),

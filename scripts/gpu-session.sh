@@ -5,7 +5,8 @@
 # On the device (the `device` tool's run, carry [".gpukit"], at most about 11 minutes):
 #   bash scripts/gpu-session.sh
 # Writes under $OUT: build.log; test_partial_cuda.log (partial updates on CUDA against the
-# plain-torch reference on CUDA, deterministic kernels); small.json/.log (every method and the
+# plain-torch reference on CUDA, deterministic kernels); test_outer_cuda.log (the outer state on
+# the GPU against it on the host, bit for bit: codecs, outer step, runs); small.json/.log (every method and the
 # partial rows, 1, 2 and 4 members, the small default model); hf.json/.log (the 0.85B Hugging
 # Face Llama, bf16 autocast, 1 and 2 members: the targets of docs/python.md). Each step has its
 # own time limit, so that one failing leaves the others' results.
@@ -16,7 +17,7 @@ if [ "${LOCO_GPU_DRY:-0}" = 1 ]; then  # the same steps on CPU tensors, small, t
   export PYTHONPATH=build/python:tests/python:examples LOCO_TORCH_AS_DEVICE=1
   py=/usr/bin/python3
   hf=(--layers 2 --hidden 64 --mlp 172 --vocab 512 --steps 4 --warmup 1 --inner-steps 2 --members 1,2
-      --methods plain,diloco,partial2)
+      --methods plain,diloco,diloco-host,streaming,partial2)
   small=(--steps 4 --warmup 1 --inner-steps 2 --members 1,2)
   dev=cpu
 else
@@ -24,13 +25,15 @@ else
   export PYTHONPATH=/tmp/pkg:tests/python:examples CUBLAS_WORKSPACE_CONFIG=:4096:8
   py=python3
   hf=(--hf --hidden 2048 --layers 16 --heads 16 --kv-heads 4 --mlp 5632 --vocab 32000 --batch 8 --seq 1024
-      --members 1,2 --methods plain,ddp,diloco,streaming,partial2,partial2h --steps 30 --warmup 3)
+      --members 1,2 --methods plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial2h --steps 30 --warmup 3)
   small=(--members 1,2,4)
   dev=cuda
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpu.txt" 2>&1 || true
-LOCO_TEST_DEVICE=$dev timeout 120 $py tests/python/test_partial.py > "$out/test_partial_$dev.log" 2>&1
-echo "test_partial on $dev: exit $? ($(grep -c '^ok' "$out/test_partial_$dev.log") ok, $(grep -c '^FAIL' "$out/test_partial_$dev.log") FAIL)"
+for t in partial outer; do
+  LOCO_TEST_DEVICE=$dev timeout 120 $py tests/python/test_$t.py > "$out/test_${t}_$dev.log" 2>&1
+  echo "test_$t on $dev: exit $? ($(grep -c '^ok' "$out/test_${t}_$dev.log") ok, $(grep -c '^FAIL' "$out/test_${t}_$dev.log") FAIL)"
+done
 timeout 150 $py bench/torch_gpu.py "${small[@]}" --out "$out/small.json" > "$out/small.log" 2>&1
 echo "small model: exit $?"; tail -n 25 "$out/small.log"
 timeout 360 $py bench/torch_gpu.py "${hf[@]}" --out "$out/hf.json" > "$out/hf.log" 2>&1

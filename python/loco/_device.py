@@ -22,6 +22,10 @@ class Copier:
         ev.record()
         return ev
 
+    def event(self):
+        """An event marking the work queued so far on the current stream (None off CUDA)."""
+        return self._event() if self.cuda else None
+
     def host_free(self):
         """Before the host buffers are written (by the method or by copies into them)."""
         if self._from_host is not None:

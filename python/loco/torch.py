@@ -42,6 +42,7 @@ import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
 from loco._device import Copier as _Copier, GradientCopies as _GradientCopies
+from loco._outer import DeviceOuter as _DeviceOuter
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
 
@@ -342,7 +343,7 @@ class _InnerState:
 class Sync:
     """A training method bound to one model and its inner optimizer (see wrap)."""
 
-    def __init__(self, model, inner_opt, method, endpoint, blocks, values):
+    def __init__(self, model, inner_opt, method, endpoint, blocks, values, outer_device=None):
         if method not in METHODS:
             raise _loco.Error(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -409,9 +410,17 @@ class Sync:
         # On a device (or as if, LOCO_TORCH_AS_DEVICE=1) the parameters stay there; else they
         # become views of the method's buffer.
         self._on_device = self._device.type != "cpu" or _as_device()
+        held = self._outer_device(outer_device, method)
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
                                   _InnerState(inner_opt) if elastic else None,
                                   _identity(model, inner_opt) if elastic else {})
+        if held:
+            try:
+                self._core.hold_outer()
+            except _loco.Error:
+                if not self._outer_default:
+                    raise
+                held = False  # the default: this run's settings need the host (the core said why)
         self.method = method
         self.rank = self._core.rank
         self.size = self._core.size
@@ -457,6 +466,10 @@ class Sync:
         self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
         if self._on_device and (self.size > 1 or elastic):  # member 0's parameters, or the run's
             self._copier.to_device([(self._flat, self._dflat)])
+        self._outer = None
+        if held:  # the outer state starts from the replicas' common parameters, on their device
+            import tomllib
+            self._outer = _DeviceOuter(self._core, self._dflat, tomllib.loads(self._core.config_toml()), method)
         self._done = self._core.step
         self._stepped = self._synced = False
         if out_dir is not None and elastic:
@@ -483,6 +496,29 @@ class Sync:
 
         inner_opt.step = step
         self._original_step = original
+
+    def _outer_device(self, outer_device, method):
+        """Whether the outer state lives on the model's device (wrap's outer_device)."""
+        if outer_device is None:  # the default: on the device of a device model, for the methods that can
+            outer_device = "model" if self._device.type != "cpu" and method in ("diloco", "streaming") else "cpu"
+            self._outer_default = True
+        else:
+            self._outer_default = False
+        if outer_device == "cpu":
+            return False
+        if method not in ("diloco", "streaming"):
+            raise _loco.Error(f"outer_device={outer_device!r}: {method} keeps its state on the host "
+                              "(outer_device applies to diloco and streaming)")
+        if outer_device != "model":
+            want = _torch.device(outer_device)
+            if want.type != self._device.type or (want.index is not None and want.index != self._device.index):
+                raise _loco.Error(f"outer_device={outer_device!r}: the outer state lives on the host (\"cpu\") or "
+                                  f"on the model's device ({self._device}, or \"model\")")
+        if not self._on_device:
+            raise _loco.Error("outer_device: the model's parameters are on the CPU, where they are the method's "
+                              "own buffers; outer_device=\"model\" is for a model on a device (or "
+                              "LOCO_TORCH_AS_DEVICE=1)")
+        return True
 
     def _device_layout(self):
         """The parameters become views of one flat tensor on their device, laid out as the
@@ -655,6 +691,9 @@ class Sync:
             self._done = done
             return
         self._bg.join()
+        if self._outer is not None:
+            self._held_step(done)
+            return
         _, reads, writes = self._core.access()
         if reads and not writes:
             quiet = self._core.quiet_until()
@@ -680,9 +719,54 @@ class Sync:
             self._core.after_step()
         self._done = self._core.step
 
+    def _held_step(self, done):
+        """_device_step with the outer state on the device: a sync's start encodes the fragment's
+        outer gradient here (fp32: the parameters the core averages cross, as on the host path),
+        and only its bytes cross; the core's communication runs in the background when nothing is
+        applied at this step; the completed syncs it hands back are applied here."""
+        core, outer = self._core, self._outer
+        _, reads, writes = core.access()
+        starts = core.outer_starts()
+        payloads = {}
+        for j in starts:
+            if outer.codec is None and (self.size > 1 or outer.applied_within(j, writes)):
+                continue  # the core reads the parameters (reads), or the sync ends at this step
+            payloads[j] = outer.start(j, self._dflat, self._host_bytes)
+        ready = self._copier.to_host(self._ranges(reads), wait=False) if reads else None
+        encoded = self._copier.event() if payloads else None
+
+        def begin():
+            for ev in (ready, encoded):
+                if ev is not None:
+                    ev.synchronize()
+            for j, (bufs, finite) in payloads.items():
+                if finite is not None and not bool(finite[0]):
+                    raise _loco.Error(f"the outer gradient of fragment {j} contains a non-finite value; refusing "
+                                      "to encode it")
+                if finite is not None:
+                    core.provide_outer(j, [b.numpy() for b in bufs])
+            core.after_step()
+
+        if starts and not writes:  # applied tau >= 1 steps later: the communication starts in the background
+            quiet = core.quiet_until()
+            self._bg.submit(begin)
+            self._background_syncs += 1
+            self._quiet_until = quiet
+            self._done = done
+            return
+        begin()
+        for r in core.take_outer_results():
+            outer.apply(r, self._dflat)
+        self._done = core.step
+
+    def _host_bytes(self, n):
+        """A host buffer for n bytes crossing from the device (page-locked on CUDA)."""
+        return _torch.empty(n, dtype=_torch.uint8, pin_memory=self._device.type == "cuda")
+
     def _record(self, val_loss=float("nan")):
         # A record without new steps (finish's) repeats the last training loss, as loco train's does.
         self._bg.join()
+        self._outer_norms()
         if self._losses:
             mean = sum(self._losses) / len(self._losses)
         else:  # a non-finite loss was written as null
@@ -732,8 +816,13 @@ class Sync:
     def eval_parameters(self):
         """{name: tensor} of the parameters to evaluate or save (DiLoCo: the outer parameters),
         the same on every replica. Every member must call it at the same step."""
-        self._whole_to_host()
-        flat = _torch.from_numpy(self._core.eval_params())
+        outer = self._outer
+        if outer is not None and outer.eval_outer and self._done >= outer.start_step:
+            self._bg.join()
+            flat = outer.theta.cpu()
+        else:
+            self._whole_to_host()
+            flat = _torch.from_numpy(self._core.eval_params())
         out = {n: self._as_param(flat, i).clone() for i, n in enumerate(self._names)}
         return {n: out[n] for n in self._model_order}
 
@@ -745,8 +834,9 @@ class Sync:
         gradients_copied_in_backward: data-parallel on a device, the gradients copied to the host
         by the parameters' hooks as backward produced them (the others after backward)."""
         self._bg.join()
+        self._outer_norms()
         out = json.loads(self._core.metrics())
-        out["host_device_bytes"] = self._copier.bytes
+        out["host_device_bytes"] = self._copier.bytes + (self._outer.bytes if self._outer is not None else 0)
         out["syncs_in_background"] = self._background_syncs
         out["gradients_copied_in_backward"] = self._copied_in_backward
         return out
@@ -755,14 +845,27 @@ class Sync:
         """The method's accounting (outer-state bytes, ...) and this member's traffic by
         operation (traffic.by_operation: bytes and messages of each kind of exchange)."""
         self._bg.join()
-        return json.loads(self._core.report())
+        out = json.loads(self._core.report())
+        out["outer_device"] = str(self._outer.device) if self._outer is not None else "host"
+        if self._outer is not None:
+            out["outer_state_bytes"] = self._outer.state_bytes()
+        return out
+
+    def _outer_norms(self):
+        """DiLoCo with the outer state on the device: the last round's norms, for the records."""
+        if self._outer is not None and self._outer.norms is not None:
+            self._core.set_outer_norms(*(float(x) for x in self._outer.norms))
+            self._outer.norms = None
 
     def state_dict(self):
         """The method's state (outer parameters, momentum, step); the model and the inner
         optimizer have their own state_dicts."""
         self._whole_to_host()
+        state = self._core.state()
+        if self._outer is not None:  # the same entries as the host path's
+            state = self._outer.save(state)
         return {"loco": {k: (v if not isinstance(v, _np.ndarray) else _torch.from_numpy(v.copy()))
-                         for k, v in self._core.state().items()},
+                         for k, v in state.items()},
                 "method": self.method, "names": list(self._names)}
 
     def load_state_dict(self, state):
@@ -772,6 +875,8 @@ class Sync:
             raise _loco.Error("the state was saved for a model with other parameters")
         core = {k: (v.numpy() if isinstance(v, _torch.Tensor) else v) for k, v in state["loco"].items()}
         self._bg.join()
+        if self._outer is not None:
+            self._outer.load(core)
         self._core.load_state(core)
         self._done = self._core.step
         self._quiet_until = 0
@@ -808,7 +913,7 @@ def _write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, **config):
+def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, outer_device=None, **config):
     """Binds `method` ("ddp", "diloco", "streaming", "noloco") to `model` trained by `inner_opt`.
 
     endpoint: this member's loco Endpoint (default: loco.init()'s). blocks: a list of modules
@@ -818,9 +923,18 @@ def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, **con
     module's doc), e.g. inner_steps=30, outer_lr=0.7, outer_momentum=0.9, codec="fp4-e3m0",
     tau=1, alpha=0.5, fragment_blocks=1, train_steps=N (the last step then ends every round,
     as in `loco train`), out_dir="runs/x" (a run directory `loco report` reads: see
-    Sync.step and Sync.finish), log_interval=10."""
+    Sync.step and Sync.finish), log_interval=10.
+
+    outer_device (DiLoCo and Streaming DiLoCo): where the outer parameters and momentum live.
+    "model" (or the model's device, e.g. "cuda"): as tensors beside the model; a sync encodes the
+    outer gradient there and only its bytes cross to the host, the outer step runs there (8 bytes
+    per parameter of device memory). "cpu": in loco's host memory, where the outer step runs. The
+    default is "model" for a model on a GPU (the fast one: the host's outer step over a large
+    model costs seconds per round) when the run's settings allow it (not with outer.screen,
+    outer.aggregate, outer.fault, stochastic rounding, the random-drop and topk codecs,
+    streaming.offload_outer or an elastic run), else "cpu"."""
     if endpoint is None:
         endpoint = _loco_pkg.endpoint()
     keys = set(_loco.config_keys())
     values = {_config_key(k, keys, method): (k, v) for k, v in config.items()}  # key -> (keyword, value)
-    return Sync(model, inner_opt, method, endpoint, blocks, values)
+    return Sync(model, inner_opt, method, endpoint, blocks, values, outer_device)

@@ -26,6 +26,29 @@ struct StepAccess {
   static StepAccess nothing() { return {false, {}, {}}; }
 };
 
+// loco.torch's outer_device (docs/python.md, "Where the outer state lives"): the outer
+// parameters and momentum live with the caller, as tensors on its model's device, and the
+// caller computes the outer gradients' encoding and the outer step there; the method keeps its
+// schedule and its communication. A fragment's sync then reads of w.params only what fp32
+// averaging sends (nothing with one replica), takes a codec's encoded outer gradient from the
+// caller (provide_outer, before the step's after_step), and hands the caller each completed sync
+// to apply (take_outer_results, after it) instead of writing w.params.
+struct OuterResult {
+  size_t fragment = 0;
+  bool take = false;        // DiLoCo after its data-parallel steps: the outer parameters := the replica's
+  bool replace = false;     // the run's last step: the synchronized values replace the replica's
+  bool own = false;         // one replica in fp32: the average is the replica's own parameters
+  std::vector<float> avg;   // fp32 (or a sync restored from a checkpoint): the average parameters, packed
+  std::vector<std::string> payloads;  // a codec: every replica's encoded outer gradient, in rank order,
+  bool reduce_scatter = false;        // or (reduce-scatter) every shard's reduced mean
+};
+// The fragments of a method whose outer state the caller holds: their ranges of the flat
+// buffer, packed in order, and which entries merge with alpha (trained) or are replaced.
+struct OuterSegment {
+  int64_t begin, end, packed;
+  bool trained;
+};
+
 class Algorithm {
  public:
   virtual ~Algorithm() = default;
@@ -70,6 +93,20 @@ class Algorithm {
   virtual void annotate(nlohmann::json& rec) {}
   // Algorithm-specific accounting for the run summary.
   virtual void report(nlohmann::json& out) const {}
+  // Held outer state (OuterResult above): "" when the method can leave its outer state to the
+  // caller in this run, else why not; hold_outer_elsewhere() then switches it, before start().
+  virtual std::string outer_elsewhere_refusal() const { return "this method keeps its outer state on the host"; }
+  virtual void hold_outer_elsewhere() {}
+  virtual std::vector<std::vector<OuterSegment>> outer_segments() const { return {}; }
+  // The fragments whose sync starts after step `done` (asked with access()); with a codec the
+  // caller provides each one's encoded outer gradient: one payload, or one per replica's shard
+  // (outer_shards()) with reduce-scatter. (DiLoCo's rounds need nothing from the caller first.)
+  virtual std::vector<size_t> outer_starts(const Worker& w, int64_t done, bool last) const { return {}; }
+  virtual int outer_shards(const Worker& w) const { return 1; }
+  virtual void provide_outer(size_t fragment, std::vector<std::string> payloads) {}
+  virtual std::vector<OuterResult> take_outer_results() { return {}; }
+  // The caller's norms of the last round (DiLoCo's outer_delta_norm, replica_delta_norm).
+  virtual void set_outer_norms(double outer, double replica) {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it
   // may finish communication in flight, without changing the result).
   virtual void save_state(TrainingState& st) {}

@@ -17,8 +17,11 @@
 // rejections are counted in the metrics (outer_rejected) and said on stderr by replica 0. The
 // metrics' outer_sync_s is the last round's time from the start of its reduction to the end of
 // its outer step (link emulation included).
+// With the outer state held by the caller (algo/algorithm.h, OuterResult) the round averages as
+// always and hands the average to the caller, which takes the outer step and computes the norms.
 #include <cmath>
 #include <iostream>
+#include <utility>
 
 #include "algo/algorithm.h"
 #include "algo/fault.h"
@@ -35,8 +38,7 @@ class Diloco : public Algorithm {
   Diloco(const RunConfig& cfg, const Worker& w)
       : outer_(cfg.outer),
         start_step_(cfg.outer.start_step),
-        theta_(w.params.size()),
-        momentum_(w.params.size(), 0.0f),
+        n_(int64_t(w.params.size())),
         average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
         whole_{{0, int64_t(w.params.size())}} {
     aggregate_ = aggregate_options(cfg.outer, false);
@@ -44,9 +46,24 @@ class Diloco : public Algorithm {
     robust_ = aggregate_.screen || aggregate_.rule != "mean" || fault_.kind != Fault::Kind::None;
   }
 
+  // The outer state is allocated here (or by load_state), not before: a caller that holds it
+  // (hold_outer_elsewhere) never has it allocated on the host.
   void start(Worker& w, bool resumed) override {
-    if (!resumed) theta_ = w.params;
+    if (resumed || held_) return;
+    theta_ = w.params;
+    momentum_.assign(size_t(n_), 0.0f);
   }
+
+  std::string outer_elsewhere_refusal() const override {
+    if (robust_) return "outer.screen, outer.aggregate and outer.fault need the outer state on the host";
+    return "";
+  }
+  void hold_outer_elsewhere() override { held_ = true; }
+  std::vector<std::vector<OuterSegment>> outer_segments() const override {
+    return {{{0, whole_[0].end, 0, false}}};  // one fragment, always replaced
+  }
+  void set_outer_norms(double outer, double replica) override { outer_norm_ = outer, replica_norm_ = replica; }
+  std::vector<OuterResult> take_outer_results() override { return std::exchange(results_, {}); }
 
   void on_gradients(Worker& w) override {
     if (w.step < start_step_)
@@ -62,13 +79,15 @@ class Diloco : public Algorithm {
     // With partial updates the count-vector average reads only the entries this replica trains;
     // the others equal the outer parameters since the last round (inner steps leave them).
     a.reads = trained_only(w, done) ? intersect_ranges(whole_, w.trainable.ranges()) : whole_;
+    if (held_ && (w.replicas == 1 || done == start_step_)) a.reads.clear();  // the caller's own parameters
+    if (held_ && done == start_step_) a.writes = whole_;  // the caller takes its outer parameters now
     if (done > start_step_) a.writes = whole_;
     return a;
   }
   bool uses_gradients(const Worker& w) const override { return start_step_ > 0 && w.replicas > 1; }
   // Whether the round ending at `done` reads only the trained entries (see access).
   bool trained_only(const Worker& w, int64_t done) const {
-    return w.trainable.size() < int64_t(theta_.size()) && !robust_ && fault_.kind == Fault::Kind::None &&
+    return w.trainable.size() < int64_t(w.params.size()) && !robust_ && fault_.kind == Fault::Kind::None &&
            w.replicas > 1 && done > start_step_;
   }
   // After the data-parallel steps: whether step `done` ends a round (the last step always does).
@@ -76,12 +95,32 @@ class Diloco : public Algorithm {
 
   void after_step(Worker& w, int64_t done, bool last) override {
     if (done <= start_step_) {
-      if (done == start_step_) theta_ = w.params;  // identical on every replica after data-parallel steps
+      if (done == start_step_) {  // identical on every replica after data-parallel steps
+        if (held_) {
+          results_.push_back(OuterResult{});
+          results_.back().take = true;
+        } else {
+          theta_ = w.params;
+        }
+      }
       return;
     }
     if (!round_ends(done, last)) return;
-    const int64_t n = int64_t(theta_.size());
+    const int64_t n = int64_t(w.params.size());
     const double sync_start = w.comm.clock().now();
+    if (held_) {
+      OuterResult r;
+      r.replace = true;
+      r.own = w.replicas == 1;
+      if (!r.own) {
+        CountVectorAverage::Op op;
+        average_.start(w.comm, w.params.data(), whole_, op);
+        average_.finish(w.comm, op, whole_, r.avg);
+      }
+      results_.push_back(std::move(r));
+      sync_s_ = w.comm.clock().now() - sync_start;
+      return;
+    }
     if (robust_) {
       const float* contribution = w.params.data();
       if (fault_.kind != Fault::Kind::None) {
@@ -136,7 +175,11 @@ class Diloco : public Algorithm {
   }
 
   // Called after a step: w.step + 1 steps are done. Before the rounds, the replicas' (equal) parameters.
-  const std::vector<float>& eval_params(Worker& w) override { return w.step + 1 < start_step_ ? w.params : theta_; }
+  // (Held by the caller: it evaluates its own outer parameters.)
+  const std::vector<float>& eval_params(Worker& w) override {
+    if (held_ && w.step + 1 >= start_step_) fail("internal: the caller holds DiLoCo's outer parameters");
+    return w.step + 1 < start_step_ ? w.params : theta_;
+  }
   void annotate(nlohmann::json& rec) override {
     if (outer_norm_ < 0) return;  // no round ended yet in this segment
     rec["outer_delta_norm"] = outer_norm_;
@@ -149,10 +192,14 @@ class Diloco : public Algorithm {
   }
 
   void save_state(TrainingState& st) override {
+    if (held_) return;  // the caller saves its outer parameters and momentum under the same names
     st.tensors["outer.params"] = theta_;
     st.tensors["outer.momentum"] = momentum_;
   }
   void load_state(const TrainingState& st) override {
+    if (held_) return;
+    theta_.resize(size_t(n_));
+    momentum_.resize(size_t(n_));
     st.take("outer.params", theta_);
     st.take("outer.momentum", momentum_);
   }
@@ -160,6 +207,7 @@ class Diloco : public Algorithm {
  private:
   OuterConfig outer_;
   const int64_t start_step_;
+  const int64_t n_;  // parameters
   std::vector<float> theta_, momentum_, avg_;
   double outer_norm_ = -1, replica_norm_ = -1;  // of the last round: ||Delta||, ||Delta_m||
   AggregateOptions aggregate_;
@@ -170,6 +218,8 @@ class Diloco : public Algorithm {
   double sync_s_ = 0;  // the last round's synchronization and outer step, on the transport's clock
   CountVectorAverage average_;
   std::vector<Range> whole_;
+  bool held_ = false;                 // the caller holds theta and the momentum
+  std::vector<OuterResult> results_;  // ... and takes these
 };
 
 }  // namespace

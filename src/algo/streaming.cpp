@@ -27,6 +27,9 @@
 // final synchronization of its parameters at the last step. So no fragment takes two outer
 // steps in a row; such a fragment's final model leaves out the at most tau inner steps after its
 // sync started.
+// With the outer state held by the caller (algo/algorithm.h, OuterResult; loco.torch's
+// outer_device) the schedule, the communication and the reduce-scatter's shard sums stay here;
+// the caller encodes its delta, decodes the payloads, takes the outer step and merges.
 #include "algo/streaming.h"
 
 #include <algorithm>
@@ -124,12 +127,10 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w)
     }
     segments_.push_back(std::move(segs));
   }
-  std::string scratch;
   if (cfg.streaming.offload_outer) {
-    make_dirs(cfg.train.out_dir);
-    scratch = cfg.train.out_dir + "/outer-state-" + std::to_string(w.world_rank) + ".scratch";
+    scratch_dir_ = cfg.train.out_dir;
+    scratch_ = scratch_dir_ + "/outer-state-" + std::to_string(w.world_rank) + ".scratch";
   }
-  store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch);
   max_tau_ = tau_;
   if (!cfg.streaming.worker_tau.empty())
     for (int r = 0; r < w.replicas; ++r)
@@ -151,8 +152,59 @@ void Streaming::set_robustness(const AggregateOptions& aggregate, const Fault& f
 }
 
 void Streaming::start(Worker& w, bool resumed) {
-  if (!resumed) store_->write_all(w.params, std::vector<float>(num_params_, 0.0f));
+  if (!resumed && !held_) store().write_all(w.params, std::vector<float>(num_params_, 0.0f));
 }
+
+OuterStore& Streaming::store() const {
+  check(!held_, "internal: the caller holds the outer state");
+  if (!store_) {  // made at first use: a caller holding the outer state never allocates it here
+    if (!scratch_.empty()) make_dirs(scratch_dir_);
+    store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch_);
+  }
+  return *store_;
+}
+
+std::string Streaming::outer_elsewhere_refusal() const {
+  if (robust_ || fault_.kind != Fault::Kind::None)
+    return "outer.screen, outer.aggregate and outer.fault need the outer state on the host";
+  if (!scratch_.empty()) return "streaming.offload_outer keeps the outer state in a host file";
+  const std::string f = codec_->name();
+  if (f == "random-drop" || f == "topk") return "outer.codec = \"" + f + "\" runs on the host only";
+  if (outer_.rounding == "stochastic")
+    return "outer.rounding = \"stochastic\" runs on the host only (its random numbers are loco's)";
+  return "";
+}
+
+void Streaming::hold_outer_elsewhere() {
+  held_ = true;
+}
+
+std::vector<std::vector<OuterSegment>> Streaming::outer_segments() const {
+  std::vector<std::vector<OuterSegment>> out;
+  for (const auto& segs : segments_) {
+    out.emplace_back();
+    for (const auto& x : segs) out.back().push_back({x.begin, x.end, x.packed, x.trained});
+  }
+  return out;
+}
+
+std::vector<size_t> Streaming::outer_starts(const Worker&, int64_t done, bool last) const {
+  std::vector<size_t> out;
+  for (size_t j = 0; j < plan_.size(); ++j)
+    if (starts_sync(j, done, last)) out.push_back(j);
+  return out;
+}
+
+int Streaming::outer_shards(const Worker& w) const {
+  return choose_encoded_reduce(reduce_setting_, w.replicas) == EncodedReduce::ReduceScatter ? w.replicas : 1;
+}
+
+void Streaming::provide_outer(size_t fragment, std::vector<std::string> payloads) {
+  check(held_ && fragment < plan_.size(), "internal: provide_outer without a held outer state, or no such fragment");
+  provided_[fragment] = std::move(payloads);
+}
+
+std::vector<OuterResult> Streaming::take_outer_results() { return std::exchange(results_, {}); }
 
 bool Streaming::starts_sync(size_t j, int64_t done, bool last) const {
   if (ranges_[j].empty()) return false;  // not on this pipeline stage
@@ -190,6 +242,10 @@ StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
   }
   a.reads = merge_ranges(a.reads);
   a.writes = merge_ranges(a.writes);
+  // Held outer state: a codec's delta is the caller's to encode, and fp32 sends the parameters
+  // read only with other replicas; nothing is written here (the writes still say which steps
+  // apply a sync: the caller applies it then).
+  if (held_ && (!codec_->lossless() || w.replicas == 1)) a.reads.clear();
   return a;
 }
 
@@ -224,7 +280,8 @@ void Streaming::after_step(Worker& w, int64_t done, bool last) {
 
 const std::vector<float>& Streaming::eval_params(Worker& w) {
   if (cfg_.eval == "outer") {
-    store_->read_params(eval_buffer_);
+    check(!held_, "internal: the caller holds the outer parameters");
+    store().read_params(eval_buffer_);
     return eval_buffer_;
   }
   eval_buffer_ = w.params;
@@ -254,7 +311,11 @@ std::string Streaming::eval_note(int64_t step) const {
 }
 
 void Streaming::save_state(TrainingState& st) {
-  store_->read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
+  if (held_) {
+    save_held_state(st);
+    return;
+  }
+  store().read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
   // Syncs in flight: completed (their averages stored) but not yet applied.
   std::string list;
   for (auto& p : pending_) {
@@ -268,11 +329,54 @@ void Streaming::save_state(TrainingState& st) {
   st.meta["pending"] = list;
 }
 
+// Held outer state: the caller saves the outer parameters and momentum, and turns each pending
+// sync's entry into the average the host path saves (pending.j.avg): it gets a codec's decoded
+// mean delta here (pending.j.delta) and subtracts it from its outer parameters, and makes a lone
+// replica's (pending.j.own) from the parameters it kept.
+void Streaming::save_held_state(TrainingState& st) {
+  std::string list;
+  for (auto& p : pending_) {
+    complete(comm_, p);
+    const std::string key = "pending." + std::to_string(p.fragment);
+    if (p.own) {
+      st.meta[key + ".own"] = "1";
+    } else if (!p.gathered.empty()) {
+      const int64_t n = total_size(ranges_[p.fragment]);
+      std::vector<float> delta(size_t(n), 0.0f);
+      decode_mean(p, delta);
+      st.tensors[key + ".delta"] = std::move(delta);
+    } else {
+      st.tensors[key + ".avg"] = p.avg;
+    }
+    st.meta[key + ".apply_at"] = std::to_string(p.apply_at);
+    if (!list.empty()) list += ',';
+    list += std::to_string(p.fragment);
+  }
+  st.meta["pending"] = list;
+}
+
+void Streaming::decode_mean(const Pending& p, std::vector<float>& delta) const {
+  const int64_t n = int64_t(delta.size());
+  if (p.reduce == EncodedReduce::AllGather) {
+    for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
+    const float M = float(p.gathered.size());
+    for (auto& x : delta) x /= M;
+    return;
+  }
+  const int M = int(p.gathered.size());
+  for (int k = 0; k < M; ++k) {
+    const int64_t b = shard_begin(n, M, k);
+    codec_->decode_add(p.gathered[size_t(k)], delta.data() + b, shard_begin(n, M, k + 1) - b);
+  }
+}
+
 void Streaming::load_state(const TrainingState& st) {
-  std::vector<float> theta(num_params_), momentum(num_params_);
-  st.take("outer.params", theta);
-  st.take("outer.momentum", momentum);
-  store_->write_all(theta, momentum);
+  if (!held_) {
+    std::vector<float> theta(num_params_), momentum(num_params_);
+    st.take("outer.params", theta);
+    st.take("outer.momentum", momentum);
+    store().write_all(theta, momentum);
+  }
   pending_.clear();
   const auto it = st.meta.find("pending");
   if (it == st.meta.end() || it->second.empty()) return;
@@ -285,7 +389,7 @@ void Streaming::load_state(const TrainingState& st) {
     p.avg.assign(size_t(total_size(ranges_[p.fragment])), 0.0f);
     st.take(key + ".avg", p.avg);
     p.completed = true;
-    store_->read(p.fragment, p.theta, p.momentum);
+    if (!held_) store().read(p.fragment, p.theta, p.momentum);
     pending_.push_back(std::move(p));
   }
 }
@@ -297,9 +401,9 @@ void Streaming::report(nlohmann::json& out) const {
   out["largest_fragment_params"] = largest;
   // Held for the whole run (all of it, or nothing when offloaded), plus what a sync in flight
   // holds: the fragment's outer parameters and momentum and the received average.
-  out["outer_state_bytes"] = store_->resident_bytes() + 3 * largest * 4;
+  out["outer_state_bytes"] = held_ ? 0 : store().resident_bytes() + 3 * largest * 4;
   out["outer_state_bytes_needed_at_once"] = 3 * largest * 4;
-  out["outer_state_offloaded"] = store_->offloaded();
+  out["outer_state_offloaded"] = !scratch_.empty();
   out["tau"] = tau_;
   if (!codec_->lossless())
     out["outer_reduce"] = last_reduce_ == EncodedReduce::AllGather ? "all-gather" : "reduce-scatter";
@@ -320,7 +424,11 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
                            int64_t step, Pending& p) {
   p.fragment = j;
   p.apply_at = step + tau_;
-  store_->read(j, p.theta, p.momentum);
+  if (held_) {
+    begin_held_sync(comm, rank, replicas, params, uint64_t(step) * 1024 + j, p);
+    return;
+  }
+  store().read(j, p.theta, p.momentum);
   const auto& ranges = ranges_[j];
   const uint64_t stream = uint64_t(step) * 1024 + j;
   const uint64_t fault_seed = mix_seed(seed_ ^ 0xfa17, uint64_t(rank), stream);
@@ -346,19 +454,25 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
   const int64_t n = int64_t(p.buffer.size());
   p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
-  if (p.reduce == EncodedReduce::AllGather) {
-    p.handle = comm.all_gather_start(codec_->encode(p.buffer.data(), n, rng), &p.gathered, "outer_gradients");
-    return;
-  }
-  const int M = replicas;
-  std::vector<std::string> shards;
+  const int M = p.reduce == EncodedReduce::AllGather ? 1 : replicas;
+  std::vector<std::string> payloads;
   for (int k = 0; k < M; ++k) {
     const int64_t b = shard_begin(n, M, k);
-    shards.push_back(codec_->encode(p.buffer.data() + b, shard_begin(n, M, k + 1) - b, rng));
+    payloads.push_back(codec_->encode(p.buffer.data() + b, shard_begin(n, M, k + 1) - b, rng));
+  }
+  start_encoded(comm, rank, replicas, std::move(payloads), stream, p);
+}
+
+void Streaming::start_encoded(Communicator& comm, int rank, int replicas, std::vector<std::string> payloads,
+                              uint64_t stream, Pending& p) {
+  if (p.reduce == EncodedReduce::AllGather) {
+    p.handle = comm.all_gather_start(std::move(payloads[0]), &p.gathered, "outer_gradients");
+    return;
   }
   // Shard `me` of every replica: decoded, summed in float32 in replica order, averaged and
   // encoded again (on the communication thread).
-  const int me = rank;
+  const int M = replicas, me = rank;
+  const int64_t n = total_size(ranges_[p.fragment]);
   const int64_t len = shard_begin(n, M, me + 1) - shard_begin(n, M, me);
   const Codec* codec = codec_.get();
   const uint64_t reseed = mix_seed(seed_ ^ 0x5ca7, uint64_t(me), stream);
@@ -369,7 +483,32 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
     Rng r(reseed);
     return codec->encode(sum.data(), len, r);
   };
-  p.handle = comm.reduce_scatter_gather_start(std::move(shards), reduce, &p.gathered, "outer_gradients");
+  p.handle = comm.reduce_scatter_gather_start(std::move(payloads), reduce, &p.gathered, "outer_gradients");
+}
+
+void Streaming::begin_held_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params,
+                                uint64_t stream, Pending& p) {
+  const auto& ranges = ranges_[p.fragment];
+  if (codec_->lossless()) {
+    if (replicas == 1) {
+      p.own = true;
+      return;
+    }
+    average_.start(comm, params.data(), ranges, p.op);
+    return;
+  }
+  auto it = provided_.find(p.fragment);
+  check(it != provided_.end(), "internal: fragment " + std::to_string(p.fragment) +
+                                   "'s sync started without the encoded outer gradient from the caller");
+  std::vector<std::string> payloads = std::move(it->second);
+  provided_.erase(it);
+  const int64_t n = total_size(ranges);
+  p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
+  const int M = p.reduce == EncodedReduce::AllGather ? 1 : replicas;
+  check(int(payloads.size()) == M, "the caller's encoded outer gradient has " + std::to_string(payloads.size()) +
+                                       " payloads, expected " + std::to_string(M));
+  for (int k = 0; k < M; ++k) codec_->check_payload(payloads[size_t(k)], shard_begin(n, M, k + 1) - shard_begin(n, M, k));
+  start_encoded(comm, rank, replicas, std::move(payloads), stream, p);
 }
 
 void Streaming::begin_robust_sync(Communicator& comm, const std::vector<float>& params, uint64_t stream,
@@ -427,6 +566,25 @@ void Streaming::complete_robust(Communicator& comm, Pending& p) {
 
 void Streaming::complete(Communicator& comm, Pending& p) {
   if (p.completed) return;
+  if (held_) {  // the caller decodes the payloads (checked here first)
+    if (!p.own && codec_->lossless()) {
+      average_.finish(comm, p.op, ranges_[p.fragment], p.avg);
+    } else if (!p.own) {
+      comm.wait(p.handle);
+      const int64_t n = total_size(ranges_[p.fragment]);
+      const int M = int(p.gathered.size());
+      for (int k = 0; k < M; ++k) {
+        const int64_t len = p.reduce == EncodedReduce::AllGather ? n : shard_begin(n, M, k + 1) - shard_begin(n, M, k);
+        try {
+          codec_->check_payload(p.gathered[size_t(k)], len);
+        } catch (const Error& e) {
+          throw PeerError(std::string("outer_gradients: member ") + std::to_string(k) + " sent " + e.what(), {k});
+        }
+      }
+    }
+    p.completed = true;
+    return;
+  }
   if (p.robust) {
     complete_robust(comm, p);
   } else if (codec_->lossless()) {
@@ -435,17 +593,7 @@ void Streaming::complete(Communicator& comm, Pending& p) {
     comm.wait(p.handle);
     const int64_t n = int64_t(p.buffer.size());
     std::vector<float> delta(size_t(n), 0.0f);
-    if (p.reduce == EncodedReduce::AllGather) {
-      for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
-      const float M = float(p.gathered.size());
-      for (auto& x : delta) x /= M;
-    } else {
-      const int M = int(p.gathered.size());
-      for (int k = 0; k < M; ++k) {
-        const int64_t b = shard_begin(n, M, k);
-        codec_->decode_add(p.gathered[size_t(k)], delta.data() + b, shard_begin(n, M, k + 1) - b);
-      }
-    }
+    decode_mean(p, delta);
     p.avg.resize(size_t(n));
     for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
   }
@@ -456,8 +604,19 @@ void Streaming::complete(Communicator& comm, Pending& p) {
 
 void Streaming::apply(Worker& w, Pending& p, bool replace) {
   complete(comm_, p);
+  if (held_) {
+    OuterResult r;
+    r.fragment = p.fragment;
+    r.replace = replace;
+    r.own = p.own;
+    r.avg = std::move(p.avg);
+    r.payloads = std::move(p.gathered);
+    r.reduce_scatter = p.reduce == EncodedReduce::ReduceScatter;
+    results_.push_back(std::move(r));
+    return;
+  }
   outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
-  store_->write(p.fragment, p.theta, p.momentum);
+  store().write(p.fragment, p.theta, p.momentum);
   const float a = float(cfg_.alpha);
   for (const auto& s : segments_[p.fragment]) {
     float* local = w.params.data() + s.begin;
@@ -470,7 +629,7 @@ void Streaming::apply(Worker& w, Pending& p, bool replace) {
 }
 
 void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra) {
-  store_->read_all(theta, momentum);
+  store().read_all(theta, momentum);
   std::vector<Pending*> all;
   for (auto& p : pending_) all.push_back(&p);
   if (extra) all.push_back(extra);
@@ -490,7 +649,7 @@ void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>
 
 void Streaming::install_outer_state(const std::vector<float>& theta, const std::vector<float>& momentum) {
   pending_.clear();
-  store_->write_all(theta, momentum);
+  store().write_all(theta, momentum);
 }
 
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w) {

@@ -2,6 +2,7 @@
 // Fragment schedule of Streaming DiLoCo (docs/streaming.md).
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,13 @@ class Streaming : public Algorithm {
   void load_state(const TrainingState& st) override;
   void report(nlohmann::json& out) const override;
   void annotate(nlohmann::json& rec) override;
+  std::string outer_elsewhere_refusal() const override;
+  void hold_outer_elsewhere() override;
+  std::vector<std::vector<OuterSegment>> outer_segments() const override;
+  std::vector<size_t> outer_starts(const Worker& w, int64_t done, bool last) const override;
+  int outer_shards(const Worker& w) const override;
+  void provide_outer(size_t fragment, std::vector<std::string> payloads) override;
+  std::vector<OuterResult> take_outer_results() override;
 
  protected:
   struct Segment {
@@ -70,6 +78,7 @@ class Streaming : public Algorithm {
     std::vector<float> avg;              // the replicas' average parameters, once completed
     std::vector<float> theta, momentum;  // the fragment's outer state, packed
     bool completed = false;
+    bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
     // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
     bool robust = false;
@@ -104,6 +113,15 @@ class Streaming : public Algorithm {
   // Whether fragment j's sync starts after step `done` (due, or the last step's final one).
   bool starts_sync(size_t j, int64_t done, bool last) const;
   // begin_sync and complete with screening or a robust rule.
+  // begin_sync's encoded paths: the payloads (one, or one per shard) all-gathered or reduce-scattered.
+  void start_encoded(Communicator& comm, int rank, int replicas, std::vector<std::string> payloads, uint64_t stream,
+                     Pending& p);
+  // A codec's payloads decoded and averaged (the mean outer gradient of the fragment, packed).
+  void decode_mean(const Pending& p, std::vector<float>& delta) const;
+  void save_held_state(TrainingState& st);
+  // begin_sync with the outer state held by the caller.
+  void begin_held_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, uint64_t stream,
+                       Pending& p);
   void begin_robust_sync(Communicator& comm, const std::vector<float>& params, uint64_t stream, uint64_t fault_seed,
                          Pending& p);
   void complete_robust(Communicator& comm, Pending& p);
@@ -119,7 +137,10 @@ class Streaming : public Algorithm {
   int64_t tau_, max_tau_ = 0;
   uint64_t seed_;
   int64_t run_steps_;
-  std::unique_ptr<OuterStore> store_;
+  // The outer state, made at its first use (store()); never with the outer state held by the caller.
+  OuterStore& store() const;
+  std::string scratch_dir_, scratch_;  // streaming.offload_outer's directory and file
+  mutable std::unique_ptr<OuterStore> store_;
   std::vector<float> eval_buffer_;
   CountVectorAverage average_;
   Communicator& comm_;
@@ -127,6 +148,11 @@ class Streaming : public Algorithm {
   AggregateOptions aggregate_;
   Fault fault_;          // outer.fault (in-process and MPI) or elastic.fault
   bool robust_ = false;  // screening, or a rule other than the mean
+  // The caller holds the outer state (algo/algorithm.h): the encoded outer gradients it provided
+  // for the syncs about to start, and the completed syncs it takes.
+  bool held_ = false;
+  std::map<size_t, std::vector<std::string>> provided_;
+  std::vector<OuterResult> results_;
   std::vector<float> faulty_params_;  // a faulty replica's parameters with its fragment corrupted (fp32)
   int rejected_ = -1;    // contributions left out of the last completed sync (-1: none yet)
   std::string noun_ = "replica";  // who contributes, in the rejection warnings

@@ -154,6 +154,18 @@ class GridCodec : public Codec {
     }
   }
 
+  void check_payload(const std::string& p, int64_t n) const override {
+    Codec::check_payload(p, n);
+    if (bits_ != 8 || grid_.size() >= 128) return;  // every 4-bit code has a value
+    size_t at = 0;  // fp8: the codes 0x7F and 0xFF (NaN) are never produced
+    for (int64_t b0 = 0; b0 < n; b0 += block_) {
+      const int64_t len = std::min<int64_t>(block_, n - b0);
+      ++at;
+      for (int64_t i = 0; i < len; ++i, ++at)
+        if ((uint8_t(p[at]) & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
+    }
+  }
+
   int64_t encoded_bytes(int64_t n) const override {
     const int64_t full = n / block_, rest = n % block_;
     auto block_bytes = [&](int64_t len) { return 1 + (bits_ == 8 ? len : (len + 1) / 2); };
@@ -338,6 +350,10 @@ class TopK : public Codec {
 };
 
 }  // namespace
+
+void Codec::check_payload(const std::string& payload, int64_t n) const {
+  if (int64_t(payload.size()) != encoded_bytes(n)) malformed(name(), "size");
+}
 
 std::unique_ptr<Codec> make_codec(const CodecConfig& c) {
   check(c.rounding == "nearest" || c.rounding == "stochastic",

@@ -45,6 +45,9 @@ class Codec {
   virtual std::string encode(const float* x, int64_t n, Rng& rng) const = 0;
   // Adds the decoded values to acc[0..n) (fails on a malformed payload).
   virtual void decode_add(const std::string& payload, float* acc, int64_t n) const = 0;
+  // Fails unless `payload` decodes to n values (its size, and codes the format never produces):
+  // what decode_add checks, for a payload decoded elsewhere (loco.torch's outer state on a GPU).
+  virtual void check_payload(const std::string& payload, int64_t n) const;
   // Exact payload size in bytes for n values (topk and random-drop: for their kept count).
   virtual int64_t encoded_bytes(int64_t n) const = 0;
   virtual std::string name() const = 0;

@@ -276,6 +276,60 @@ class Method {
     return out;
   }
   bool uses_gradients() const { return algo().uses_gradients(w_); }
+
+  // loco.torch's outer_device (algo/algorithm.h, OuterResult): the caller holds the outer state.
+  void hold_outer() {
+    if (elastic_) fail("outer_device: an elastic run keeps its outer state on the host; use outer_device=\"cpu\"");
+    const std::string why = algo().outer_elsewhere_refusal();
+    if (!why.empty()) fail("outer_device: " + why + "; use outer_device=\"cpu\"");
+    algo().hold_outer_elsewhere();
+  }
+  // Each fragment's (begin, end, packed, trained) segments.
+  std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>> outer_segments() const {
+    std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t, bool>>> out;
+    for (const auto& f : algo().outer_segments()) {
+      out.emplace_back();
+      for (const auto& x : f) out.back().emplace_back(x.begin, x.end, x.packed, x.trained);
+    }
+    return out;
+  }
+  std::vector<size_t> outer_starts() {
+    std::vector<size_t> out;
+    guard([&] {
+      const int64_t done = step_ + 1;
+      w_.step = step_;
+      out = algo().outer_starts(w_, done, done == cfg_.train.steps);
+    });
+    return out;
+  }
+  int outer_shards() const { return algo().outer_shards(w_); }
+  // The encoded outer gradient of `fragment` (uint8 arrays: one, or one per shard).
+  void provide_outer(size_t fragment, const std::vector<py::array_t<uint8_t, py::array::c_style>>& parts) {
+    std::vector<std::string> payloads;
+    for (const auto& a : parts) payloads.emplace_back(reinterpret_cast<const char*>(a.data()), size_t(a.size()));
+    guard([&] { algo().provide_outer(fragment, std::move(payloads)); });
+  }
+  // The syncs completed by the last after_step, each a dict; a codec's payloads come as one
+  // uint8 array and their sizes.
+  py::list take_outer_results() {
+    std::vector<OuterResult> results;
+    guard([&] { results = algo().take_outer_results(); });
+    py::list out;
+    for (auto& r : results) {
+      std::vector<int64_t> sizes;
+      int64_t total = 0;
+      for (const auto& x : r.payloads) sizes.push_back(int64_t(x.size())), total += int64_t(x.size());
+      py::array_t<uint8_t> bytes(total);
+      uint8_t* at = bytes.mutable_data();
+      for (const auto& x : r.payloads) at = std::copy(x.begin(), x.end(), at);
+      out.append(py::dict(py::arg("fragment") = r.fragment, py::arg("take") = r.take, py::arg("replace") = r.replace,
+                          py::arg("own") = r.own, py::arg("avg") = r.avg.empty() ? py::object(py::none()) : to_array(r.avg),
+                          py::arg("payloads") = bytes, py::arg("sizes") = sizes,
+                          py::arg("reduce_scatter") = r.reduce_scatter));
+    }
+    return out;
+  }
+  void set_outer_norms(double outer, double replica) { algo().set_outer_norms(outer, replica); }
   // Frees the gradient buffer of a method that never reads it (a caller that keeps its
   // gradients elsewhere: loco.torch's CUDA models). grads() is empty from then on.
   void release_gradients() {
@@ -662,6 +716,13 @@ PYBIND11_MODULE(_loco, m) {
       .def("access", &Method::access)
       .def("quiet_until", &Method::quiet_until)
       .def_property_readonly("uses_gradients", &Method::uses_gradients)
+      .def("hold_outer", &Method::hold_outer)
+      .def("outer_segments", &Method::outer_segments)
+      .def("outer_starts", &Method::outer_starts)
+      .def_property_readonly("outer_shards", &Method::outer_shards)
+      .def("provide_outer", &Method::provide_outer)
+      .def("take_outer_results", &Method::take_outer_results)
+      .def("set_outer_norms", &Method::set_outer_norms)
       .def("release_gradients", &Method::release_gradients)
       .def("eval_params", &Method::eval_params)
       .def("state", &Method::state)

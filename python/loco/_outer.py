@@ -1,0 +1,352 @@
+"""The outer state on the model's device (loco.torch's outer_device; docs/python.md, "Where the
+outer state lives"). DiLoCo's and Streaming DiLoCo's outer parameters and momentum are tensors on
+the model's device; a sync encodes the fragment's outer gradient there, and only the encoded
+bytes cross to the host; the method's C++ core keeps the schedule and the communication (and the
+reduce-scatter's shard sums), and hands back each completed sync, whose payloads are decoded,
+averaged and applied here with the outer step.
+
+Every operation is one tensor operation, rounded on its own, in the order of the C++ code
+(src/comm/codec.cpp, src/algo/algorithm.cpp's outer_sgd_step, Streaming DiLoCo's merge; those
+files are compiled without fused multiply-adds), so a member whose outer state is on a GPU and
+one whose outer state is on the host compute the same bits and can train together."""
+import torch as _torch
+
+from . import _loco
+
+_E3M0 = [0.0] + [2.0 ** (e - 7) for e in range(1, 8)]
+_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def _e4m3():
+    g = []
+    for c in range(127):  # 0x7F is NaN
+        e, m = c >> 3, c & 7
+        g.append(m * 2.0 ** -9 if e == 0 else (1.0 + m / 8.0) * 2.0 ** (e - 7))
+    return g
+
+
+_GRIDS = {"fp8": (_e4m3, 8), "fp4-e3m0": (lambda: _E3M0, 4), "fp4-e2m1": (lambda: _E2M1, 4)}
+FORMATS = ("fp32", "bf16", "int8") + tuple(_GRIDS)
+
+
+def _pow2(k):
+    """2^k as float32 for integer k in [-127, 128] (2^-127 subnormal, 2^128 infinite), exactly."""
+    k = k.to(_torch.int32)
+    bits = _torch.where(k >= -126, (k + 127) << 23, _torch.full_like(k, 1 << 22))
+    bits = _torch.where(k >= 128, _torch.full_like(k, 0x7F800000), bits)
+    return bits.view(_torch.float32)
+
+
+CHUNK = 1 << 24  # entries per piece of the elementwise work (python/loco/_outer.py, DeviceOuter._chunks)
+
+
+_SCALARS = {}
+
+
+def _scalar(x, like):
+    """x as a float32 scalar tensor on like's device, made once (making one from a Python number
+    copies it to the device, which would wait for the work queued there)."""
+    key = (float(x), like.device)
+    if key not in _SCALARS:
+        _SCALARS[key] = _torch.tensor(x, dtype=_torch.float32, device=like.device)
+    return _SCALARS[key]
+
+
+class Codec:
+    """The outer gradients' codecs with round-to-nearest (comm/codec.h has the bit layouts), on
+    tensors of any device; encode() gives the bytes the C++ codec gives, decode_add() adds what
+    the C++ codec adds."""
+
+    def __init__(self, name, block=128):
+        if name not in FORMATS:
+            raise _loco.Error(f"outer_device: outer.codec = {name!r} runs on the host only; on a device: "
+                              f"{', '.join(FORMATS)}")
+        self.name, self.block = name, int(block)
+        self._grid = {}
+
+    def bytes(self, n):
+        return _loco.codec_bytes(self.name, n, self.block)
+
+    def _grid_on(self, device):
+        if device not in self._grid:
+            self._grid[device] = _torch.tensor(_GRIDS[self.name][0](), dtype=_torch.float32, device=device)
+        return self._grid[device]
+
+    def _per(self):
+        """Values per piece of encoding or decoding: whole blocks, about CHUNK values (each block
+        is encoded on its own, so the pieces' bytes laid end to end are the whole's)."""
+        return self.block * max(1, CHUNK // self.block)
+
+    def encode(self, x):
+        """x: float32, 1-D, finite (checked by the caller); returns uint8 on x's device."""
+        per = self._per()
+        if x.numel() <= per:
+            return self._encode(x)
+        return _torch.cat([self._encode(x[i:i + per]) for i in range(0, x.numel(), per)])
+
+    def decode_add(self, payload, acc):
+        """acc += the values of payload (uint8, on acc's device; its size and codes checked by
+        the C++ core when it received it)."""
+        per, n = self._per(), acc.numel()
+        step = self.bytes(per)
+        for k, i in enumerate(range(0, n, per)):
+            self._decode_add(payload[k * step:k * step + self.bytes(min(per, n - i))], acc[i:i + per])
+
+    def _encode(self, x):
+        if self.name == "bf16":
+            u = x.view(_torch.int32)
+            add = 0x7FFF + ((u >> 16) & 1)
+            total = u + add  # int32 arithmetic wraps as the C++ uint32 does (finite inputs)
+            r = _torch.where(((total >> 16) & 0x7F80) == 0x7F80, u & -65536, total)
+            return (r >> 16).to(_torch.int16).view(_torch.uint8)
+        n, b = x.numel(), self.block
+        full = n // b
+        parts = []
+        if full:
+            parts.append(self._encode_blocks(x[:full * b].view(full, b)))
+        if n - full * b:
+            parts.append(self._encode_blocks(x[full * b:].view(1, n - full * b)))
+        if not parts:
+            return _torch.empty(0, dtype=_torch.uint8, device=x.device)
+        return _torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def _encode_blocks(self, xb):
+        """Rows of one length: each row a block, encoded and laid out as the C++ codec does."""
+        maxabs = xb.abs().amax(1)
+        if self.name == "int8":
+            scale = maxabs / _scalar(127.0, xb)
+            safe = _torch.where(scale > 0, scale, _torch.ones_like(scale))
+            y = _torch.where(scale[:, None] > 0, xb / safe[:, None], _torch.zeros_like(xb))
+            q = _torch.round(y).clamp_(-127, 127).to(_torch.int8).view(_torch.uint8)
+            return _torch.cat([scale[:, None].contiguous().view(_torch.uint8), q], 1).reshape(-1)
+        grid = self._grid_on(xb.device)
+        bits = _GRIDS[self.name][1]
+        last = grid.numel() - 1
+        t = maxabs / grid[last]
+        m, e = _torch.frexp(t)
+        s = _torch.where(m == 0.5, e - 1, e).clamp_(-127, 127)
+        s = _torch.where(t <= 0, _torch.full_like(s, -127), s)
+        y = xb.abs() * _pow2(-s)[:, None]
+        lo = (_torch.searchsorted(grid, y, right=True) - 1).clamp_(0, last - 1)
+        a, up = grid[lo], grid[lo + 1]
+        da, db = y - a, up - y
+        tie = _torch.where(lo % 2 == 0, lo, lo + 1)
+        code = _torch.where(da < db, lo, _torch.where(da > db, lo + 1, tie))
+        code = _torch.where(y >= grid[last], _torch.full_like(code, last), code)
+        code = code | (_torch.signbit(xb).to(code.dtype) << (bits - 1))
+        code = code.to(_torch.uint8)
+        if bits == 4:
+            if code.shape[1] % 2:
+                code = _torch.cat([code, _torch.zeros_like(code[:, :1])], 1)
+            code = code[:, 0::2] | (code[:, 1::2] << 4)
+        return _torch.cat([(s + 127).to(_torch.uint8)[:, None], code], 1).reshape(-1)
+
+    def _decode_add(self, payload, acc):
+        n, b = acc.numel(), self.block
+        if payload.storage_offset() % 2:  # a payload after an odd-sized one: its own, aligned copy
+            payload = payload.clone()
+        if self.name == "bf16":
+            acc += (payload.view(_torch.int16).to(_torch.int32) << 16).view(_torch.float32)
+            return
+        full = n // b
+        per = self.bytes(b) if full else 0
+        if full:
+            self._decode_blocks(payload[:full * per].view(full, per), acc[:full * b].view(full, b))
+        if n - full * b:
+            self._decode_blocks(payload[full * per:].view(1, -1), acc[full * b:].view(1, n - full * b))
+
+    def _decode_blocks(self, rows, acc):
+        length = acc.shape[1]
+        if self.name == "int8":
+            scale = rows[:, :4].reshape(-1).clone().view(_torch.float32)[:, None]
+            acc += rows[:, 4:].view(_torch.int8).to(_torch.float32) * scale
+            return
+        grid = self._grid_on(acc.device)
+        bits = _GRIDS[self.name][1]
+        scale = _pow2(rows[:, 0].to(_torch.int32) - 127)[:, None]
+        data = rows[:, 1:]
+        if bits == 4:
+            code = _torch.stack([data & 0x0F, data >> 4], 2).reshape(data.shape[0], -1)[:, :length]
+        else:
+            code = data
+        sign = (code >> (bits - 1)) & 1
+        v = grid[(code & ((1 << (bits - 1)) - 1)).long()] * scale
+        acc += _torch.where(sign.bool(), -v, v)
+
+
+class DeviceOuter:
+    """The outer parameters and momentum of every fragment, on the model's device, in the layout of
+    the flat parameter buffer `flat` (the model's parameters are views of it)."""
+
+    def __init__(self, core, flat, config, method):
+        """config: the run's resolved configuration (the core's, as parsed TOML)."""
+        self._core = core
+        self.device = flat.device
+        outer = config["outer"]
+        self.codec = Codec(outer["codec"], outer["block"]) if outer["codec"] != "fp32" else None
+        self._lr, self._mu, self._nesterov = float(outer["lr"]), float(outer["momentum"]), bool(outer["nesterov"])
+        self._alpha = float(config["streaming"]["alpha"]) if method == "streaming" else 0.0
+        self._diloco = method == "diloco"
+        # Where evaluation reads the outer parameters: DiLoCo after its data-parallel steps,
+        # Streaming DiLoCo with streaming.eval = "outer" (else the core shares the replicas').
+        self.start_step = int(outer["start_step"]) if self._diloco else 0
+        self.eval_outer = self._diloco or config["streaming"]["eval"] == "outer"
+        self._segments = core.outer_segments()
+        self._size = core.size
+        with _torch.no_grad():
+            self.theta = flat.detach().clone()
+            self.momentum = _torch.zeros_like(self.theta)
+        self._own = {}      # fragment -> this replica's parameters at its sync's start (one replica, fp32)
+        self.norms = None   # DiLoCo's last round: (||Delta||, ||Delta_m||) as device scalars
+        self.bytes = 0      # crossed between the device and the host
+
+    def applied_within(self, j, writes):
+        """Whether fragment j is applied at this step (its start lies in a range written)."""
+        b = self._segments[j][0][0]
+        return any(lo <= b < hi for lo, hi in writes)
+
+    def state_bytes(self):
+        return (self.theta.numel() + self.momentum.numel() + sum(t.numel() for t in self._own.values())) * 4
+
+    def _packed(self, t, j):
+        """Fragment j's entries of the flat tensor t, packed in range order (a view when it is one
+        range)."""
+        segs = self._segments[j]
+        if len(segs) == 1:
+            return t[segs[0][0]:segs[0][1]]
+        return _torch.cat([t[b:e] for b, e, _, _ in segs])
+
+    def _chunks(self, j):
+        """Fragment j in pieces of at most CHUNK entries: (begin in the flat buffer, begin packed,
+        length, trained). The elementwise work runs piece by piece, so that its temporaries take
+        a few times CHUNK x 4 bytes of device memory whatever the fragment's size."""
+        for b, e, at, trained in self._segments[j]:
+            for lo in range(0, e - b, CHUNK):
+                yield b + lo, at + lo, min(CHUNK, e - b - lo), trained
+
+    def start(self, j, flat, pinned):
+        """Fragment j's sync starts after this step: a codec's payloads (one, or one per shard),
+        encoded here and copied to page-locked host memory (`pinned(size)` makes a buffer); with
+        fp32 and one replica, the parameters kept for the sync's end. Returns the host buffers of
+        the payloads and a one-byte buffer saying whether the outer gradient was finite."""
+        with _torch.no_grad():
+            if self.codec is None:
+                self._own[j] = self._packed(flat, j).clone()
+                return [], None
+            n = sum(e - b for b, e, _, _ in self._segments[j])
+            delta = _torch.empty(n, dtype=_torch.float32, device=self.device)  # Delta_{m,j} = theta - params
+            for b, at, length, _ in self._chunks(j):
+                _torch.sub(self.theta[b:b + length], flat[b:b + length], out=delta[at:at + length])
+            shards = self._core.outer_shards
+            out = []
+            for k in range(shards):
+                enc = self.codec.encode(delta[n * k // shards:n * (k + 1) // shards])
+                host = pinned(enc.numel())
+                host.copy_(enc, non_blocking=True)
+                self.bytes += enc.numel()
+                out.append(host)
+            # A non-finite outer gradient is refused, as the C++ codecs refuse to encode one: the
+            # flag travels with the bytes, so the check costs no wait of its own.
+            finite = pinned(1)
+            finite.copy_(_torch.isfinite(delta).all().to(_torch.uint8).view(1), non_blocking=True)
+            return out, finite
+
+    def apply(self, r, flat):
+        """One completed sync (a dict from the core's take_outer_results): the average, the outer
+        step, and the merge into (or replacement of) this replica's parameters."""
+        j = r["fragment"]
+        with _torch.no_grad():
+            if r["take"]:
+                self.theta.copy_(flat)
+                return
+            if r["own"]:  # one replica, fp32: its parameters at the sync's start (now, with tau 0)
+                avg = self._own.pop(j, None)
+            elif r["avg"] is not None:
+                avg = self._to_device(r["avg"])
+            else:  # avg = theta - the decoded mean delta, in place
+                avg = self._decode_mean(r, sum(e - b for b, e, _, _ in self._segments[j]))
+                for b, at, length, _ in self._chunks(j):
+                    _torch.sub(self.theta[b:b + length], avg[at:at + length], out=avg[at:at + length])
+            a = _scalar(self._alpha, flat)
+            keep = _scalar(1.0, flat) - a
+            sq = []
+            for b, at, length, trained in self._chunks(j):
+                theta, mom, local = self.theta[b:b + length], self.momentum[b:b + length], flat[b:b + length]
+                avg_c = local if avg is None else avg[at:at + length]
+                if self._diloco:  # the round's norms, as the C++ DiLoCo computes them (in double)
+                    t = theta.double()
+                    sq.append(_torch.stack([((t - avg_c.double()) ** 2).sum(), ((t - local.double()) ** 2).sum()]))
+                self._outer_step(theta, mom, avg_c)
+                if r["replace"] or not trained or self._alpha == 0:
+                    local.copy_(theta)
+                else:
+                    local.copy_(local * a + theta * keep)
+            if sq:
+                self.norms = tuple(_torch.stack(sq).sum(0).sqrt())
+
+    def _to_device(self, array):
+        """A host array's values on the device (through page-locked memory on CUDA, so that the
+        copy waits for nothing on the training stream)."""
+        host = _torch.from_numpy(array)
+        self.bytes += host.numel() * host.element_size()
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        staged = _torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        staged.copy_(host)
+        return staged.to(self.device, non_blocking=True)
+
+    def _decode_mean(self, r, n):
+        """The mean outer gradient of the payloads: every replica's decoded and summed in rank
+        order, then divided by their count; or (reduce-scatter) each shard's reduced mean."""
+        sizes = r["sizes"]
+        data = self._to_device(r["payloads"])
+        delta = _torch.zeros(n, dtype=_torch.float32, device=self.device)
+        at = 0
+        if not r["reduce_scatter"]:
+            for size in sizes:
+                self.codec.decode_add(data[at:at + size], delta)
+                at += size
+            return delta.div_(_scalar(float(len(sizes)), delta))
+        shards = len(sizes)
+        for k, size in enumerate(sizes):
+            self.codec.decode_add(data[at:at + size], delta[n * k // shards:n * (k + 1) // shards])
+            at += size
+        return delta
+
+    def _outer_step(self, theta, mom, avg):
+        """outer_sgd_step (algo/algorithm.h) in place on theta and mom, one rounding per operation."""
+        mu, lr = _scalar(self._mu, theta), _scalar(self._lr, theta)
+        delta = theta - avg
+        v = mu * mom + delta
+        mom.copy_(v)
+        d = delta + mu * v if self._nesterov else v
+        theta.copy_(avg + (delta - lr * d))
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self, state):
+        """The core's state (held: pending syncs only) completed into the host path's format."""
+        meta = state.get("__meta__", {})
+        theta = self.theta.cpu()
+        for f in [int(x) for x in meta.get("pending", "").split(",") if x]:
+            key = f"pending.{f}"
+            if key + ".delta" in state:
+                state[key + ".avg"] = (self._packed(theta, f) - _torch.from_numpy(state.pop(key + ".delta"))).numpy()
+            elif meta.pop(key + ".own", None) is not None:
+                state[key + ".avg"] = self._own[f].cpu().numpy()
+        state["outer.params"] = theta.numpy()
+        state["outer.momentum"] = self.momentum.cpu().numpy()
+        return state
+
+    def load(self, state):
+        n = self.theta.numel()
+        for key, dst in (("outer.params", self.theta), ("outer.momentum", self.momentum)):
+            if key not in state:
+                raise _loco.Error(f"the state has no {key}")
+            src = _torch.as_tensor(state[key], dtype=_torch.float32).reshape(-1)
+            if src.numel() != n:
+                raise _loco.Error(f"the state's {key} has {src.numel()} values, the model {n}")
+            if not bool(_torch.isfinite(src).all()):
+                raise _loco.Error(f"the state's {key} holds non-finite values")
+            with _torch.no_grad():
+                dst.copy_(src)
+        self._own = {}
