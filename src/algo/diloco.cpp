@@ -24,7 +24,7 @@
 #include <utility>
 
 #include "algo/algorithm.h"
-#include "algo/fault.h"
+#include "comm/fault.h"
 #include "algo/partial.h"
 #include "algo/robust.h"
 #include "core/parallel.h"

@@ -39,8 +39,8 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "io/config_schema.h"
-#include "io/fs.h"
+#include "core/lists.h"
+#include "core/fs.h"
 
 namespace loco {
 

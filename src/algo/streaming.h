@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "algo/algorithm.h"
-#include "algo/fault.h"
+#include "comm/fault.h"
 #include "algo/outer_store.h"
 #include "algo/partial.h"
 #include "algo/robust.h"

@@ -13,7 +13,7 @@
 #include "core/rng.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/checkpoint.h"
 #include "io/run_config.h"
 #include "io/safetensors.h"

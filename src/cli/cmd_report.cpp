@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "report/html_report.h"
 
 namespace loco::cli {

@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "comm/link.h"
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/gnuplot.h"
 #include "io/run_config.h"
 #include "model/layout.h"

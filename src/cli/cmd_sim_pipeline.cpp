@@ -11,7 +11,7 @@
 #include "comm/link.h"
 #include "core/error.h"
 #include "core/json.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/run_config.h"
 #include "pipeline/grid.h"
 #include "sim/estimate.h"

@@ -9,13 +9,13 @@
 
 #include <toml++/toml.h>
 
-#include "algo/trainer.h"
+#include "run/trainer.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/stop_signal.h"
 #include "data/prepare.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/gnuplot.h"
 #include "io/metrics.h"
 #include "io/run_config.h"

@@ -36,6 +36,12 @@ void gemm_mt(bool trans_a, bool trans_b, int m, int n, int k, double alpha, cons
   gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+namespace {
+// OpenBLAS runs on one thread inside loco's own (core/parallel.h shares products among them),
+// whatever OPENBLAS_NUM_THREADS says: set once, when the library is loaded.
+[[maybe_unused]] const bool one_blas_thread = (openblas_set_num_threads(1), true);
+}  // namespace
+
 void set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 }  // namespace loco

@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/blas.h"
+#include "core/gemm_split.h"
 #include "core/parallel.h"
 #include "core/precision.h"
 

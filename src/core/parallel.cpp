@@ -8,7 +8,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/blas.h"
 
 namespace loco {
 
@@ -133,7 +132,6 @@ void set_compute_threads(int n) {
   n = std::max(1, n);
   g_threads = n;
   pool().resize(n - 1);
-  set_blas_threads(1);
 }
 
 int compute_threads() {

@@ -11,7 +11,7 @@
 #include "data/text_input.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

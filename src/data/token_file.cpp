@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

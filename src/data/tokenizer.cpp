@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "data/sp_model_check.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

@@ -34,7 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/link.h"
-#include "algo/fault.h"
+#include "comm/fault.h"
 #include "elastic/redis.h"
 #include "elastic/secure_channel.h"
 
@@ -56,7 +56,7 @@ struct ElasticOptions {
   std::string password;
   Key run_key{};              // from the run secret: authenticates the data plane and Redis entries
   std::string fingerprint;    // what the members must agree on (elastic/fingerprint.h), as JSON
-  Fault fault;                // elastic.fault (algo/fault.h)
+  Fault fault;                // elastic.fault (comm/fault.h)
   std::string name;           // the worker's name (--worker), for the membership log
   std::string address;        // where peers reach this worker's data plane
   int min_workers = 1;        // the first round waits for this many members

@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

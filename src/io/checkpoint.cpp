@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

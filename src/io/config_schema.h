@@ -47,9 +47,4 @@ class ConfigSchema {
   std::vector<Key> keys_;
 };
 
-// Integers from a comma-separated list such as "1,1,3,3", each >= `min`; errors name `key`
-// and say that `what` was expected.
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& key, int64_t min,
-                                    const std::string& what);
-
 }  // namespace loco

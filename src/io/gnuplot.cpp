@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

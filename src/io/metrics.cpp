@@ -3,7 +3,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

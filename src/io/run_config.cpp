@@ -1,6 +1,6 @@
 #include "io/run_config.h"
 
-#include "algo/fault.h"
+#include "comm/fault.h"
 
 #include "comm/link.h"
 #include "core/error.h"

@@ -58,7 +58,7 @@ struct ElasticConfig {
   std::string address;                     // address peers reach this worker at ("": the host name)
   std::string password_file;               // Redis password ("": $LOCO_REDIS_PASSWORD, or none)
   std::string secret_file;                 // the run secret ("": $LOCO_RUN_SECRET; required)
-  std::string fault;                       // a member that misbehaves on purpose (algo/fault.h)
+  std::string fault;                       // a member that misbehaves on purpose (comm/fault.h)
   int exclude_after = 3;                   // attempts in a row a member may be blamed for before exclusion
 };
 
@@ -88,7 +88,7 @@ struct OuterConfig {
   double trim = 0.25;               // trimmed-mean: fraction dropped at each end
   std::string screen = "auto";      // diloco: reject non-finite and outlying contributions: auto, on, off
   double reject_norm = 3;           // screening: norm above this times the round's median (0: off)
-  std::string fault;                // replicas that misbehave on purpose (algo/fault.h)
+  std::string fault;                // replicas that misbehave on purpose (comm/fault.h)
   int faulty_replicas = 1;          // outer.fault applies to the last this many replicas
 };
 

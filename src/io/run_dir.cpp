@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

@@ -7,7 +7,7 @@
 
 #include "core/checksum.h"
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 namespace loco {
 

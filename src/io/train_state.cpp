@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/safetensors.h"
 
 namespace loco {

@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
-#include "io/config_schema.h"
+#include "core/lists.h"
 
 namespace loco {
 

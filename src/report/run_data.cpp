@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/metrics.h"
 
 namespace loco::report {

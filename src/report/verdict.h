@@ -5,14 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "algo/regime.h"
+#include "run/regime.h"
 #include "report/run_data.h"
 
 namespace loco::report {
 
 // Tokens per parameter below which a ranking of methods is not to be trusted: the papers
 // compared methods at about 20 (compute-optimal budgets), and short runs favour whatever learns
-// fastest at first. The threshold `loco train` warns at (algo/regime.h).
+// fastest at first. The threshold `loco train` warns at (run/regime.h).
 constexpr double kRankableTokensPerParam = kParityTokensPerParam;
 
 // The model's parameter count from a run summary (the stages of replica 0), if it has one.

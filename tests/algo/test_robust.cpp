@@ -8,7 +8,7 @@
 #include <limits>
 #include <thread>
 
-#include "algo/fault.h"
+#include "comm/fault.h"
 #include "algo/robust.h"
 #include "comm/inprocess.h"
 #include "core/error.h"

@@ -2,7 +2,7 @@
 
 #include "core/error.h"
 #include "data/token_file.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 using namespace loco;
 

@@ -7,7 +7,7 @@
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
-#include "io/fs.h"
+#include "core/fs.h"
 
 using namespace loco;
 

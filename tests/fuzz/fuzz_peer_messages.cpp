@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "algo/run.h"
+#include "run/run.h"
 #include "comm/codec.h"
 #include "comm/communicator.h"
 #include "comm/inprocess.h"

@@ -2,7 +2,7 @@
 // data-parallel group, and as pipeline bubble), compute utilization, and what it holds.
 #include <sys/resource.h>
 
-#include "algo/run.h"
+#include "run/run.h"
 #include "sim/estimate.h"
 
 namespace loco {

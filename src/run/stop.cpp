@@ -1,4 +1,4 @@
-#include "algo/stop.h"
+#include "run/stop.h"
 
 #include <algorithm>
 

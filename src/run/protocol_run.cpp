@@ -3,7 +3,7 @@
 // pipeline/stage_model.cpp, the subspace algebra in model/protocol.cpp.
 #include <cstring>
 
-#include "algo/run.h"
+#include "run/run.h"
 #include "core/error.h"
 
 namespace loco {

@@ -2,7 +2,7 @@
 // methods trailing data-parallel training.
 #include <gtest/gtest.h>
 
-#include "algo/regime.h"
+#include "run/regime.h"
 
 using namespace loco;
 

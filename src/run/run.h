@@ -8,8 +8,9 @@
 #include <vector>
 
 #include "algo/algorithm.h"
-#include "algo/stop.h"
-#include "algo/trainer.h"
+#include "run/stop.h"
+#include "io/run_config.h"
+#include "run/options.h"
 #include "algo/worker.h"
 #include "comm/communicator.h"
 #include "comm/link.h"

@@ -1,14 +1,11 @@
 #pragma once
-// `loco train`: S pipeline stages x R replicas of workers (in-process threads, or MPI
-// processes) running the training loop, the replicas of each stage combined by the configured
-// algorithm (DDP, DiLoCo, Streaming DiLoCo, partial updates), with evaluation, metrics, traffic
-// and time accounting, and resumable checkpoints.
+// What `loco train` is asked (TrainOptions) and what it reports (TrainSummary): the training
+// loop's public types, shared by run/trainer.h (its entry point) and run/run.h (its internals).
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-
-#include "io/run_config.h"
 
 namespace loco {
 
@@ -36,7 +33,5 @@ struct TrainSummary {
   bool already_complete = false;  // --resume of a run that had finished: nothing was run or written
   int stopped_by = 0;             // the signal that stopped the run early (with a checkpoint), or 0
 };
-
-TrainSummary run_training(const TrainOptions& options);
 
 }  // namespace loco

@@ -16,7 +16,7 @@
 #include <map>
 #include <thread>
 
-#include "algo/run.h"
+#include "run/run.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "sim/latency.h"

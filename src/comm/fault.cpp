@@ -1,4 +1,4 @@
-#include "algo/fault.h"
+#include "comm/fault.h"
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "algo/regime.h"
+#include "run/regime.h"
 
 #include <cstdio>
 

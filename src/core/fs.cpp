@@ -1,4 +1,4 @@
-#include "io/fs.h"
+#include "core/fs.h"
 
 #include <cstdio>
 #include <fcntl.h>

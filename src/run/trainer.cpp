@@ -1,7 +1,7 @@
 // `loco train`: set-up, the workers (threads in-process, or one MPI process each) and the
 // training loop of one worker: step, evaluate, log, checkpoint. What a step does is in
 // train_step.cpp, checkpoints in run_checkpoint.cpp, accounting in run_report.cpp.
-#include "algo/trainer.h"
+#include "run/trainer.h"
 
 #include <cctype>
 #include <cmath>
@@ -14,8 +14,8 @@
 
 #include <toml++/toml.h>
 
-#include "algo/regime.h"
-#include "algo/run.h"
+#include "run/regime.h"
+#include "run/run.h"
 #include "comm/inprocess.h"
 #include "comm/mpi_transport.h"
 #include "core/error.h"
@@ -29,7 +29,7 @@
 #include "elastic/fingerprint.h"
 #include "elastic/methods.h"
 #include "elastic/options.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/metrics.h"
 #include "io/tensorboard.h"
 #include "io/progress.h"

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "algo/run.h"
+#include "run/run.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
-#include "io/fs.h"
+#include "core/fs.h"
 #include "io/run_dir.h"
 #include "io/train_state.h"
 
