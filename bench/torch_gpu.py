@@ -199,8 +199,11 @@ def run(method, members):
     threads = [threading.Thread(target=body, args=(r,)) for r in range(members)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    if errors:
-        raise SystemExit(f"{method} x {members}: " + "; ".join(errors))
+    if errors:  # e.g. out of device memory: said, and the other rows still run
+        print(f"{method:>9} x{members}: FAILED: " + "; ".join(errors), flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
+        return None
     # A step of the group ends when its slowest member's does.
     per_step = [max(o["times"][i] for o in out) for i in range(args.steps)]
     row = dict(out[0])
@@ -228,6 +231,9 @@ for members in [int(x) for x in args.members.split(",")]:
         if members % slices_of(method):
             continue  # each slice needs its members
         row = run(method, members)
+        if row is None:
+            rows.append({"method": method, "members": members, "failed": True})
+            continue
         plain = row if method == "plain" else plain
         diloco = row if method == "diloco" else diloco
         if plain is not None:

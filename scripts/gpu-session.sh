@@ -2,7 +2,9 @@
 # Everything a session lent a GPU measures, in one device run (docs/python.md, "On a GPU").
 # Here, first: scripts/build.sh && bash ../shared/gpu/make-kit.sh (the extension's kit in .gpukit/),
 # and a dry run on CPU tensors: LOCO_GPU_DRY=1 bash scripts/gpu-session.sh.
-# On the device (the `device` tool's run, carry [".gpukit"], at most about 11 minutes):
+# On the device (the `device` tool's run, carry [".gpukit"], at most about 11 minutes; kind
+# nvidia-h200 if it can be had: 2 members of the 0.85B model with their outer state on the GPU
+# need about 2 x 40 GB; a row that runs out of memory is reported as FAILED and the rest go on):
 #   bash scripts/gpu-session.sh
 # Writes under $OUT: build.log; test_partial_cuda.log (partial updates on CUDA against the
 # plain-torch reference on CUDA, deterministic kernels); test_outer_cuda.log (the outer state on
