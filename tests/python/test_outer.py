@@ -137,6 +137,10 @@ cases = [
      dict(inner_steps=4, fragment_blocks=1, tau=0, alpha=0.0, codec="int8", block=32, train_steps=10)),
     ("streaming bf16, 1 member, tau 1", "streaming", 1, 14,
      dict(inner_steps=6, fragment_blocks=2, tau=1, alpha=0.5, codec="bf16", train_steps=14)),
+    ("streaming fp32, 2 members, tau 1", "streaming", 2, 14,
+     dict(inner_steps=6, fragment_blocks=1, tau=1, alpha=0.5, train_steps=14)),
+    ("streaming fp32, 2 members, tau 1, partial updates (2 slices)", "streaming", 2, 14,
+     dict(inner_steps=6, fragment_blocks=1, tau=1, alpha=0.5, partial_slices=2, train_steps=14)),
 ]
 for what, method, M, steps, kw in cases:
     host = train(method, M, steps, ["cpu"] * M, **kw)
