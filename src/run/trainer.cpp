@@ -293,7 +293,10 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
     run.at_last_record = worker_counters(run, t_start);
     double loss_sum = 0, last_loss = 0, last_log_time = t_start;
     int64_t loss_count = 0;
-    for (int64_t step = start_step; step < cfg.train.steps; ++step) {
+    // One step per pass, top to bottom: train, evaluate, record, checkpoint. The next step is the
+    // one after it, except for an elastic member that (re)joined the run: the run's step then.
+    int64_t step = start_step;
+    while (step < cfg.train.steps) {
       const double lr = schedule.at(step);
       const StepResult r = train_step(run, step, lr);
       const int64_t done = run.algo->continue_from(step + 1);
@@ -357,7 +360,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
                       s.run_dir);
         break;
       }
-      step = done - 1;
+      step = done;
     }
     progress.finish();
     const double wall = clock.now() - t_start;
