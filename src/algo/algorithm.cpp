@@ -8,14 +8,15 @@
 namespace loco {
 
 std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w) {
-  if (cfg.algorithm == "ddp") return make_ddp();
-  if (cfg.algorithm == "diloco") {
-    if (cfg.outer.codec != "fp32") fail("outer.codec applies to algorithm = \"streaming\"; diloco sends fp32");
-    return make_diloco(cfg, w);
+  switch (cfg.method()) {
+    case MethodId::Ddp: return make_ddp();
+    case MethodId::Diloco:
+      if (cfg.outer.codec != "fp32") fail("outer.codec applies to algorithm = \"streaming\"; diloco sends fp32");
+      return make_diloco(cfg, w);
+    case MethodId::Streaming: return make_streaming(cfg, w);
+    case MethodId::Noloco: return make_noloco(cfg, w);
   }
-  if (cfg.algorithm == "streaming") return make_streaming(cfg, w);
-  if (cfg.algorithm == "noloco") return make_noloco(cfg, w);
-  fail("unknown algorithm \"" + cfg.algorithm + "\"");
+  fail("internal: no algorithm for \"" + cfg.algorithm + "\"");
 }
 
 void share_for_eval(Communicator& comm, std::vector<float>& params, const std::string& how) {

@@ -144,17 +144,17 @@ void calibrate(const CuArgs& a) {
   p.step_time_s = compute / n / double(steps);
   sim::Method method = sim::Method::DDP;
   double syncs = double(steps);  // full-model reductions in the run (streaming: summed over fragments)
-  if (rc.algorithm == "diloco") {
+  if (rc.method() == MethodId::Diloco) {
     method = sim::Method::DiLoCo;
     syncs = std::ceil(double(steps) / double(p.inner_steps));
-  } else if (rc.algorithm == "streaming") {
+  } else if (rc.method() == MethodId::Streaming) {
     method = rc.streaming.tau == 0 ? sim::Method::Streaming
                                    : (rc.outer.codec == "fp32" ? sim::Method::StreamingOverlap
                                                                : sim::Method::StreamingOverlapFp4);
     check(rc.outer.codec == "fp32" || rc.outer.codec == "fp4-e3m0",
           "--calibrate: the simulator models fp32 and fp4-e3m0 outer gradients");
     syncs = double(steps) / double(p.inner_steps);
-  } else if (rc.algorithm != "ddp") {
+  } else if (rc.method() != MethodId::Ddp) {
     fail("--calibrate: algorithm " + rc.algorithm + " is not simulated");
   }
   check(bytes > 0, "--calibrate: the run has no gradient traffic to calibrate with");

@@ -155,7 +155,7 @@ void calibrate(const std::string& dir) {
     std::printf("  predicted without the tied-embedding exchange: %.4f s per step\n",
                 sim::simulate_pipeline(untied, 6).step_s);
   }
-  if (R > 1 && c.algorithm == "ddp")
+  if (R > 1 && c.method() == MethodId::Ddp)
     std::printf("  note: the model leaves out the data-parallel reductions among the %d replicas of each stage\n", R);
 }
 

@@ -60,7 +60,7 @@ ElasticOptions elastic_options(const RunConfig& cfg, const std::string& join_url
   e.run_key = derive_run_key(run_secret(cfg.elastic), e.where.run);
   e.fault = parse_fault(cfg.elastic.fault);
   e.exclude_after = cfg.elastic.exclude_after;
-  if (e.fault.kind != Fault::Kind::None && cfg.algorithm != "diloco" && cfg.algorithm != "streaming")
+  if (e.fault.kind != Fault::Kind::None && cfg.method() != MethodId::Diloco && cfg.method() != MethodId::Streaming)
     fail("elastic.fault is implemented for algorithm = \"diloco\" and \"streaming\" only");
   e.name = worker_name;
   e.address = cfg.elastic.address;

@@ -390,8 +390,8 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
 std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace) {
-  if (cfg.algorithm == "streaming") return make_elastic_streaming(cfg, w, options, std::move(traffic), std::move(trace));
-  if (cfg.algorithm == "noloco") return make_elastic_noloco(cfg, w, options, std::move(traffic), std::move(trace));
+  if (cfg.method() == MethodId::Streaming) return make_elastic_streaming(cfg, w, options, std::move(traffic), std::move(trace));
+  if (cfg.method() == MethodId::Noloco) return make_elastic_noloco(cfg, w, options, std::move(traffic), std::move(trace));
   return make_elastic_diloco(cfg, w, options, std::move(traffic), std::move(trace));
 }
 

@@ -13,7 +13,7 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
   s.add("algorithm", &cfg.algorithm,
         "training method: ddp (gradient all-reduce every step), diloco, streaming (Streaming DiLoCo), noloco "
         "(random-group outer steps, no collective)",
-        {"ddp", "diloco", "streaming", "noloco"});
+        method_names());
   auto& m = cfg.model;
   s.add("model.vocab_size", &m.vocab_size, "vocabulary size V (must cover the data's token ids)", 2);
   s.add("model.hidden_size", &m.hidden_size, "model width d", 2);
@@ -254,7 +254,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                     "): every stage needs at least one block");
   if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
   if (c.outer.start_step > 0) {
-    need(c.algorithm == "diloco", "outer.start_step applies to algorithm = \"diloco\"");
+    need(c.method() == MethodId::Diloco, "outer.start_step applies to algorithm = \"diloco\"");
     need(c.outer.start_step < c.train.steps, "outer.start_step (" + std::to_string(c.outer.start_step) +
                                                  ") must be below train.steps (" + std::to_string(c.train.steps) + ")");
     need(c.partial.slices == 1, "outer.start_step with partial.slices > 1 is not supported (data-parallel steps "
@@ -273,18 +273,18 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                         &c.elastic.coordinator_timeout})
     need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
   if (c.distributed.backend == "elastic") {
-    need(c.algorithm == "diloco" || c.algorithm == "streaming" || c.algorithm == "noloco",
+    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming || c.method() == MethodId::Noloco,
          "distributed.backend = \"elastic\" runs algorithm = \"diloco\", \"streaming\" or \"noloco\" (ddp needs "
          "every worker at every step)");
     need(c.streaming.worker_tau.empty(), "distributed.backend = \"elastic\" takes one streaming.tau for all members "
                                          "(streaming.worker_tau = \"\")");
-    need(c.algorithm != "streaming" || c.streaming.eval == "outer",
+    need(c.method() != MethodId::Streaming || c.streaming.eval == "outer",
          "distributed.backend = \"elastic\" evaluates the outer parameters (streaming.eval = \"outer\")");
     need(c.pipeline.stages == 1, "distributed.backend = \"elastic\" does not run pipelines (pipeline.stages = 1)");
     need(c.partial.slices == 1, "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)");
     need(c.protocol.rank == 0, "distributed.backend = \"elastic\" does not run protocol models");
   }
-  if (c.algorithm == "noloco") {
+  if (c.method() == MethodId::Noloco) {
     need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
     need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");
   }
@@ -296,9 +296,9 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
     need(!c.model.tie_embeddings, "protocol.rank needs an untied head (model.tie_embeddings = false): a head tied to "
                                   "E = E_fixed + E_s U^T would be mostly the frozen random E_fixed");
     need(c.partial.slices == 1, "protocol.rank with partial.slices > 1 is not supported");
-    need(c.algorithm != "streaming" || c.outer.codec == "fp32",
+    need(c.method() != MethodId::Streaming || c.outer.codec == "fp32",
          "protocol.rank with a quantized outer.codec is not supported (quantized outer updates leave the subspace)");
-    need(p.grassmann_interval == 0 || c.algorithm == "ddp",
+    need(p.grassmann_interval == 0 || c.method() == MethodId::Ddp,
          "protocol.grassmann_interval > 0 needs algorithm = \"ddp\" (the outer state of " + c.algorithm +
              " is not moved to a new subspace)");
   }
@@ -307,10 +307,10 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
     const std::string what = o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\""
                              : o.screen == "on"    ? std::string("outer.screen = \"on\"")
                                                    : std::string("outer.fault");
-    need(c.algorithm == "diloco" || c.algorithm == "streaming" ||
-             (c.algorithm == "noloco" && o.aggregate == "mean" && o.fault.empty()),
+    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming ||
+             (c.method() == MethodId::Noloco && o.aggregate == "mean" && o.fault.empty()),
          what + " needs algorithm = \"diloco\" or \"streaming\" (NoLoCo screens its partners with outer.screen)");
-    need(c.algorithm != "streaming" || o.codec == "fp32" || o.reduce != "reduce-scatter" ||
+    need(c.method() != MethodId::Streaming || o.codec == "fp32" || o.reduce != "reduce-scatter" ||
              (o.aggregate == "mean" && o.screen != "on"),
          what + " with outer.reduce = \"reduce-scatter\" is not possible: no member sees the others' "
                 "contributions there (use outer.reduce = \"all-gather\" or auto)");
@@ -325,7 +325,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
              std::to_string(c.distributed.replicas) + ")");
   }
   if (c.partial.slices > 1) {
-    need(c.algorithm == "diloco" || c.algorithm == "streaming",
+    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming,
          "partial.slices > 1 needs algorithm = \"diloco\" or \"streaming\"");
     need(c.model.intermediate_size % c.partial.slices == 0,
          "partial.slices must divide model.intermediate_size (" + std::to_string(c.model.intermediate_size) + ")");
@@ -334,7 +334,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                         std::to_string(c.model.num_kv_heads) + ") with strategy mlp+heads"
                                   : "partial.slices must divide model.num_heads (" +
                                         std::to_string(c.model.num_heads) + ")");
-    need(c.algorithm != "streaming" || c.outer.codec == "fp32",
+    need(c.method() != MethodId::Streaming || c.outer.codec == "fp32",
          "partial updates with streaming send float32 (outer.codec = \"fp32\")");
   }
 }

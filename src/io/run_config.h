@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "io/config_schema.h"
+#include "io/methods.h"
 #include "model/config.h"
 #include "optim/adamw.h"
 
@@ -137,7 +138,8 @@ struct PipelineConfig {
 };
 
 struct RunConfig {
-  std::string algorithm = "ddp";    // ddp, diloco, streaming, noloco
+  std::string algorithm = "ddp";    // ddp, diloco, streaming, noloco (io/methods.h)
+  MethodId method() const { return method_id(algorithm); }
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "io/methods.h"
 #include "io/metrics.h"
 
 namespace loco::report {
@@ -128,17 +129,17 @@ Run load_run(const std::string& dir) {
 
 bool key_applies(const std::string& key, const Run& r) {
   if (r.config.empty()) return true;  // nothing to judge by
-  const std::string algo = r.setting("algorithm");
-  const bool outer_method = algo == "diloco" || algo == "streaming";
+  const auto algo = find_method(r.setting("algorithm"));
+  const bool outer_method = algo == MethodId::Diloco || algo == MethodId::Streaming;
   const bool pipeline = r.setting("pipeline.stages") != "" && r.setting("pipeline.stages") != "1";
   if (starts_with(key, "outer.")) {
-    if (key == "outer.start_step") return algo == "diloco";
+    if (key == "outer.start_step") return algo == MethodId::Diloco;
     if (key == "outer.inner_steps" || key == "outer.lr" || key == "outer.momentum" || key == "outer.nesterov")
       return outer_method;
-    return algo == "streaming";  // the codec and how encoded outer gradients are combined
+    return algo == MethodId::Streaming;  // the codec and how encoded outer gradients are combined
   }
-  if (starts_with(key, "streaming.")) return algo == "streaming";
-  if (starts_with(key, "noloco.")) return algo == "noloco" && (key != "noloco.routing" || pipeline);
+  if (starts_with(key, "streaming.")) return algo == MethodId::Streaming;
+  if (starts_with(key, "noloco.")) return algo == MethodId::Noloco && (key != "noloco.routing" || pipeline);
   if (starts_with(key, "elastic.")) return r.backend() == "elastic";
   if (starts_with(key, "pipeline.") && key != "pipeline.stages") return pipeline;
   if (starts_with(key, "protocol.") && key != "protocol.rank") return r.setting("protocol.rank") != "0";

@@ -16,7 +16,7 @@ std::string grouped(int64_t v) {  // 8192 -> "8,192"
 
 std::vector<std::string> regime_warnings(const RunConfig& cfg, int replicas, int64_t params) {
   std::vector<std::string> out;
-  const bool low_comm = cfg.algorithm == "diloco" || cfg.algorithm == "streaming" || cfg.algorithm == "noloco";
+  const bool low_comm = cfg.method() == MethodId::Diloco || cfg.method() == MethodId::Streaming || cfg.method() == MethodId::Noloco;
   const int64_t per_replica = int64_t(cfg.data.batch_size) * cfg.data.seq_len;
   if (low_comm && replicas > 1 && per_replica < kParityTokensPerReplica)
     out.push_back(cfg.algorithm + " with " + grouped(per_replica) + " tokens per replica per step (fewer than " +

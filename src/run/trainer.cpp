@@ -111,7 +111,7 @@ void check_memory(const RunSetup& s, int local_workers) {
   const auto& m = c.model;
   const double d = m.hidden_size, f = m.intermediate_size, V = m.vocab_size, h = m.num_heads;
   const double tokens = double(c.micro_windows()) * c.data.seq_len;
-  const bool outer = c.algorithm != "ddp" && !(c.algorithm == "streaming" && c.streaming.offload_outer);
+  const bool outer = c.method() != MethodId::Ddp && !(c.method() == MethodId::Streaming && c.streaming.offload_outer);
   const int in_flight = c.pipeline.schedule == "gpipe" ? c.microbatches() : std::min(c.pipeline.stages, c.microbatches());
   double resident = 0, largest = 0;
   for (const auto& st : s.stages) {
@@ -174,7 +174,7 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
                   max_in_flight(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches()))),
       ops(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches())),
       route(fixed_route(grid, rank)),
-      train_route(cfg.algorithm == "noloco" && cfg.noloco.routing == "random" && grid.stages > 1
+      train_route(cfg.method() == MethodId::Noloco && cfg.noloco.routing == "random" && grid.stages > 1
                       ? random_route(grid, rank, uint64_t(cfg.noloco.seed), &route_step)
                       : route),
       full_tensors(ParamLayout(cfg.model).tensors().size()) {
