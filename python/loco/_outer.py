@@ -192,7 +192,6 @@ class DeviceOuter:
         self.start_step = int(outer["start_step"]) if self._diloco else 0
         self.eval_outer = self._diloco or config["streaming"]["eval"] == "outer"
         self._segments = core.outer_segments()
-        self._size = core.size
         with _torch.no_grad():
             self.theta = flat.detach().clone()
             self.momentum = _torch.zeros_like(self.theta)
