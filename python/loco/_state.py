@@ -1,0 +1,170 @@
+"""What an elastic loco.torch member hands a joiner and compares at join (python/loco/torch.py):
+the inner optimizer's state as bytes without pickle, and what identifies the model and the
+optimizer beyond their tensors' shapes."""
+
+import hashlib
+import json
+import struct
+
+import torch as _torch
+
+from loco import _loco
+
+# An optimizer's state_dict as bytes without pickle (what an elastic joiner receives comes from
+# a peer: decoding it runs no code): a JSON tree of dicts, lists, tuples and plain values whose
+# tensors point into the raw bytes that follow it.
+_DTYPES = {str(t): t for t in (_torch.float32, _torch.float64, _torch.float16, _torch.bfloat16, _torch.int64,
+                               _torch.int32, _torch.int16, _torch.int8, _torch.uint8, _torch.bool)}
+
+
+def pack_state(obj):
+    """obj (dicts, lists, tuples, None, bool, int, float, str and tensors) as bytes."""
+    chunks, at = [], [0]
+
+    def enc(x):
+        if isinstance(x, _torch.Tensor):
+            t = x.detach().to("cpu").contiguous()
+            if str(t.dtype) not in _DTYPES:
+                raise _loco.Error(f"the inner optimizer's state holds a {t.dtype} tensor, which loco cannot send")
+            raw = t.view(-1).view(_torch.uint8).numpy().tobytes() if t.numel() else b""
+            chunks.append(raw)
+            at[0] += len(raw)
+            return {"T": [at[0] - len(raw), len(raw), str(t.dtype), list(t.shape)]}
+        if isinstance(x, dict):
+            return {"d": [[enc(k), enc(v)] for k, v in x.items()]}
+        if isinstance(x, (list, tuple)):
+            return {"l" if isinstance(x, list) else "t": [enc(v) for v in x]}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return {"v": x}
+        raise _loco.Error(f"the inner optimizer's state holds a {type(x).__name__}, which loco cannot send")
+
+    head = json.dumps(enc(obj)).encode()
+    return struct.pack("<Q", len(head)) + head + b"".join(chunks)
+
+
+def unpack_state(data):
+    """The object pack_state encoded; every size and type checked (the bytes may be hostile)."""
+    data = bytes(data)
+    if len(data) < 8:
+        raise _loco.Error("the inner optimizer state received is corrupt (too short)")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise _loco.Error("the inner optimizer state received is corrupt (header size)")
+    try:
+        tree = json.loads(data[8:8 + n])
+    except ValueError as e:
+        raise _loco.Error(f"the inner optimizer state received is corrupt ({e})") from None
+    raw = memoryview(data)[8 + n:]
+
+    def dec(x, depth=0):
+        if depth > 64 or not isinstance(x, dict) or len(x) != 1:
+            raise _loco.Error("the inner optimizer state received is corrupt (structure)")
+        (kind, v), = x.items()
+        if kind == "v" and (v is None or isinstance(v, (bool, int, float, str))):
+            return v
+        if kind in ("l", "t") and isinstance(v, list):
+            out = [dec(e, depth + 1) for e in v]
+            return out if kind == "l" else tuple(out)
+        if kind == "d" and isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 for e in v):
+            return {dec(k, depth + 1): dec(e, depth + 1) for k, e in v}
+        if kind == "T" and isinstance(v, list) and len(v) == 4:
+            off, size, dtype, shape = v
+            ok = (isinstance(off, int) and isinstance(size, int) and dtype in _DTYPES and isinstance(shape, list)
+                  and all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= off <= len(raw) - size and size >= 0)
+            if ok:
+                dt = _DTYPES[dtype]
+                numel = 1
+                for d in shape:
+                    numel *= d
+                ok = numel * _torch.tensor([], dtype=dt).element_size() == size
+            if not ok:
+                raise _loco.Error("the inner optimizer state received is corrupt (a tensor's extent)")
+            if size == 0:
+                return _torch.zeros(shape, dtype=dt)
+            return _torch.frombuffer(bytearray(raw[off:off + size]), dtype=dt).reshape(shape)
+        raise _loco.Error("the inner optimizer state received is corrupt (structure)")
+
+    return dec(tree)
+
+
+def _digest(text):
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _scalars(obj, skip=()):
+    """The plain settings an object holds (numbers, strings, bools, tuples of them), as text."""
+    out = []
+    for k, v in sorted(vars(obj).items()):
+        if k.startswith("_") or k in skip:
+            continue
+        if isinstance(v, (bool, int, float, str)) or (isinstance(v, tuple) and all(
+                isinstance(e, (bool, int, float, str)) for e in v)):
+            out.append(f"{k}={v!r}")
+    return ",".join(out)
+
+
+def identity(model, opt):
+    """What the members of an elastic run must share beyond the parameters' names and shapes,
+    compared when a member joins: the model's architecture (a Hugging Face model's config; else
+    its modules' classes and plain settings, e.g. a head count that leaves every shape as it is)
+    and the inner optimizer's kind and settings (its learning rate aside, which a schedule moves)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        d = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
+        arch = type(model).__name__ + " " + json.dumps(d, sort_keys=True, default=str)
+    else:
+        arch = ";".join(f"{name}:{type(m).__name__}({_scalars(m, skip=('training',))})"
+                        for name, m in model.named_modules())
+    groups = []
+    for g in getattr(opt, "param_groups", []):
+        groups.append(",".join(f"{k}={v!r}" for k, v in sorted(g.items())
+                               if k not in ("params", "lr", "initial_lr") and isinstance(v, (bool, int, float, str, tuple))))
+    return {"model architecture": f"{type(model).__name__}, {_digest(arch)}",
+            "inner optimizer": f"{type(opt).__name__}, {_digest('|'.join(groups))}"}
+
+
+class InnerState:
+    """What an elastic member's session calls: the inner optimizer's state for a joiner, and
+    installing it in one."""
+
+    def __init__(self, opt):
+        self._opt = opt
+
+    def save_inner(self):
+        return pack_state(self._opt.state_dict())
+
+    def load_inner(self, data):
+        state = unpack_state(data)
+        bad = []
+
+        def finite(x, where):
+            if isinstance(x, _torch.Tensor):
+                if x.is_floating_point() and not bool(_torch.isfinite(x).all()):
+                    bad.append(where)
+            elif isinstance(x, dict):
+                for k, v in x.items():
+                    finite(v, f"{where}[{k!r}]")
+            elif isinstance(x, (list, tuple)):
+                for i, v in enumerate(x):
+                    finite(v, f"{where}[{i}]")
+            elif isinstance(x, float) and (x != x or abs(x) == float("inf")):
+                bad.append(where)
+
+        finite(state, "state")
+        if bad:  # a member whose optimizer state went wrong must not hand it on
+            raise _loco.Error(f"the inner optimizer state received holds non-finite values ({', '.join(bad[:3])}"
+                              f"{', ...' if len(bad) > 3 else ''}); refusing it")
+        # torch takes another optimizer's state without a word and fails at its next step: the
+        # parameter groups must have this optimizer's settings and sizes.
+        mine = self._opt.state_dict()["param_groups"]
+        theirs = state.get("param_groups") if isinstance(state, dict) else None
+        shape = lambda gs: [(sorted(k for k in g if k != "params"), len(g.get("params", []))) for g in gs]
+        if not isinstance(theirs, list) or not all(isinstance(g, dict) for g in theirs) or shape(theirs) != shape(mine):
+            raise _loco.Error("the inner optimizer state received does not fit this member's optimizer (its "
+                              f"parameter groups differ: {type(self._opt).__name__} here); the members must use "
+                              "one kind of optimizer with the same settings")
+        try:
+            self._opt.load_state_dict(state)
+        except (KeyError, ValueError, TypeError) as e:
+            raise _loco.Error(f"the inner optimizer state received does not fit this member's optimizer "
+                              f"({type(e).__name__}: {e})") from None
