@@ -280,7 +280,6 @@ void Streaming::after_step(Worker& w, int64_t done, bool last) {
 
 const std::vector<float>& Streaming::eval_params(Worker& w) {
   if (cfg_.eval == "outer") {
-    check(!held_, "internal: the caller holds the outer parameters");
     store().read_params(eval_buffer_);
     return eval_buffer_;
   }
@@ -310,39 +309,21 @@ std::string Streaming::eval_note(int64_t step) const {
          ", a mix rather than one model state; see streaming.eval";
 }
 
+// Syncs in flight are saved completed, as their averages (pending.j.avg). With the outer state
+// held by the caller, the caller saves the outer parameters and momentum and turns each pending
+// entry into that average: it gets a codec's decoded mean delta here (pending.j.delta) and
+// subtracts it from its outer parameters, and makes a lone replica's (pending.j.own) from the
+// parameters it kept.
 void Streaming::save_state(TrainingState& st) {
-  if (held_) {
-    save_held_state(st);
-    return;
-  }
-  store().read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
-  // Syncs in flight: completed (their averages stored) but not yet applied.
+  if (!held_) store().read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
   std::string list;
   for (auto& p : pending_) {
     complete(comm_, p);
     const std::string key = "pending." + std::to_string(p.fragment);
-    st.tensors[key + ".avg"] = p.avg;
-    st.meta[key + ".apply_at"] = std::to_string(p.apply_at);
-    if (!list.empty()) list += ',';
-    list += std::to_string(p.fragment);
-  }
-  st.meta["pending"] = list;
-}
-
-// Held outer state: the caller saves the outer parameters and momentum, and turns each pending
-// sync's entry into the average the host path saves (pending.j.avg): it gets a codec's decoded
-// mean delta here (pending.j.delta) and subtracts it from its outer parameters, and makes a lone
-// replica's (pending.j.own) from the parameters it kept.
-void Streaming::save_held_state(TrainingState& st) {
-  std::string list;
-  for (auto& p : pending_) {
-    complete(comm_, p);
-    const std::string key = "pending." + std::to_string(p.fragment);
-    if (p.own) {
+    if (held_ && p.own) {
       st.meta[key + ".own"] = "1";
-    } else if (!p.gathered.empty()) {
-      const int64_t n = total_size(ranges_[p.fragment]);
-      std::vector<float> delta(size_t(n), 0.0f);
+    } else if (held_ && !p.gathered.empty()) {
+      std::vector<float> delta(size_t(total_size(ranges_[p.fragment])), 0.0f);
       decode_mean(p, delta);
       st.tensors[key + ".delta"] = std::move(delta);
     } else {

@@ -118,7 +118,6 @@ class Streaming : public Algorithm {
                      Pending& p);
   // A codec's payloads decoded and averaged (the mean outer gradient of the fragment, packed).
   void decode_mean(const Pending& p, std::vector<float>& delta) const;
-  void save_held_state(TrainingState& st);
   // begin_sync with the outer state held by the caller.
   void begin_held_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, uint64_t stream,
                        Pending& p);
