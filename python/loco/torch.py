@@ -257,7 +257,7 @@ class Sync:
             try:
                 self._core.hold_outer()
             except _loco.Error:
-                if not self._outer_default:
+                if outer_device is not None:  # asked for: refused, saying why
                     raise
                 held = False  # the default: this run's settings need the host (the core said why)
         self.method = method
@@ -340,9 +340,6 @@ class Sync:
         """Whether the outer state lives on the model's device (wrap's outer_device)."""
         if outer_device is None:  # the default: on the device of a device model, for the methods that can
             outer_device = "model" if self._device.type != "cpu" and method in ("diloco", "streaming") else "cpu"
-            self._outer_default = True
-        else:
-            self._outer_default = False
         if outer_device == "cpu":
             return False
         if method not in ("diloco", "streaming"):
