@@ -449,7 +449,11 @@ try:
 
     # 6b. Members must agree: a worker with another config (same parameter count), other data
     # or another run secret is refused at start, the differing keys named; the run goes on.
-    args = ["--set", "train.steps=60", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2",
+    # The members' run is long (3000 steps: about 30 s alone on a 2-core machine) so that they are
+    # still in it when the last joiner below comes, however slowly the refused ones start on a
+    # loaded machine (60 steps ended within a second, before the joiner, which then found the run
+    # over and left with exit 0).
+    args = ["--set", "train.steps=3000", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2",
             "--set", "elastic.timeout=30s"]
     ps = [start("agree", n, "agree", args) for n in ("w0", "w1")]
     wait_step("agree/w0/metrics.jsonl", 5)
@@ -471,6 +475,9 @@ try:
     # entry again first): a joiner with another outer.lr registers (its own entry takes the place)
     # and waits; once the members go on, their closer refuses it by the fingerprint in its member
     # record, and writes the entry again.
+    if any(p.poll() is not None for p in ps):
+        fail("agree: the members' run ended before the joiner of the deleted config entry came (the test needs "
+             "them in it; a longer run)")
     for p in ps:
         p.send_signal(signal.SIGSTOP)
     redis_cli("DEL", "loco:agree:config")
@@ -495,7 +502,7 @@ try:
     restored = redis_cli("GET", "loco:agree:config")
     if '"outer.lr":"0.6"' not in restored.replace(" ", ""):
         fail(f"agree: the run's config entry was not written again: {restored[:300]}")
-    wait_all(ps, ["w0", "w1"], "agree")
+    wait_all(ps, ["w0", "w1"], "agree", limit=600)
     rounds = rounds_by_number("agree", ["w0", "w1"])
     if any(len(c) != 2 for c, _ in rounds.values()):
         fail(f"agree: a refused worker entered a round: {rounds}")
