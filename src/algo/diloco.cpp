@@ -125,11 +125,13 @@ class Diloco : public Algorithm {
       const float* contribution = w.params.data();
       if (fault_.kind != Fault::Kind::None) {
         contribution_ = w.params;
-        apply_fault(fault_, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(w.rank));
+        apply_fault(fault_, done, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(w.rank));
         contribution = contribution_.data();
       }
       avg_.resize(size_t(n));
-      const auto s = reduce_outer(w.comm, theta_.data(), contribution, n, aggregate_, avg_.data(), "outer_gradients");
+      const auto s =
+          reduce_outer(w.comm, theta_.data(), contribution, n, aggregate_, avg_.data(), "outer_gradients", history_);
+      if (aggregate_.screen) history_.record(s);
       rejected_ = int(s.rejected.size());
       if (rejected_ && w.rank == 0)
         std::cerr << "loco: warning: round ending at step " << done << ", left out: "
@@ -195,6 +197,7 @@ class Diloco : public Algorithm {
     if (held_) return;  // the caller saves its outer parameters and momentum under the same names
     st.tensors["outer.params"] = theta_;
     st.tensors["outer.momentum"] = momentum_;
+    st.meta["outer.norm_history"] = norm_history_text({history_});
   }
   void load_state(const TrainingState& st) override {
     if (held_) return;
@@ -202,6 +205,8 @@ class Diloco : public Algorithm {
     momentum_.resize(size_t(n_));
     st.take("outer.params", theta_);
     st.take("outer.momentum", momentum_);
+    const auto it = st.meta.find("outer.norm_history");
+    history_ = parse_norm_history(it == st.meta.end() ? "" : it->second, 1, "training state")[0];
   }
 
  private:
@@ -215,6 +220,7 @@ class Diloco : public Algorithm {
   bool robust_ = false;  // reduce through reduce_outer (screening, a robust rule or a fault)
   std::vector<float> contribution_;  // a faulty replica's corrupted parameters
   int rejected_ = 0;  // contributions rejected in the last round
+  NormHistory history_;  // screening's record of the accepted rounds
   double sync_s_ = 0;  // the last round's synchronization and outer step, on the transport's clock
   CountVectorAverage average_;
   std::vector<Range> whole_;

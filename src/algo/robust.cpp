@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -58,25 +59,103 @@ std::string fixed(double x) {
 }  // namespace
 
 Screening screen_norms(const std::vector<double>& norms, double reject_norm, const std::string& what,
-                       const std::string& scope) {
+                       const std::string& scope, const ScreenBounds& bounds) {
   Screening s;
   s.norms = norms;
   std::vector<double> finite;
   for (double x : norms)
     if (std::isfinite(x)) finite.push_back(x);
   const double med = finite.empty() ? 0 : median_of(finite);
-  for (int m = 0; m < int(norms.size()); ++m) {
-    const double x = norms[size_t(m)];
-    if (!std::isfinite(x)) {
-      s.rejected.push_back(m);
-      s.why.push_back("non-finite " + what);
-    } else if (reject_norm > 0 && med > 0 && x > reject_norm * med) {
-      s.rejected.push_back(m);
-      s.why.push_back(what + " norm " + fixed(x) + " > " + fixed(reject_norm) + " x the " + scope + "'s median " +
-                      fixed(med));
+  std::vector<std::string> why(norms.size());
+  for (size_t m = 0; m < norms.size(); ++m) {
+    const double x = norms[m];
+    if (!std::isfinite(x))
+      why[m] = "non-finite " + what;
+    else if (x > bounds.absolute)
+      why[m] = what + " norm " + fixed(x) + " > " + bounds.absolute_why;
+    else if (reject_norm > 0 && med > 0 && x > reject_norm * med)
+      why[m] = what + " norm " + fixed(x) + " > " + fixed(reject_norm) + " x the " + scope + "'s median " + fixed(med);
+  }
+  // The history's rules: above its range while another contribution stays within it; then, with
+  // two left, the larger when it exceeds f times a smaller one that lies in the range.
+  const auto kept = [&] {
+    std::vector<size_t> k;
+    for (size_t m = 0; m < norms.size(); ++m)
+      if (why[m].empty()) k.push_back(m);
+    return k;
+  };
+  if (bounds.factor > 0) {
+    const auto k = kept();
+    bool within = false;
+    for (size_t m : k) within = within || norms[m] <= bounds.hi;
+    for (size_t m : k)
+      if (within && norms[m] > bounds.hi)
+        why[m] = what + " norm " + fixed(norms[m]) + " > " + fixed(bounds.factor) + " x " + bounds.history_why;
+    const auto two = kept();
+    if (two.size() == 2) {
+      const size_t a = norms[two[0]] <= norms[two[1]] ? two[0] : two[1], b = a == two[0] ? two[1] : two[0];
+      if (norms[a] >= bounds.lo && norms[a] <= bounds.hi && norms[b] > bounds.factor * norms[a])
+        why[b] = what + " norm " + fixed(norms[b]) + " > " + fixed(bounds.factor) + " x the other's " + fixed(norms[a]) +
+                 ", which lies within the run's history (" + bounds.history_why + ")";
     }
   }
+  for (size_t m = 0; m < norms.size(); ++m)
+    if (!why[m].empty()) {
+      s.rejected.push_back(int(m));
+      s.why.push_back(why[m]);
+    }
   return s;
+}
+
+ScreenBounds NormHistory::bounds(double reject_norm, double theta_norm) const {
+  ScreenBounds b;
+  if (theta_norm > 0 && std::isfinite(theta_norm)) {
+    b.absolute = kWreckFactor * theta_norm;
+    b.absolute_why = fixed(kWreckFactor) + " x the outer parameters' norm " + fixed(theta_norm) + " (a wreck)";
+  }
+  if (reject_norm > 0 && recent.size() >= kHistoryMinRounds) {
+    const double largest = *std::max_element(recent.begin(), recent.end());
+    b.factor = reject_norm;
+    b.lo = *std::min_element(recent.begin(), recent.end()) / reject_norm;
+    b.hi = reject_norm * largest;
+    b.history_why = "the largest accepted in the last " + std::to_string(recent.size()) + " rounds " + fixed(largest);
+  }
+  return b;
+}
+
+void NormHistory::record(const Screening& s) {
+  double largest = -1;
+  for (int m : s.accepted())
+    if (std::isfinite(s.norms[size_t(m)])) largest = std::max(largest, s.norms[size_t(m)]);
+  if (largest < 0) return;
+  recent.push_back(largest);
+  if (recent.size() > kHistoryRounds) recent.erase(recent.begin());
+}
+
+std::string norm_history_text(const std::vector<NormHistory>& h) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& x : h) j.push_back(x.recent);
+  return j.dump();
+}
+
+std::vector<NormHistory> parse_norm_history(const std::string& text, size_t count, const std::string& what) {
+  std::vector<NormHistory> out(count);
+  if (text.empty()) return out;
+  const auto bad = [&](const std::string& why) { fail(what + ": the screening history " + why); };
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_array()) bad("is not a JSON array");
+  if (j.size() != count) bad("has " + std::to_string(j.size()) + " entries, expected " + std::to_string(count));
+  for (size_t k = 0; k < count; ++k) {
+    const auto& a = j[k];
+    if (!a.is_array() || a.size() > kHistoryRounds) bad("entry " + std::to_string(k) + " is not a list of at most " +
+                                                        std::to_string(kHistoryRounds) + " norms");
+    for (const auto& x : a) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()) || x.get<double>() < 0)
+        bad("entry " + std::to_string(k) + " holds " + x.dump() + ", not a finite non-negative norm");
+      out[k].recent.push_back(x.get<double>());
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -213,22 +292,24 @@ std::vector<std::string> gather_checked(Communicator& comm, std::string payload,
 
 }  // namespace
 
-Screening exchange_norms(Communicator& comm, double own, double reject_norm, const std::string& label) {
+Screening exchange_norms(Communicator& comm, double own, double reject_norm, const std::string& label,
+                         const ScreenBounds& bounds) {
   std::string payload(sizeof own, '\0');
   std::memcpy(payload.data(), &own, sizeof own);
   const auto all = gather_checked(comm, std::move(payload), label + "_norms", "a norm");
   std::vector<double> norms(all.size());
   for (size_t m = 0; m < all.size(); ++m) std::memcpy(&norms[m], all[m].data(), sizeof(double));
-  Screening s = screen_norms(norms, reject_norm);
+  Screening s = screen_norms(norms, reject_norm, "outer gradient", "round", bounds);
   if (s.rejected.size() == norms.size())
     fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
   return s;
 }
 
 Screening screen_and_aggregate(const std::vector<const float*>& p, int64_t n, const std::vector<double>& norms,
-                               const AggregateOptions& o, float* out, const std::string& label) {
+                               const AggregateOptions& o, float* out, const std::string& label,
+                               const ScreenBounds& bounds) {
   // Non-finite contributions cannot be ordered: the robust rules always reject them.
-  Screening s = screen_norms(norms, o.screen ? o.reject_norm : 0);
+  Screening s = o.screen ? screen_norms(norms, o.reject_norm, "outer gradient", "round", bounds) : screen_norms(norms, 0);
   const auto members = s.accepted();
   if (members.empty()) fail(label + ": every member's contribution was rejected (" + describe_rejections(s) + ")");
   robust_aggregate(p, members, n, o, out);
@@ -236,15 +317,17 @@ Screening screen_and_aggregate(const std::vector<const float*>& p, int64_t n, co
 }
 
 Screening reduce_outer(Communicator& comm, const float* theta, const float* contribution, int64_t n,
-                       const AggregateOptions& o, float* out, const std::string& label) {
+                       const AggregateOptions& o, float* out, const std::string& label,
+                       const NormHistory& history) {
   const int M = comm.size();
+  const ScreenBounds bounds = o.screen ? history.bounds(o.reject_norm, vector_norm(theta, n)) : ScreenBounds{};
   if (o.rule == "mean") {
     if (out != contribution) std::memcpy(out, contribution, size_t(n) * sizeof(float));
     if (!o.screen) {
       comm.all_reduce(out, n, ReduceOp::Mean, label);
       return {};
     }
-    Screening s = exchange_norms(comm, outer_gradient_norm(theta, contribution, n), o.reject_norm, label);
+    Screening s = exchange_norms(comm, outer_gradient_norm(theta, contribution, n), o.reject_norm, label, bounds);
     const int count = M - int(s.rejected.size());
     if (s.rejected.empty()) {
       comm.all_reduce(out, n, ReduceOp::Mean, label);
@@ -271,7 +354,7 @@ Screening reduce_outer(Communicator& comm, const float* theta, const float* cont
     p[size_t(m)] = aligned[size_t(m)].data();
     norms[size_t(m)] = outer_gradient_norm(theta, p[size_t(m)], n);
   }
-  return screen_and_aggregate(p, n, norms, o, out, label);
+  return screen_and_aggregate(p, n, norms, o, out, label, bounds);
 }
 
 std::string describe_rejections(const Screening& s, const std::string& noun) {

@@ -101,6 +101,7 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w)
       num_params_(w.params.size()) {
   set_robustness(aggregate_options(cfg.outer, false),
                  w.rank >= w.replicas - cfg.outer.faulty_replicas ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
+  norm_history_.resize(plan_.size());
   const auto& layout = w.layout();
   // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
   const auto& stage = layout.stage();
@@ -334,6 +335,7 @@ void Streaming::save_state(TrainingState& st) {
     list += std::to_string(p.fragment);
   }
   st.meta["pending"] = list;
+  st.meta["outer.norm_history"] = norm_history_text(norm_history_);  // with the pending syncs' records
 }
 
 void Streaming::decode_mean(const Pending& p, std::vector<float>& delta) const {
@@ -358,6 +360,8 @@ void Streaming::load_state(const TrainingState& st) {
     st.take("outer.momentum", momentum);
     store().write_all(theta, momentum);
   }
+  const auto h = st.meta.find("outer.norm_history");
+  norm_history_ = parse_norm_history(h == st.meta.end() ? "" : h->second, plan_.size(), "training state");
   pending_.clear();
   const auto it = st.meta.find("pending");
   if (it == st.meta.end() || it->second.empty()) return;
@@ -423,14 +427,14 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
       return;
     }
     pack_ranges(params.data(), ranges, p.buffer);
-    apply_fault(fault_, p.theta, p.buffer, fault_seed);
+    apply_fault(fault_, p.apply_at - tau_, p.theta, p.buffer, fault_seed);
     faulty_params_ = params;
     unpack_ranges(p.buffer.data(), ranges, faulty_params_.data());
     average_.start(comm, faulty_params_.data(), ranges, p.op);
     return;
   }
   pack_ranges(params.data(), ranges, p.buffer);
-  apply_fault(fault_, p.theta, p.buffer, fault_seed);
+  apply_fault(fault_, p.apply_at - tau_, p.theta, p.buffer, fault_seed);
   for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
   const int64_t n = int64_t(p.buffer.size());
@@ -496,12 +500,12 @@ void Streaming::begin_robust_sync(Communicator& comm, const std::vector<float>& 
                                   uint64_t fault_seed, Pending& p) {
   p.robust = true;
   pack_ranges(params.data(), ranges_[p.fragment], p.buffer);  // this member's parameters of the fragment
-  apply_fault(fault_, p.theta, p.buffer, fault_seed);
+  apply_fault(fault_, p.apply_at - tau_, p.theta, p.buffer, fault_seed);
   const int64_t n = int64_t(p.buffer.size());
   if (codec_->lossless() && aggregate_.rule == "mean") {
     p.reduce = EncodedReduce::AllGather;
     p.screening = exchange_norms(comm, outer_gradient_norm(p.theta.data(), p.buffer.data(), n), aggregate_.reject_norm,
-                                 "outer_gradients");
+                                 "outer_gradients", bounds(p));
     const bool none = p.screening.rejected.empty();
     if (std::binary_search(p.screening.rejected.begin(), p.screening.rejected.end(), comm.rank()))
       std::fill(p.buffer.begin(), p.buffer.end(), 0.0f);
@@ -512,6 +516,11 @@ void Streaming::begin_robust_sync(Communicator& comm, const std::vector<float>& 
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(comm.rank()), stream));
   p.reduce = last_reduce_ = EncodedReduce::AllGather;
   p.handle = comm.all_gather_direct_start(codec_->encode(p.buffer.data(), n, rng), &p.gathered, "outer_gradients");
+}
+
+ScreenBounds Streaming::bounds(const Pending& p) const {
+  if (!aggregate_.screen) return {};
+  return norm_history_[p.fragment].bounds(aggregate_.reject_norm, vector_norm(p.theta.data(), int64_t(p.theta.size())));
 }
 
 void Streaming::complete_robust(Communicator& comm, Pending& p) {
@@ -536,9 +545,10 @@ void Streaming::complete_robust(Communicator& comm, Pending& p) {
       norms[size_t(m)] = vector_norm(ptrs[size_t(m)], n);
     }
     std::vector<float> delta(static_cast<size_t>(n));
-    p.screening = screen_and_aggregate(ptrs, n, norms, aggregate_, delta.data(), "outer_gradients");
+    p.screening = screen_and_aggregate(ptrs, n, norms, aggregate_, delta.data(), "outer_gradients", bounds(p));
     for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
   }
+  if (aggregate_.screen) norm_history_[p.fragment].record(p.screening);
   rejected_ = int(p.screening.rejected.size());
   if (rejected_ && comm.rank() == 0)
     std::cerr << "loco: warning: fragment " << p.fragment << "'s sync, left out: "

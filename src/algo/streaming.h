@@ -105,6 +105,8 @@ class Streaming : public Algorithm {
   void set_robustness(const AggregateOptions& aggregate, const Fault& fault, const std::string& noun = "replica");
 
   std::deque<Pending> pending_;
+  // Screening's record of each fragment's accepted syncs (algo/robust.h), with screening on.
+  std::vector<NormHistory> norm_history_;
 
  private:
   // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
@@ -124,6 +126,8 @@ class Streaming : public Algorithm {
   void begin_robust_sync(Communicator& comm, const std::vector<float>& params, uint64_t stream, uint64_t fault_seed,
                          Pending& p);
   void complete_robust(Communicator& comm, Pending& p);
+  // The wreck and history rules' bounds for p's sync (none without screening).
+  ScreenBounds bounds(const Pending& p) const;
 
   StreamingConfig cfg_;
   OuterConfig outer_;

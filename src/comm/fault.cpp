@@ -8,9 +8,22 @@
 
 namespace loco {
 
-Fault parse_fault(const std::string& text, const std::string& key) {
+Fault parse_fault(const std::string& whole, const std::string& key) {
   Fault f;
-  if (text.empty()) return f;
+  if (whole.empty()) return f;
+  const size_t at = whole.find('@');
+  const std::string text = whole.substr(0, at);
+  if (at != std::string::npos) {
+    const std::string from = whole.substr(at + 1);
+    size_t used = 0;
+    try {
+      f.from_step = std::stoll(from, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != from.size() || f.from_step < 0)
+      fail(key + " = \"" + whole + "\": @S needs a step S >= 0, e.g. scale:-10@40");
+  }
   if (text == "nan") {
     f.kind = Fault::Kind::Nan;
   } else if (text == "inf") {
@@ -25,16 +38,17 @@ Fault parse_fault(const std::string& text, const std::string& key) {
       used = 0;
     }
     if (used == 0 || used != text.size() - 6 || !std::isfinite(f.scale))
-      fail(key + " = \"" + text + "\": scale:X needs a finite number X, e.g. scale:-10");
+      fail(key + " = \"" + whole + "\": scale:X needs a finite number X, e.g. scale:-10");
     f.kind = Fault::Kind::Scale;
   } else {
-    fail(key + " = \"" + text + "\": use \"\" (none), \"nan\", \"inf\", \"noise\" or \"scale:X\"");
+    fail(key + " = \"" + whole + "\": use \"\" (none), \"nan\", \"inf\", \"noise\" or \"scale:X\", each maybe followed by @S");
   }
   return f;
 }
 
-void apply_fault(const Fault& f, const std::vector<float>& theta, std::vector<float>& contribution, uint64_t seed) {
-  if (f.kind == Fault::Kind::None || contribution.empty()) return;
+void apply_fault(const Fault& f, int64_t step, const std::vector<float>& theta, std::vector<float>& contribution,
+                 uint64_t seed) {
+  if (f.kind == Fault::Kind::None || contribution.empty() || step < f.from_step) return;
   if (f.kind == Fault::Kind::Noise) {
     double norm = 0, drawn = 0;
     std::vector<double> z(contribution.size());

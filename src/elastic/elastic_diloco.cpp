@@ -26,7 +26,9 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
         fault_(options.fault),
         theta_(w.params.size()),
         momentum_(w.params.size(), 0.0f),
-        aggregate_(aggregate_options(cfg.outer, true)) {}
+        aggregate_(aggregate_options(cfg.outer, true)) {
+    session_.expect_norm_histories(1);
+  }
 
   void start(Worker& w, bool resumed) override {
     if (!w.restored) theta_ = w.params;  // else from the checkpoint (load_state); a join replaces it
@@ -42,14 +44,18 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
     if (!rounds_at(w, done, last)) return;
     const int64_t n = int64_t(theta_.size());
     std::vector<float> theta, momentum, avg;
+    NormHistory history;
     ElasticSession::Round r;
     r.id = (done + outer_.inner_steps - 1) / outer_.inner_steps;
     r.step = done;
     r.take_joiners = !last;
     r.reduce = [&](Communicator& comm, int, int) {
       avg = w.params;
-      apply_fault(fault_, theta_, avg, uint64_t(r.id));
-      const auto s = reduce_outer(comm, theta_.data(), avg.data(), n, aggregate_, avg.data(), "outer_gradients");
+      apply_fault(fault_, done, theta_, avg, uint64_t(r.id));
+      const auto s =
+          reduce_outer(comm, theta_.data(), avg.data(), n, aggregate_, avg.data(), "outer_gradients", history_);
+      history = history_;
+      if (aggregate_.screen) history.record(s);
       rejected_ = int(s.rejected.size());
       if (rejected_)
         std::cerr << "loco: warning: round " << r.id << ", left out: " << describe_rejections(s, "round member")
@@ -60,13 +66,15 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
       outer_sgd_step(theta.data(), momentum.data(), avg.data(), n, outer_);
       session_.add_compute(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
-    r.outer_state = [&](std::vector<float>& t, std::vector<float>& m) {
-      t = theta;
-      m = momentum;
+    r.outer_state = [&](JoinState& s) {
+      s.theta = theta;
+      s.momentum = momentum;
+      s.norm_history = {history};
     };
     r.commit = [&] {
       theta_ = std::move(theta);
       momentum_ = std::move(momentum);
+      history_ = std::move(history);
       w.params = theta_;
       return crc32c(theta_.data(), theta_.size() * sizeof(float));
     };
@@ -88,10 +96,13 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
   void save_state(TrainingState& st) override {
     st.tensors["outer.params"] = theta_;
     st.tensors["outer.momentum"] = momentum_;
+    st.meta["outer.norm_history"] = norm_history_text({history_});
   }
   void load_state(const TrainingState& st) override {
     st.take("outer.params", theta_);
     st.take("outer.momentum", momentum_);
+    const auto it = st.meta.find("outer.norm_history");
+    history_ = parse_norm_history(it == st.meta.end() ? "" : it->second, 1, "training state")[0];
   }
 
  private:
@@ -99,6 +110,8 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
     return [this](Worker& w, JoinState& s) {
       theta_ = std::move(s.theta);
       momentum_ = std::move(s.momentum);
+      check(s.norm_history.size() == 1, "internal: a join state without DiLoCo's screening history");
+      history_ = std::move(s.norm_history[0]);
       w.params = theta_;
     };
   }
@@ -108,6 +121,7 @@ class ElasticDiloco : public ElasticMethod<Algorithm> {
   std::vector<float> theta_, momentum_;
   AggregateOptions aggregate_;
   int rejected_ = 0;  // contributions left out of the last round
+  NormHistory history_;  // screening's record of the accepted rounds (algo/robust.h)
 };
 
 }  // namespace

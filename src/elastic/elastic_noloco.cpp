@@ -103,9 +103,9 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
       delta = delta_;
       noloco_outer_step(phis, ds, self, phi.data(), delta.data(), theta.data(), n_, noloco_step_params(cfg_));
     };
-    r.outer_state = [&](std::vector<float>& t, std::vector<float>& m) {
-      t = phi;
-      m = delta;
+    r.outer_state = [&](JoinState& s) {
+      s.theta = phi;
+      s.momentum = delta;
     };
     r.commit = [&] {
       phi_ = std::move(phi);

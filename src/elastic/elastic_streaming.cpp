@@ -31,6 +31,7 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
       std::cerr << "loco: warning: outer.reduce = \"reduce-scatter\": the members' contributions are not screened "
                    "(no member sees another's); outer.reduce = \"auto\" or \"all-gather\" screens them\n";
     set_robustness(aggregate_options(cfg.outer, !scattered), options.fault, "round member");
+    session_.expect_norm_histories(fragments());
   }
 
   void start(Worker& w, bool resumed) override {
@@ -53,17 +54,20 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
  protected:
   bool sync_fragment(Worker& w, size_t j, int64_t step, bool last) override {
     std::unique_ptr<Pending> p;
+    const std::vector<NormHistory> history = norm_history_;  // each attempt screens from it
     ElasticSession::Round r;
     r.id = step * int64_t(fragments()) + int64_t(j);
     r.step = step;
     r.take_joiners = !last;
     r.reduce = [&](Communicator& comm, int rank, int size) {
       p = std::make_unique<Pending>();
+      norm_history_ = history;
       begin_sync(comm, rank, size, w.params, j, step, *p);
       complete(comm, *p);
     };
-    r.outer_state = [&](std::vector<float>& theta, std::vector<float>& momentum) {
-      latest_outer_state(theta, momentum, p.get());
+    r.outer_state = [&](JoinState& s) {
+      latest_outer_state(s.theta, s.momentum, p.get());
+      s.norm_history = norm_history_;
     };
     r.commit = [&] {
       pending_.push_back(std::move(*p));
@@ -79,6 +83,8 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
   ElasticSession::Install install() {
     return [this](Worker& w, JoinState& s) {
       install_outer_state(s.theta, s.momentum);
+      check(s.norm_history.size() == fragments(), "internal: a join state without every fragment's screening history");
+      norm_history_ = std::move(s.norm_history);
       w.params = s.theta;
     };
   }

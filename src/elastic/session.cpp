@@ -8,64 +8,13 @@
 #include "comm/inprocess.h"
 #include "core/checksum.h"
 #include "core/error.h"
+#include "elastic/join_state.h"
 #include "elastic/methods.h"
 #include "elastic/secure_transport.h"
 
 namespace loco {
 
 namespace {
-
-// A JSON header, the tensors' floats, and a CRC-32C of everything before it.
-std::string encode(const JoinState& s) {
-  const nlohmann::json head = {{"step", s.step},
-                               {"data_epoch", s.data_epoch},
-                               {"data_offset", s.data_offset},
-                               {"optimizer_steps", s.optimizer_steps},
-                               {"epoch", s.epoch},
-                               {"floats", s.theta.size()},
-                               {"inner_bytes", s.inner.size()}};
-  const std::string h = head.dump();
-  std::string out;
-  const uint64_t hn = h.size();
-  out.append(reinterpret_cast<const char*>(&hn), sizeof hn);
-  out += h;
-  for (const auto* t : {&s.theta, &s.momentum, &s.m, &s.v})
-    out.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
-  out += s.inner;
-  const uint32_t crc = crc32c(out.data(), out.size());
-  out.append(reinterpret_cast<const char*>(&crc), sizeof crc);
-  return out;
-}
-
-JoinState decode(const std::string& bytes, size_t n_params, size_t n_trainable) {
-  auto bad = [](const std::string& why) { fail("elastic: the state received from a peer is corrupt (" + why + ")"); };
-  if (bytes.size() < 12) bad("too short");
-  uint32_t crc;
-  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
-  if (crc32c(bytes.data(), bytes.size() - 4) != crc) bad("checksum mismatch");
-  uint64_t hn;
-  std::memcpy(&hn, bytes.data(), 8);
-  if (hn > bytes.size() - 12) bad("header size");
-  JoinState s;
-  const auto head = nlohmann::json::parse(bytes.substr(8, hn));
-  s.step = head.at("step");
-  s.data_epoch = head.at("data_epoch");
-  s.data_offset = head.at("data_offset");
-  s.optimizer_steps = head.at("optimizer_steps");
-  s.epoch = head.at("epoch").get<std::vector<int64_t>>();
-  if (head.at("floats").get<size_t>() != n_params) bad("another model size");
-  const size_t floats = 8 + hn + (2 * n_params + 2 * n_trainable) * sizeof(float) + 4;
-  const size_t inner = head.at("inner_bytes").get<size_t>();
-  if (floats > bytes.size() || bytes.size() - floats != inner) bad("size");
-  const char* p = bytes.data() + 8 + hn;
-  for (auto [t, n] : {std::pair{&s.theta, n_params}, {&s.momentum, n_params}, {&s.m, n_trainable}, {&s.v, n_trainable}}) {
-    t->resize(n);
-    std::memcpy(t->data(), p, n * sizeof(float));
-    p += n * sizeof(float);
-  }
-  s.inner.assign(p, inner);
-  return s;
-}
 
 double unix_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -140,6 +89,7 @@ void ElasticSession::equalize_start(Worker& w, const Roster& r, const Install& i
   s.theta.resize(num_params_);
   std::memcpy(s.theta.data(), bytes.data(), bytes.size());
   s.momentum.assign(num_params_, 0.0f);
+  s.norm_history.resize(norm_histories_);  // no round yet
   install(w, s);
 }
 
@@ -201,7 +151,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
         round.reduce(*comm, me, C);
         // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
         if (me == 0 && !roster.joiners.empty()) {
-          JoinState s{round.step, next_data.epoch, next_data.offset, 0, next_epoch, {}, {}, {}, {}, {}};
+          JoinState s{round.step, next_data.epoch, next_data.offset, 0, next_epoch, {}, {}, {}, {}, {}, {}};
           if (w.adamw) {
             s.optimizer_steps = w.adamw->steps();
             s.m = w.adamw->m();
@@ -210,9 +160,9 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
             s.inner = membership_.options().foreign->save_inner();
           }
           const auto t_outer = std::chrono::steady_clock::now();
-          round.outer_state(s.theta, s.momentum);
+          round.outer_state(s);
           round_compute_s_ += seconds_since(t_outer);
-          state = encode(s);
+          state = encode_join_state(s);
           const int J = int(roster.joiners.size());
           joining = true;
           join_transport = connect(roster.transport_name() + ":join", 0, 1 + J);
@@ -351,7 +301,7 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
         auto h = comm->recv_start(0, &bytes, "join_state");
         comm->wait(h);
-        s = decode(bytes, num_params_, w.adamw ? w.adamw->m().size() : 0);
+        s = decode_join_state(bytes, num_params_, w.adamw ? w.adamw->m().size() : 0, norm_histories_);
         if (std::find(s.epoch.begin(), s.epoch.end(), membership_.id()) == s.epoch.end())
           fail("elastic: the state received does not list this member");
       } catch (const std::exception& e) {

@@ -22,17 +22,10 @@
 #include "algo/algorithm.h"
 #include "algo/worker.h"
 #include "comm/stats.h"
+#include "elastic/join_state.h"
 #include "elastic/membership.h"
 
 namespace loco {
-
-// What a joiner receives from a live member.
-struct JoinState {
-  int64_t step = 0, data_epoch = 0, data_offset = 0, optimizer_steps = 0;
-  std::vector<int64_t> epoch;  // the members from the next round on
-  std::vector<float> theta, momentum, m, v;  // outer parameters and momentum; AdamW moments
-  std::string inner;  // a foreign model's inner optimizer state (ForeignWorker), else empty
-};
 
 class ElasticSession {
  public:
@@ -58,8 +51,9 @@ class ElasticSession {
     // The reduction among the contributors: `comm` over them, this worker is `rank` of `size`.
     // It computes into the method's temporaries (a failed attempt is redone from scratch).
     std::function<void(Communicator& comm, int rank, int size)> reduce;
-    // The outer state a joiner starts from once this round's result is in (first contributor).
-    std::function<void(std::vector<float>& theta, std::vector<float>& momentum)> outer_state;
+    // The outer state a joiner starts from once this round's result is in (first contributor):
+    // the outer parameters, momentum and screening history.
+    std::function<void(JoinState& s)> outer_state;
     // Applies the round's result, once, after the attempt committed; returns the CRC-32C of the
     // outer parameters a joiner would now start from (logged with the round).
     std::function<uint32_t()> commit;
@@ -74,6 +68,9 @@ class ElasticSession {
   // True while this worker is the first (lowest id) of the current round's members: it writes
   // the model checkpoints; the others write none.
   bool first_member() const { return !epoch_.empty() && epoch_.front() == membership_.id(); }
+  // How many screening histories the method's state holds (JoinState::norm_history; a joiner
+  // refuses a state with another count).
+  void expect_norm_histories(size_t count) { norm_histories_ = count; }
   // For the method's Algorithm hooks.
   void count_step() { ++steps_trained_; }
   double wait_seconds() const { return wait_s_; }
@@ -100,6 +97,7 @@ class ElasticSession {
   std::shared_ptr<TrafficStats> traffic_;
   std::shared_ptr<TraceRecorder> trace_;
   size_t num_params_;
+  size_t norm_histories_ = 0;
   std::vector<int64_t> epoch_;  // this round's members (ids ascending); data slot = index
   std::vector<int64_t> ids_;    // every id this worker has held
   int64_t last_round_step_ = 0, jump_to_ = -1, steps_trained_ = 0, aborted_ = 0;

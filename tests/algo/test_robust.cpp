@@ -55,6 +55,85 @@ TEST(Screening, RejectsNonFiniteAndOutlyingNorms) {
   EXPECT_TRUE(screen_norms({0, 0, 0}, 3).rejected.empty());
 }
 
+TEST(Screening, TheWreckRuleRejectsWhateverTheOthersDo) {
+  NormHistory none;
+  const ScreenBounds b = none.bounds(3, 2.0);  // outer parameters of norm 2: bound 20
+  EXPECT_EQ(b.factor, 0);                      // no history yet
+  auto s = screen_norms({0.5, 25}, 3, "outer gradient", "round", b);
+  EXPECT_EQ(s.rejected, std::vector<int>{1});
+  EXPECT_NE(s.why[0].find("25 > 10 x the outer parameters' norm 2 (a wreck)"), std::string::npos) << s.why[0];
+  EXPECT_EQ(screen_norms({21, 25}, 3, "outer gradient", "round", b).rejected, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(screen_norms({0.5, 20}, 3, "outer gradient", "round", b).rejected.empty());  // at the bound: kept
+  EXPECT_EQ(none.bounds(3, 0).absolute, HUGE_VAL);  // outer parameters all zero: no wreck rule
+}
+
+TEST(Screening, TheRunsHistoryTellsTheBadOfTwoMembers) {
+  NormHistory h;
+  Screening round;
+  round.norms = {1.0, 0.8};
+  h.record(round);
+  EXPECT_EQ(h.bounds(3, 0).factor, 0);  // fewer than kHistoryMinRounds rounds
+  round.norms = {0.9, 1.2, kNan};
+  round.rejected = {2};
+  h.record(round);
+  round = Screening{};
+  round.norms = {0.7, 5.0};
+  round.rejected = {1};  // a rejected norm is not recorded
+  h.record(round);
+  EXPECT_EQ(h.recent, (std::vector<double>{1.0, 1.2, 0.7}));
+  const ScreenBounds b = h.bounds(3, 0);
+  EXPECT_DOUBLE_EQ(b.hi, 3.6);
+  EXPECT_DOUBLE_EQ(b.lo, 0.7 / 3);
+  // Two members: the median rule cannot tell 1.1 from 12 (their median is 6.55); the history can.
+  EXPECT_TRUE(screen_norms({1.1, 12}, 3).rejected.empty());
+  auto s = screen_norms({1.1, 12}, 3, "outer gradient", "round", b);
+  EXPECT_EQ(s.rejected, std::vector<int>{1});
+  EXPECT_NE(s.why[0].find("12 > 3 x the largest accepted in the last 3 rounds 1.2"), std::string::npos) << s.why[0];
+  // Within the range, the larger of two is rejected above 3 x the smaller when the smaller lies in
+  // the range (norms that shrink faster than the history forgets them) ...
+  s = screen_norms({0.3, 3.3, kNan}, 3, "outer gradient", "round", b);
+  EXPECT_EQ(s.rejected, (std::vector<int>{1, 2}));
+  EXPECT_NE(s.why[0].find("3.3 > 3 x the other's 0.3, which lies within the run's history"), std::string::npos)
+      << s.why[0];
+  EXPECT_TRUE(screen_norms({0.3, 0.85}, 3, "outer gradient", "round", b).rejected.empty());
+  // ... but not when the smaller lies below the range (a member that sends next to nothing does
+  // not get the other rejected).
+  EXPECT_TRUE(screen_norms({0.2, 3.3}, 3, "outer gradient", "round", b).rejected.empty());
+  // With three, the median rule decides.
+  EXPECT_TRUE(screen_norms({0.3, 0.9, 1.0}, 3, "outer gradient", "round", b).rejected.empty());
+  // A jump every member makes is the training's own: nobody is rejected.
+  EXPECT_TRUE(screen_norms({4, 5}, 3, "outer gradient", "round", b).rejected.empty());
+  // ... while a member the other rules reject does not count as staying within the bound.
+  EXPECT_EQ(screen_norms({4, kNan}, 3, "outer gradient", "round", b).rejected, std::vector<int>{1});
+  // reject_norm 0 turns the history rules off too.
+  EXPECT_EQ(h.bounds(0, 0).factor, 0);
+  // The record keeps the last kHistoryRounds rounds.
+  for (int k = 0; k < 10; ++k) {
+    Screening r;
+    r.norms = {double(k)};
+    h.record(r);
+  }
+  EXPECT_EQ(h.recent, (std::vector<double>{2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST(Screening, HistoriesRoundTripExactlyAndHostileTextIsRefused) {
+  std::vector<NormHistory> h(3);
+  h[0].recent = {0.1, 1.0 / 3, 12345.678901234567};
+  h[2].recent = {5e-300};
+  const auto back = parse_norm_history(norm_history_text(h), 3, "state");
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(back[k].recent, h[k].recent);
+  EXPECT_EQ(parse_norm_history("", 2, "state").size(), 2u);  // a state from before the history
+  for (const char* bad : {"{", "{}", "[[1],[2]]", "[[1],[2],3]", "[[1],[2],[-1]]", "[[1],[2],[\"x\"]]",
+                          "[[1],[2],[1,1,1,1,1,1,1,1,1]]", "[[1],[2],[1e999]]", "[[1],[2],[null]]"}) {
+    try {
+      parse_norm_history(bad, 3, "state");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("state: the screening history"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(RobustAggregate, RulesPerCoordinate) {
   // Five members, two coordinates; member 4 is far off in the first.
   const std::vector<std::vector<float>> p = {{1, 10}, {2, 20}, {3, 30}, {4, 40}, {100, 50}};
@@ -114,7 +193,7 @@ struct RoundResult {
 };
 
 RoundResult run_round(const std::vector<float>& theta, const std::vector<std::vector<float>>& contributions,
-                      const AggregateOptions& o, int64_t short_member = -1) {
+                      const AggregateOptions& o, int64_t short_member = -1, const NormHistory& history = {}) {
   const int M = int(contributions.size());
   const int64_t n = int64_t(theta.size());
   RoundResult r;
@@ -132,7 +211,8 @@ RoundResult run_round(const std::vector<float>& theta, const std::vector<std::ve
         // A member whose payload is one float short (a peer lying about the size of what it sends).
         const int64_t len = m == short_member ? n - 1 : n;
         r.screening[size_t(m)] =
-            reduce_outer(comm, theta.data(), contributions[size_t(m)].data(), len, o, r.out[size_t(m)].data(), "outer");
+            reduce_outer(comm, theta.data(), contributions[size_t(m)].data(), len, o, r.out[size_t(m)].data(), "outer",
+                         history);
       } catch (const std::exception& e) {
         r.errors[size_t(m)] = e.what();
         comm.abort(e.what());
@@ -202,7 +282,9 @@ TEST(ReduceOuter, RobustRulesSeeEveryContributionAndAgreeBitwise) {
     for (int m = 0; m < M; ++m) {
       EXPECT_EQ(r.errors[size_t(m)], "") << rule;
       EXPECT_EQ(r.screening[size_t(m)].rejected, (std::vector<int>{1, 4})) << rule;
-      if (std::string(rule) != "mean") EXPECT_EQ(r.out[size_t(m)], want) << rule << " member " << m;
+      if (std::string(rule) != "mean") {
+        EXPECT_EQ(r.out[size_t(m)], want) << rule << " member " << m;
+      }
     }
     if (std::string(rule) != "mean") {
       // The all-gather: each member sends the others' payloads on around the ring, M - 1 of n floats.
@@ -254,15 +336,53 @@ TEST(ReduceOuter, EveryContributionRejectedFails) {
                                         std::string::npos) << r.errors[size_t(m)];
 }
 
+TEST(ReduceOuter, TwoMembersTheHistoryLeavesOutTheOneThatWentBad) {
+  const int64_t n = 300;
+  std::vector<float> theta(n);
+  Rng rng(5);
+  for (auto& x : theta) x = float(rng.normal());
+  auto p = honest(2, n, theta, 8);
+  const double own = outer_gradient_norm(theta.data(), p[0].data(), n);
+  for (int64_t i = 0; i < n; ++i) p[1][size_t(i)] = theta[size_t(i)] + 10 * (theta[size_t(i)] - p[1][size_t(i)]);
+  NormHistory h;
+  h.recent = {own, own, own};
+  for (const char* rule : {"mean", "median"}) {
+    AggregateOptions o;
+    o.rule = rule;
+    o.screen = true;
+    const auto unscreened = run_round(theta, p, o);  // no history: both averaged in
+    const auto r = run_round(theta, p, o, -1, h);
+    for (int m = 0; m < 2; ++m) {
+      EXPECT_TRUE(unscreened.screening[size_t(m)].rejected.empty()) << rule;
+      EXPECT_EQ(r.errors[size_t(m)], "") << rule;
+      EXPECT_EQ(r.screening[size_t(m)].rejected, std::vector<int>{1}) << rule;
+      EXPECT_EQ(r.out[size_t(m)], p[0]) << rule << " member " << m;  // the honest member's alone
+    }
+  }
+}
+
+TEST(Fault, FromAStepOn) {
+  std::vector<float> theta(4, 1.0f), p(4, 0.5f), q = p;
+  const Fault f = parse_fault("scale:-10@40");
+  EXPECT_EQ(f.from_step, 40);
+  apply_fault(f, 39, theta, q, 1);
+  EXPECT_EQ(q, p);
+  apply_fault(f, 40, theta, q, 1);
+  EXPECT_EQ(q, std::vector<float>(4, 6.0f));  // theta - (-10)(theta - p) = 1 + 10 x 0.5
+  for (const char* bad : {"scale:-10@", "scale:-10@x", "scale:-10@-1", "nan@4@5", "@3"}) {
+    EXPECT_THROW(parse_fault(bad, "outer.fault"), Error) << bad;
+  }
+}
+
 TEST(Fault, NoiseKeepsTheOuterGradientsNormAndDependsOnTheSeed) {
   const int64_t n = 500;
   std::vector<float> theta(n, 1.0f);
   auto p = honest(1, n, theta, 4)[0];
   auto a = p, b = p, c = p;
   const Fault f = parse_fault("noise");
-  apply_fault(f, theta, a, 1);
-  apply_fault(f, theta, b, 1);
-  apply_fault(f, theta, c, 2);
+  apply_fault(f, 0, theta, a, 1);
+  apply_fault(f, 0, theta, b, 1);
+  apply_fault(f, 0, theta, c, 2);
   const double want = outer_gradient_norm(theta.data(), p.data(), n);
   LOCO_EXPECT_NEAR(outer_gradient_norm(theta.data(), a.data(), n), want, 1e-5 * want);
   EXPECT_EQ(a, b);

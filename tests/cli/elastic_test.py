@@ -555,15 +555,41 @@ try:
     if "sync, left out: round member" not in logs:
         fail("sbad: no member said it left the bad one out:\n" + logs[-2000:])
     ref = val_loss("inproc-sbad/summary.json")
+
+    def near_honest(out, n, ref):
+        """The final val loss of member n, failing unless finite and within 3% of the honest run's."""
+        loss = val_loss(f"{out}/{n}/summary.json")
+        if not math.isfinite(loss) or abs(loss / ref - 1) > 0.03:
+            fail(f"{out}/{n}: final val loss {loss}, the honest in-process run's {ref}")
+        return loss
     for n in names:
         recs = [json.loads(l) for l in open(f"sbad/{n}/metrics.jsonl") if '"outer_rejected"' in l]
         if not recs or any(r["outer_rejected"] != 1 for r in recs):
             fail(f"sbad/{n}: outer_rejected {[r.get('outer_rejected') for r in recs]}, expected 1 in each")
-        loss = val_loss(f"sbad/{n}/summary.json")
-        if not math.isfinite(loss) or abs(loss / ref - 1) > 0.03:
-            fail(f"sbad/{n}: final val loss {loss}, the honest in-process run's {ref}")
+        loss = near_honest("sbad", n, ref)
     print(f"streaming fp4, a x-10 member: left out of every fragment's sync; final val loss {loss:.4f} "
           f"(3 honest in-process replicas: {ref:.4f})")
+
+    # 6c'. Two members, one goes bad at step 20 (x-10): the median rule cannot tell two apart, the
+    # run's history can (algo/robust.h): both members leave it out of each round from step 20 on,
+    # agree on every round's parameters, and end near the honest pair.
+    args2 = ["--set", "train.steps=40", "--set", "outer.inner_steps=5", "--set", "elastic.min_workers=2",
+             "--set", "train.log_interval=5"]
+    subprocess.run(BASE + args2 + ["--set", "distributed.replicas=2", "--set", "train.out_dir=inproc-two",
+                                   "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+    ps = [start("twobad", n, "twobad", args2 + (["--set", "elastic.fault=scale:-10@20"] if n == "w1" else []))
+          for n in ("w0", "w1")]
+    wait_all(ps, ["w0", "w1"], "twobad")
+    rounds_by_number("twobad", ["w0", "w1"])  # fails unless both hold the same parameters after every round
+    ref = val_loss("inproc-two/summary.json")
+    for n in ("w0", "w1"):
+        got = [(r["step"], r["outer_rejected"]) for r in map(json.loads, open(f"twobad/{n}/metrics.jsonl"))
+               if "outer_rejected" in r]
+        if got != [(k, int(k >= 20)) for k in range(5, 41, 5)]:
+            fail(f"twobad/{n}: (step, rejected) {got}; expected the bad member left out from step 20 on")
+        loss = near_honest("twobad", n, ref)
+    print(f"two members, one x-10 from step 20: left out of each of the 5 rounds from then on by both (the run's "
+          f"history); final val loss {loss:.4f} (2 honest in-process replicas: {ref:.4f})")
 
     # 6d. The same NaN member with outer.screen = off: no member ends with exit 0, and no
     # checkpoint holds a non-finite value (the writer's latest stays at the last finite step).

@@ -112,6 +112,58 @@ timeout 120 mpirun -np 5 "$loco" train "${base[@]}" "${stream[@]}" --set distrib
   > s-mpi.out 2>&1 || { cat s-mpi.out; exit 1; }
 cmp s-median-fp4-scale-10/checkpoints/step_00000040/model.safetensors s-mpi/checkpoints/step_00000040/model.safetensors
 
+# Two members: the median rule cannot tell them apart, the run's own history can (algo/robust.h).
+# A member that goes bad at step 20 (x-10) is left out of each of the 5 rounds from then on, by
+# the screened mean and the median, in DiLoCo and Streaming DiLoCo; resumed from its checkpoint at
+# step 25, the run keeps its history and ends with the same bits. A x1e4 member from the first
+# round (no history yet) is left out by the wreck rule. Unscreened, both wreck the mean.
+two=(--set distributed.replicas=2 --set outer.faulty_replicas=1)
+run two-honest "${two[@]}"
+run two-plain-bad20 "${two[@]}" --set outer.fault=scale:-10@20
+run two-mean-bad20 "${two[@]}" --set outer.fault=scale:-10@20 --set outer.screen=on --set train.checkpoint_interval=5
+run two-median-bad20 "${two[@]}" --set outer.fault=scale:-10@20 --set outer.aggregate=median
+run two-plain-1e4 "${two[@]}" --set outer.fault=scale:10000
+run two-mean-1e4 "${two[@]}" --set outer.fault=scale:10000 --set outer.screen=on
+run two-split "${two[@]}" --set outer.fault=scale:-10@20 --set outer.screen=on --set train.checkpoint_interval=5 \
+  --until 25 > /dev/null
+"$loco" train --resume two-split --quiet > /dev/null 2> two-split.err
+cmp two-mean-bad20/checkpoints/step_00000040/model.safetensors two-split/checkpoints/step_00000040/model.safetensors
+run two-s-honest "${two[@]}" "${stream[@]}"
+run two-s-mean-bad20 "${two[@]}" "${stream[@]}" --set outer.fault=scale:-10@20 --set outer.screen=on
+run two-s-honest-fp4 "${two[@]}" "${stream[@]}" --set outer.codec=fp4-e3m0
+run two-s-median-fp4-bad20 "${two[@]}" "${stream[@]}" --set outer.fault=scale:-10@20 --set outer.codec=fp4-e3m0 \
+  --set outer.aggregate=median
+grep -q "left out: replica 1: outer gradient norm .* > 3 x the largest accepted in the last 3 rounds" two-mean-bad20.err \
+  || { cat two-mean-bad20.err; exit 1; }
+grep -q "left out: replica 1: outer gradient norm .* x the outer parameters' norm .* (a wreck)" two-mean-1e4.err \
+  || { cat two-mean-1e4.err; exit 1; }
+$py - <<'PY'
+import json, math
+def final(name): return json.load(open(f"{name}/summary.json"))["final_val_loss"]
+def rejected(name):
+    return [(r["step"], r["outer_rejected"]) for r in map(json.loads, open(f"{name}/metrics.jsonl")) if "outer_rejected" in r]
+honest, s_honest, s_fp4 = final("two-honest"), final("two-s-honest"), final("two-s-honest-fp4")
+for name in ("two-plain-bad20", "two-plain-1e4"):
+    assert final(name) > honest * 1.1, (name, final(name), honest)
+for name in ("two-mean-bad20", "two-median-bad20"):
+    assert rejected(name) == [(s, int(s >= 20)) for s in range(5, 41, 5)], (name, rejected(name))
+assert [k for _, k in rejected("two-mean-1e4")] == [1] * 8, rejected("two-mean-1e4")
+# The bad member left out from step 20 on: the honest one trains alone for the last 20 steps.
+for name, ref, tol in (("two-mean-bad20", honest, 0.03), ("two-median-bad20", honest, 0.03),
+                       ("two-s-mean-bad20", s_honest, 0.03), ("two-s-median-fp4-bad20", s_fp4, 0.03),
+                       ("two-mean-1e4", honest, 0.05)):
+    v = final(name)
+    assert math.isfinite(v) and abs(v / ref - 1) < tol, (name, v, ref)
+for name in ("two-s-mean-bad20", "two-s-median-fp4-bad20"):
+    steps = rejected(name)
+    assert steps and all(k == int(s > 20) for s, k in steps), (name, steps)
+print(f"two members, one x-10 from step 20: plain mean {final('two-plain-bad20'):.4f}, screened mean "
+      f"{final('two-mean-bad20'):.4f}, median {final('two-median-bad20'):.4f} (honest {honest:.4f}); streaming "
+      f"screened mean {final('two-s-mean-bad20'):.4f} (honest {s_honest:.4f}), fp4 median "
+      f"{final('two-s-median-fp4-bad20'):.4f} (honest {s_fp4:.4f}); x1e4 from the start: plain "
+      f"{final('two-plain-1e4'):.4f}, screened {final('two-mean-1e4'):.4f}")
+PY
+
 # MPI == in-process with a robust rule and a bad member (every member aggregates the same bits).
 timeout 120 mpirun -np 5 "$loco" train "${base[@]}" --set distributed.replicas=1 --set outer.aggregate=centered-clip \
   --set outer.fault=scale:-10 --set outer.faulty_replicas=1 --set train.out_dir=mpi > mpi.out 2>&1 || { cat mpi.out; exit 1; }
@@ -129,6 +181,7 @@ expect_error 'outer.fault needs algorithm' --set algorithm=noloco --set outer.fa
 expect_error 'outer.aggregate = "median" needs algorithm' --set algorithm=noloco --set outer.aggregate=median
 expect_error "outer.faulty_replicas (6) exceeds distributed.replicas (5)" --set outer.fault=nan --set outer.faulty_replicas=6
 expect_error 'outer.fault = "bogus": use' --set outer.fault=bogus
+expect_error 'outer.fault = "nan@x": @S needs a step' --set outer.fault=nan@x
 expect_error "outer.aggregate" --set outer.aggregate=mode
 expect_error "outer.trim" --set outer.trim=0.5
 expect_error "with partial.slices > 1 is not supported" --set outer.aggregate=median --set partial.slices=5

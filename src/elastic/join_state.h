@@ -1,0 +1,28 @@
+#pragma once
+// The state a joiner receives from a live member (elastic/session.h) and its bytes on the wire:
+// a JSON header (steps, data position, the next round's members, sizes, the screening history),
+// the tensors' floats, then a CRC-32C of everything before it. The bytes come from a peer: every
+// size and value is checked before use.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "algo/robust.h"
+
+namespace loco {
+
+// What a joiner receives from a live member.
+struct JoinState {
+  int64_t step = 0, data_epoch = 0, data_offset = 0, optimizer_steps = 0;
+  std::vector<int64_t> epoch;  // the members from the next round on
+  std::vector<float> theta, momentum, m, v;  // outer parameters and momentum; AdamW moments
+  std::string inner;  // a foreign model's inner optimizer state (ForeignWorker), else empty
+  std::vector<NormHistory> norm_history;  // screening's history, one per sync (algo/robust.h)
+};
+
+std::string encode_join_state(const JoinState& s);
+// Fails ("the state received from a peer is corrupt ...") unless `bytes` hold a state for a model
+// of n_params parameters, n_trainable inner-optimizer entries and n_histories screening histories.
+JoinState decode_join_state(const std::string& bytes, size_t n_params, size_t n_trainable, size_t n_histories);
+
+}  // namespace loco
