@@ -14,6 +14,9 @@
 
 namespace loco {
 
+class SyncGroup;
+struct Fault;
+
 // What one step's hooks use of a worker's buffers: on_gradients (w.step = done - 1) and
 // after_step(w, done, last). A caller whose parameters live elsewhere (loco.torch's CUDA models)
 // copies exactly these to the host before the hooks and back after them, and nothing on the
@@ -117,8 +120,12 @@ std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w)
 
 // Data-parallel baseline: gradients averaged with an all-reduce every step.
 std::unique_ptr<Algorithm> make_ddp();
-// DiLoCo: every H inner steps, outer gradients averaged and a Nesterov outer step.
+// DiLoCo: every H inner steps, outer gradients averaged and a Nesterov outer step; among every
+// replica (the first form: outer.fault on the last outer.faulty_replicas), or among the members
+// of `group` (algo/sync_group.h), this one misbehaving as `fault` says (comm/fault.h).
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w);
+std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
+                                       const Fault& fault);
 // Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized.
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w);
 // NoLoCo: every H inner steps, a heavy-ball outer step within a random group (algo/noloco.h).

@@ -19,14 +19,24 @@
 // its outer step (link emulation included).
 // With the outer state held by the caller (algo/algorithm.h, OuterResult) the round averages as
 // always and hands the average to the caller, which takes the outer step and computes the norms.
+// The rounds run through a SyncGroup (algo/sync_group.h): every replica in every round in
+// in-process and MPI runs; the live members of the moment in elastic runs, where a round's
+// reduction may be redone among the survivors (it writes only temporaries: the outer step is
+// taken when the round commits), contributions are screened by default (outer.screen = auto),
+// and a joiner receives the outer parameters and momentum with the round's outer step taken and
+// the screening history. With a fixed membership both give the same bits.
+#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <utility>
 
 #include "algo/algorithm.h"
-#include "comm/fault.h"
 #include "algo/partial.h"
 #include "algo/robust.h"
+#include "algo/sync_group.h"
+#include "comm/fault.h"
+#include "core/checksum.h"
+#include "core/error.h"
 #include "core/parallel.h"
 
 namespace loco {
@@ -35,26 +45,31 @@ namespace {
 
 class Diloco : public Algorithm {
  public:
-  Diloco(const RunConfig& cfg, const Worker& w)
+  Diloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group, const Fault& fault)
       : outer_(cfg.outer),
         start_step_(cfg.outer.start_step),
         n_(int64_t(w.params.size())),
         average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
-        whole_{{0, int64_t(w.params.size())}} {
-    aggregate_ = aggregate_options(cfg.outer, false);
-    if (w.rank >= w.replicas - cfg.outer.faulty_replicas) fault_ = parse_fault(cfg.outer.fault, "outer.fault");
+        whole_{{0, int64_t(w.params.size())}},
+        group_(std::move(group)),
+        elastic_(group_->members_change()),
+        fault_(fault) {
+    aggregate_ = aggregate_options(cfg.outer, elastic_);
     robust_ = aggregate_.screen || aggregate_.rule != "mean" || fault_.kind != Fault::Kind::None;
   }
 
   // The outer state is allocated here (or by load_state), not before: a caller that holds it
   // (hold_outer_elsewhere) never has it allocated on the host.
   void start(Worker& w, bool resumed) override {
-    if (resumed || held_) return;
-    theta_ = w.params;
-    momentum_.assign(size_t(n_), 0.0f);
+    if (!held_ && !w.restored) {
+      theta_ = w.params;
+      momentum_.assign(size_t(n_), 0.0f);
+    }
+    group_->start(w, resumed, install());  // a joiner replaces them
   }
 
   std::string outer_elsewhere_refusal() const override {
+    if (elastic_) return "an elastic run keeps the outer state on the host";
     if (robust_) return "outer.screen, outer.aggregate and outer.fault need the outer state on the host";
     return "";
   }
@@ -87,13 +102,13 @@ class Diloco : public Algorithm {
   bool uses_gradients(const Worker& w) const override { return start_step_ > 0 && w.replicas > 1; }
   // Whether the round ending at `done` reads only the trained entries (see access).
   bool trained_only(const Worker& w, int64_t done) const {
-    return w.trainable.size() < int64_t(w.params.size()) && !robust_ && fault_.kind == Fault::Kind::None &&
-           w.replicas > 1 && done > start_step_;
+    return w.trainable.size() < int64_t(w.params.size()) && !robust_ && w.replicas > 1 && done > start_step_;
   }
   // After the data-parallel steps: whether step `done` ends a round (the last step always does).
   bool round_ends(int64_t done, bool last) const { return last || (done - start_step_) % outer_.inner_steps == 0; }
 
   void after_step(Worker& w, int64_t done, bool last) override {
+    group_->count_step();
     if (done <= start_step_) {
       if (done == start_step_) {  // identical on every replica after data-parallel steps
         if (held_) {
@@ -106,47 +121,111 @@ class Diloco : public Algorithm {
       return;
     }
     if (!round_ends(done, last)) return;
-    const int64_t n = int64_t(w.params.size());
-    const double sync_start = w.comm.clock().now();
+    sync_start_ = w.comm.clock().now();
     if (held_) {
-      OuterResult r;
-      r.replace = true;
-      r.own = w.replicas == 1;
-      if (!r.own) {
-        CountVectorAverage::Op op;
-        average_.start(w.comm, w.params.data(), whole_, op);
-        average_.finish(w.comm, op, whole_, r.avg);
-      }
-      results_.push_back(std::move(r));
-      sync_s_ = w.comm.clock().now() - sync_start;
+      held_round(w);
       return;
     }
+    SyncGroup::Round r;
+    r.id = (done - start_step_ + outer_.inner_steps - 1) / outer_.inner_steps;
+    r.step = round_done_ = done;
+    r.take_joiners = !last;
+    r.reduce = [&](Communicator& comm, int rank, int size) { reduce(w, comm, rank, size, r.id); };
+    r.outer_state = [&](OuterState& s) {  // the outer step taken on copies
+      s.theta = theta_;
+      s.momentum = momentum_;
+      outer_sgd_step(s.theta.data(), s.momentum.data(), average(w), n_, outer_);
+      s.norm_history = {round_history_};
+    };
+    r.commit = [&] { commit(w); };
+    r.checksum = [&] { return crc32c(theta_.data(), theta_.size() * sizeof(float)); };
+    group_->run_round(w, r, install());
+    if (last) group_->finish_run();
+  }
+
+  // Called after a step: w.step + 1 steps are done. Before the rounds, the replicas' (equal) parameters.
+  // (Held by the caller: it evaluates its own outer parameters.)
+  const std::vector<float>& eval_params(Worker& w) override {
+    if (held_ && w.step + 1 >= start_step_) fail("internal: the caller holds DiLoCo's outer parameters");
+    return w.step + 1 < start_step_ ? w.params : theta_;
+  }
+  int64_t continue_from(int64_t done) override { return group_->continue_from(done); }
+  double wait_seconds() const override { return group_->wait_seconds(); }
+  bool writes_checkpoints() const override { return group_->writes_checkpoints(); }
+  void annotate(nlohmann::json& rec) override {
+    group_->annotate(rec);
+    if (outer_norm_ < 0) return;  // no round ended yet in this segment
+    rec["outer_delta_norm"] = outer_norm_;
+    rec["replica_delta_norm"] = replica_norm_;
+    rec["outer_sync_s"] = sync_s_;
+    if (robust_) rec["outer_rejected"] = rejected_;
+  }
+  void report(nlohmann::json& out) const override {
+    out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
+    group_->report(out);
+  }
+
+  void save_state(TrainingState& st) override {
+    if (held_) return;  // the caller saves its outer parameters and momentum under the same names
+    st.tensors["outer.params"] = theta_;
+    st.tensors["outer.momentum"] = momentum_;
+    st.meta["outer.norm_history"] = norm_history_text({history_});
+  }
+  void load_state(const TrainingState& st) override {
+    if (held_) return;
+    theta_.resize(size_t(n_));
+    momentum_.resize(size_t(n_));
+    st.take("outer.params", theta_);
+    st.take("outer.momentum", momentum_);
+    const auto it = st.meta.find("outer.norm_history");
+    history_ = parse_norm_history(it == st.meta.end() ? "" : it->second, 1, "training state")[0];
+  }
+
+ private:
+  // A round's reduction among `size` members (this one `rank`): the average of the accepted
+  // contributions into avg_ (the screening's verdict into rejected_ and round_history_). Only
+  // temporaries: the group may redo it.
+  void reduce(Worker& w, Communicator& comm, int rank, int size, int64_t round) {
+    const int64_t done = round_done_;
+    round_size_ = size;
+    round_history_ = history_;
     if (robust_) {
       const float* contribution = w.params.data();
       if (fault_.kind != Fault::Kind::None) {
         contribution_ = w.params;
-        apply_fault(fault_, done, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(w.rank));
+        apply_fault(fault_, done, theta_, contribution_, uint64_t(done) * 1000003 + uint64_t(rank));
         contribution = contribution_.data();
       }
-      avg_.resize(size_t(n));
-      const auto s =
-          reduce_outer(w.comm, theta_.data(), contribution, n, aggregate_, avg_.data(), "outer_gradients", history_);
-      if (aggregate_.screen) history_.record(s);
+      avg_.resize(size_t(n_));
+      const auto s = reduce_outer(comm, theta_.data(), contribution, n_, aggregate_, avg_.data(), "outer_gradients",
+                                  history_);
+      if (aggregate_.screen) round_history_.record(s);
       rejected_ = int(s.rejected.size());
-      if (rejected_ && w.rank == 0)
+      if (rejected_ && elastic_)
+        std::cerr << "loco: warning: round " << round << ", left out: " << describe_rejections(s, "round member")
+                  << "\n";
+      else if (rejected_ && rank == 0)
         std::cerr << "loco: warning: round ending at step " << done << ", left out: "
                   << describe_rejections(s, "replica") << "\n";
-    } else if (w.replicas > 1) {
+    } else if (size > 1) {
       // With partial updates, each entry is averaged over the replicas that train it.
       CountVectorAverage::Op op;
-      average_.start(w.comm, w.params.data(), whole_, op);
-      average_.finish(w.comm, op, whole_, avg_);
+      average_.start(comm, w.params.data(), whole_, op);
+      average_.finish(comm, op, whole_, avg_);
     }
-    const float* avg = robust_ || w.replicas > 1 ? avg_.data() : w.params.data();  // one replica: its own
+  }
+  // The reduced average: a lone member's own parameters.
+  const float* average(const Worker& w) const { return robust_ || round_size_ > 1 ? avg_.data() : w.params.data(); }
+
+  // The round's result: the norms, the outer step, and every replica restarts from theta.
+  void commit(Worker& w) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t n = n_;
+    const float* avg = average(w);
     // The norms' sums over fixed chunks, added in order: the same bits whatever the threads.
     constexpr int64_t kChunk = 1 << 16;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    const bool trained = trained_only(w, done);  // the replica's own delta is 0 outside them
+    const bool trained = trained_only(w, round_done_);  // the replica's own delta is 0 outside them
     std::vector<double> outer_sq(static_cast<size_t>(chunks)), own_sq(static_cast<size_t>(chunks));
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
@@ -173,65 +252,67 @@ class Diloco : public Algorithm {
     outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
     outer_sgd_step(theta_.data(), momentum_.data(), avg, n, outer_);
     w.params = theta_;
-    sync_s_ = w.comm.clock().now() - sync_start;
+    history_ = std::move(round_history_);
+    sync_s_ = w.comm.clock().now() - sync_start_;
+    group_->add_compute(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
 
-  // Called after a step: w.step + 1 steps are done. Before the rounds, the replicas' (equal) parameters.
-  // (Held by the caller: it evaluates its own outer parameters.)
-  const std::vector<float>& eval_params(Worker& w) override {
-    if (held_ && w.step + 1 >= start_step_) fail("internal: the caller holds DiLoCo's outer parameters");
-    return w.step + 1 < start_step_ ? w.params : theta_;
-  }
-  void annotate(nlohmann::json& rec) override {
-    if (outer_norm_ < 0) return;  // no round ended yet in this segment
-    rec["outer_delta_norm"] = outer_norm_;
-    rec["replica_delta_norm"] = replica_norm_;
-    rec["outer_sync_s"] = sync_s_;
-    if (robust_) rec["outer_rejected"] = rejected_;
-  }
-  void report(nlohmann::json& out) const override {
-    out["outer_state_bytes"] = int64_t(theta_.size() + momentum_.size()) * 4;
+  // A round with the outer state held by the caller: the average handed over.
+  void held_round(Worker& w) {
+    OuterResult r;
+    r.replace = true;
+    r.own = w.replicas == 1;
+    if (!r.own) {
+      CountVectorAverage::Op op;
+      average_.start(w.comm, w.params.data(), whole_, op);
+      average_.finish(w.comm, op, whole_, r.avg);
+    }
+    results_.push_back(std::move(r));
+    sync_s_ = w.comm.clock().now() - sync_start_;
   }
 
-  void save_state(TrainingState& st) override {
-    if (held_) return;  // the caller saves its outer parameters and momentum under the same names
-    st.tensors["outer.params"] = theta_;
-    st.tensors["outer.momentum"] = momentum_;
-    st.meta["outer.norm_history"] = norm_history_text({history_});
-  }
-  void load_state(const TrainingState& st) override {
-    if (held_) return;
-    theta_.resize(size_t(n_));
-    momentum_.resize(size_t(n_));
-    st.take("outer.params", theta_);
-    st.take("outer.momentum", momentum_);
-    const auto it = st.meta.find("outer.norm_history");
-    history_ = parse_norm_history(it == st.meta.end() ? "" : it->second, 1, "training state")[0];
+  SyncGroup::Install install() {
+    return [this](Worker& w, OuterState& s) {
+      check(s.norm_history.size() == 1, "internal: a joiner's outer state without DiLoCo's screening history");
+      theta_ = std::move(s.theta);
+      momentum_ = std::move(s.momentum);
+      history_ = std::move(s.norm_history[0]);
+      w.params = theta_;
+    };
   }
 
- private:
   OuterConfig outer_;
   const int64_t start_step_;
   const int64_t n_;  // parameters
   std::vector<float> theta_, momentum_, avg_;
   double outer_norm_ = -1, replica_norm_ = -1;  // of the last round: ||Delta||, ||Delta_m||
+  CountVectorAverage average_;
+  std::vector<Range> whole_;
+  std::unique_ptr<SyncGroup> group_;
+  const bool elastic_;  // members come and go (group_->members_change())
   AggregateOptions aggregate_;
   Fault fault_;
   bool robust_ = false;  // reduce through reduce_outer (screening, a robust rule or a fault)
   std::vector<float> contribution_;  // a faulty replica's corrupted parameters
   int rejected_ = 0;  // contributions rejected in the last round
-  NormHistory history_;  // screening's record of the accepted rounds
-  double sync_s_ = 0;  // the last round's synchronization and outer step, on the transport's clock
-  CountVectorAverage average_;
-  std::vector<Range> whole_;
+  NormHistory history_, round_history_;  // screening's record of the accepted rounds; with this round's
+  int round_size_ = 1;                   // members of the round being reduced
+  int64_t round_done_ = 0;               // ... and the steps done when it started
+  double sync_start_ = 0, sync_s_ = 0;  // the last round's synchronization and outer step, on the transport's clock
   bool held_ = false;                 // the caller holds theta and the momentum
   std::vector<OuterResult> results_;  // ... and takes these
 };
 
 }  // namespace
 
+std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
+                                       const Fault& fault) {
+  return std::make_unique<Diloco>(cfg, w, std::move(group), fault);
+}
+
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w) {
-  return std::make_unique<Diloco>(cfg, w);
+  const bool faulty = w.rank >= w.replicas - cfg.outer.faulty_replicas;
+  return make_diloco(cfg, w, std::make_unique<FixedGroup>(), faulty ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
 }
 
 }  // namespace loco

@@ -103,7 +103,7 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
       delta = delta_;
       noloco_outer_step(phis, ds, self, phi.data(), delta.data(), theta.data(), n_, noloco_step_params(cfg_));
     };
-    r.outer_state = [&](JoinState& s) {
+    r.outer_state = [&](OuterState& s) {
       s.theta = phi;
       s.momentum = delta;
     };
@@ -112,8 +112,8 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
       delta_ = std::move(delta);
       w.params = theta;
       ++outer_steps_;
-      return crc32c(phi_.data(), phi_.size() * sizeof(float));
     };
+    r.checksum = [&] { return crc32c(phi_.data(), phi_.size() * sizeof(float)); };
     session_.run_round(w, r, install());
     if (last) session_.finish_run();
   }
@@ -144,7 +144,7 @@ class ElasticNoloco : public ElasticMethod<Algorithm> {
 
  private:
   ElasticSession::Install install() {
-    return [this](Worker& w, JoinState& s) {
+    return [this](Worker& w, OuterState& s) {
       phi_ = std::move(s.theta);
       delta_ = std::move(s.momentum);
       w.params = phi_;

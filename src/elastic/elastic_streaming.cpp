@@ -65,12 +65,12 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
       begin_sync(comm, rank, size, w.params, j, step, *p);
       complete(comm, *p);
     };
-    r.outer_state = [&](JoinState& s) {
+    r.outer_state = [&](OuterState& s) {
       latest_outer_state(s.theta, s.momentum, p.get());
       s.norm_history = norm_history_;
     };
-    r.commit = [&] {
-      pending_.push_back(std::move(*p));
+    r.commit = [&] { pending_.push_back(std::move(*p)); };
+    r.checksum = [&] {
       std::vector<float> theta, momentum;
       latest_outer_state(theta, momentum, nullptr);
       return crc32c(theta.data(), theta.size() * sizeof(float));
@@ -81,7 +81,7 @@ class ElasticStreaming : public ElasticMethod<Streaming> {
 
  private:
   ElasticSession::Install install() {
-    return [this](Worker& w, JoinState& s) {
+    return [this](Worker& w, OuterState& s) {
       install_outer_state(s.theta, s.momentum);
       check(s.norm_history.size() == fragments(), "internal: a join state without every fragment's screening history");
       norm_history_ = std::move(s.norm_history);

@@ -15,15 +15,15 @@ std::string encode_join_state(const JoinState& s) {
                                {"data_offset", s.data_offset},
                                {"optimizer_steps", s.optimizer_steps},
                                {"epoch", s.epoch},
-                               {"floats", s.theta.size()},
+                               {"floats", s.outer.theta.size()},
                                {"inner_bytes", s.inner.size()},
-                               {"norm_history", norm_history_text(s.norm_history)}};
+                               {"norm_history", norm_history_text(s.outer.norm_history)}};
   const std::string h = head.dump();
   std::string out;
   const uint64_t hn = h.size();
   out.append(reinterpret_cast<const char*>(&hn), sizeof hn);
   out += h;
-  for (const auto* t : {&s.theta, &s.momentum, &s.m, &s.v})
+  for (const auto* t : {&s.outer.theta, &s.outer.momentum, &s.m, &s.v})
     out.append(reinterpret_cast<const char*>(t->data()), t->size() * sizeof(float));
   out += s.inner;
   const uint32_t crc = crc32c(out.data(), out.size());
@@ -49,7 +49,7 @@ JoinState decode_join_state(const std::string& bytes, size_t n_params, size_t n_
     s.data_offset = head.at("data_offset").get<int64_t>();
     s.optimizer_steps = head.at("optimizer_steps").get<int64_t>();
     s.epoch = head.at("epoch").get<std::vector<int64_t>>();
-    s.norm_history = parse_norm_history(head.value("norm_history", std::string()), n_histories,
+    s.outer.norm_history = parse_norm_history(head.value("norm_history", std::string()), n_histories,
                                         "elastic: the state received from a peer");
     if (head.at("floats").get<size_t>() != n_params) bad("another model size");
     inner = head.at("inner_bytes").get<size_t>();
@@ -59,7 +59,7 @@ JoinState decode_join_state(const std::string& bytes, size_t n_params, size_t n_
   const size_t floats = 8 + hn + (2 * n_params + 2 * n_trainable) * sizeof(float) + 4;
   if (floats > bytes.size() || bytes.size() - floats != inner) bad("size");
   const char* p = bytes.data() + 8 + hn;
-  for (auto [t, n] : {std::pair{&s.theta, n_params}, {&s.momentum, n_params}, {&s.m, n_trainable}, {&s.v, n_trainable}}) {
+  for (auto [t, n] : {std::pair{&s.outer.theta, n_params}, {&s.outer.momentum, n_params}, {&s.m, n_trainable}, {&s.v, n_trainable}}) {
     t->resize(n);
     std::memcpy(t->data(), p, n * sizeof(float));
     p += n * sizeof(float);

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "algo/robust.h"
+#include "algo/sync_group.h"
 
 namespace loco {
 
@@ -15,9 +15,9 @@ namespace loco {
 struct JoinState {
   int64_t step = 0, data_epoch = 0, data_offset = 0, optimizer_steps = 0;
   std::vector<int64_t> epoch;  // the members from the next round on
-  std::vector<float> theta, momentum, m, v;  // outer parameters and momentum; AdamW moments
+  OuterState outer;          // the method's
+  std::vector<float> m, v;  // AdamW moments
   std::string inner;  // a foreign model's inner optimizer state (ForeignWorker), else empty
-  std::vector<NormHistory> norm_history;  // screening's history, one per sync (algo/robust.h)
 };
 
 std::string encode_join_state(const JoinState& s);

@@ -1,8 +1,8 @@
 #pragma once
 // The methods of the elastic backend (distributed.backend = "elastic", docs/elastic.md): DiLoCo
-// (elastic_diloco.cpp), Streaming DiLoCo (elastic_streaming.cpp) and NoLoCo (elastic_noloco.cpp),
-// each an ElasticMethod (session.h) whose outer synchronizations are rounds among the live
-// members of their moment.
+// (algo/diloco.cpp over an ElasticSession, the SyncGroup of session.h), Streaming DiLoCo
+// (elastic_streaming.cpp) and NoLoCo (elastic_noloco.cpp), each an ElasticMethod (session.h):
+// their outer synchronizations are rounds among the live members of their moment.
 #include <memory>
 
 #include "algo/algorithm.h"
@@ -16,9 +16,6 @@ std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Wo
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace);
 
-std::unique_ptr<Algorithm> make_elastic_diloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
-                                               std::shared_ptr<TrafficStats> traffic,
-                                               std::shared_ptr<TraceRecorder> trace);
 std::unique_ptr<Algorithm> make_elastic_streaming(const RunConfig& cfg, const Worker& w,
                                                   const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,

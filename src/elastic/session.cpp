@@ -86,11 +86,11 @@ void ElasticSession::equalize_start(Worker& w, const Roster& r, const Install& i
     return;
   }
   JoinState s;
-  s.theta.resize(num_params_);
-  std::memcpy(s.theta.data(), bytes.data(), bytes.size());
-  s.momentum.assign(num_params_, 0.0f);
-  s.norm_history.resize(norm_histories_);  // no round yet
-  install(w, s);
+  s.outer.theta.resize(num_params_);
+  std::memcpy(s.outer.theta.data(), bytes.data(), bytes.size());
+  s.outer.momentum.assign(num_params_, 0.0f);
+  s.outer.norm_history.resize(norm_histories_);  // no round yet
+  install(w, s.outer);
 }
 
 std::unique_ptr<Transport> ElasticSession::connect(const std::string& name, int rank, int size) {
@@ -151,7 +151,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
         round.reduce(*comm, me, C);
         // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
         if (me == 0 && !roster.joiners.empty()) {
-          JoinState s{round.step, next_data.epoch, next_data.offset, 0, next_epoch, {}, {}, {}, {}, {}, {}};
+          JoinState s{round.step, next_data.epoch, next_data.offset, 0, next_epoch, {}, {}, {}, {}};
           if (w.adamw) {
             s.optimizer_steps = w.adamw->steps();
             s.m = w.adamw->m();
@@ -160,7 +160,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
             s.inner = membership_.options().foreign->save_inner();
           }
           const auto t_outer = std::chrono::steady_clock::now();
-          round.outer_state(s);
+          round.outer_state(s.outer);
           round_compute_s_ += seconds_since(t_outer);
           state = encode_join_state(s);
           const int J = int(roster.joiners.size());
@@ -198,7 +198,8 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
         continue;
       }
     }
-    const uint32_t crc = round.commit();
+    round.commit();
+    const uint32_t crc = round.checksum();
     rounds_.push_back({{"round", round.id}, {"step", round.step}, {"attempt", attempt},
                        {"contributors", roster.contributors}, {"joiners", roster.joiners},
                        {"params_crc32c", crc}, {"time", unix_time()}});
@@ -323,7 +324,7 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
     } else {
       membership_.options().foreign->load_inner(s.inner);
     }
-    install(w, s);
+    install(w, s.outer);
     const uint32_t crc = crc32c(w.params.data(), w.params.size() * sizeof(float));
     epoch_ = s.epoch;
     assign_data(w, {s.data_epoch, 0, s.data_offset});
@@ -342,7 +343,9 @@ std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Wo
                                                   std::shared_ptr<TraceRecorder> trace) {
   if (cfg.method() == MethodId::Streaming) return make_elastic_streaming(cfg, w, options, std::move(traffic), std::move(trace));
   if (cfg.method() == MethodId::Noloco) return make_elastic_noloco(cfg, w, options, std::move(traffic), std::move(trace));
-  return make_elastic_diloco(cfg, w, options, std::move(traffic), std::move(trace));
+  auto session = std::make_unique<ElasticSession>(cfg, options, std::move(traffic), std::move(trace), w.params.size());
+  session->expect_norm_histories(1);
+  return make_diloco(cfg, w, std::move(session), options.fault);
 }
 
 }  // namespace loco

@@ -22,12 +22,15 @@
 #include "algo/algorithm.h"
 #include "algo/worker.h"
 #include "comm/stats.h"
+#include "algo/sync_group.h"
 #include "elastic/join_state.h"
 #include "elastic/membership.h"
 
 namespace loco {
 
-class ElasticSession {
+// The elastic backend's SyncGroup (algo/sync_group.h): each round among the live members of its
+// moment.
+class ElasticSession : public SyncGroup {
  public:
   // Attempts of one round before the run gives up (each is bounded by the timeouts; a member
   // blamed for elastic.exclude_after of them in a row is excluded well before).
@@ -36,49 +39,32 @@ class ElasticSession {
   ElasticSession(const RunConfig& cfg, const ElasticOptions& options, std::shared_ptr<TrafficStats> traffic,
                  std::shared_ptr<TraceRecorder> trace, size_t num_params);
 
-  // A joiner's state into the method (outer state) and the worker (parameters = outer
-  // parameters, AdamW state); the session then sets the data and the step to continue from.
-  using Install = std::function<void(Worker&, JoinState&)>;
-
   // Registers; a worker that starts with the run gets its data slot, one that comes later (or
-  // is resumed) joins and installs the state it receives.
-  void start(Worker& w, bool resumed, const Install& install);
-
-  struct Round {
-    int64_t id = 0;             // unique and increasing over the run
-    int64_t step = 0;           // inner steps done
-    bool take_joiners = true;   // false for the rounds of the last step
-    // The reduction among the contributors: `comm` over them, this worker is `rank` of `size`.
-    // It computes into the method's temporaries (a failed attempt is redone from scratch).
-    std::function<void(Communicator& comm, int rank, int size)> reduce;
-    // The outer state a joiner starts from once this round's result is in (first contributor):
-    // the outer parameters, momentum and screening history.
-    std::function<void(JoinState& s)> outer_state;
-    // Applies the round's result, once, after the attempt committed; returns the CRC-32C of the
-    // outer parameters a joiner would now start from (logged with the round).
-    std::function<uint32_t()> commit;
-  };
-  // Runs the round until an attempt commits (true). If this worker was dropped it rejoins
-  // instead (as a new member, installing the state it receives; false), and the round's result
-  // is not applied.
-  bool run_round(Worker& w, const Round& round, const Install& install);
+  // is resumed) joins and installs the state it receives (the outer state into the method, the
+  // AdamW state or the caller's inner optimizer state into the worker; the session then sets
+  // the data and the step to continue from).
+  void start(Worker& w, bool resumed, const Install& install) override;
+  // Runs the round's attempts until one commits (true). If this worker was dropped it rejoins
+  // instead (as a new member, installing the state it receives; false).
+  bool run_round(Worker& w, const Round& round, const Install& install) override;
   // After the last step's rounds: joiners still waiting give up.
-  void finish_run();
+  void finish_run() override;
+  bool members_change() const override { return true; }
 
   // True while this worker is the first (lowest id) of the current round's members: it writes
   // the model checkpoints; the others write none.
   bool first_member() const { return !epoch_.empty() && epoch_.front() == membership_.id(); }
+  bool writes_checkpoints() const override { return first_member(); }
   // How many screening histories the method's state holds (JoinState::norm_history; a joiner
   // refuses a state with another count).
   void expect_norm_histories(size_t count) { norm_histories_ = count; }
-  // For the method's Algorithm hooks.
-  void count_step() { ++steps_trained_; }
-  double wait_seconds() const { return wait_s_; }
-  int64_t continue_from(int64_t done);
-  void annotate(nlohmann::json& rec);
-  void report(nlohmann::json& out) const;
+  void count_step() override { ++steps_trained_; }
+  double wait_seconds() const override { return wait_s_; }
+  int64_t continue_from(int64_t done) override;
+  void annotate(nlohmann::json& rec) override;
+  void report(nlohmann::json& out) const override;
   // Time the method spends computing inside a round (outer steps), not counted as waiting.
-  void add_compute(double seconds) { round_compute_s_ += seconds; }
+  void add_compute(double seconds) override { round_compute_s_ += seconds; }
 
  private:
   std::unique_ptr<Transport> connect(const std::string& name, int rank, int size);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../tolerance.h"
+#include "tiny_diloco.h"
 
 #include <thread>
 
@@ -14,19 +15,7 @@
 using namespace loco;
 
 TEST(Diloco, OuterStepMatchesTheFormulaOverTwoRounds) {
-  RunConfig cfg;
-  cfg.model.vocab_size = 16;
-  cfg.model.hidden_size = 8;
-  cfg.model.num_layers = 1;
-  cfg.model.num_heads = 2;
-  cfg.model.intermediate_size = 8;
-  cfg.data.seq_len = 4;
-  cfg.data.batch_size = 1;
-  cfg.algorithm = "diloco";
-  cfg.outer.inner_steps = 5;
-  cfg.outer.lr = 0.7;
-  cfg.outer.momentum = 0.9;
-  cfg.outer.nesterov = true;
+  const RunConfig cfg = tiny_diloco_config();
   auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1));
   const int M = 2;
   const size_t n = ParamLayout(cfg.model).size();

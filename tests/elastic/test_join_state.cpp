@@ -20,12 +20,12 @@ JoinState sample() {
   s.data_offset = 17;
   s.optimizer_steps = 35;
   s.epoch = {3, 7};
-  s.theta = {1.5f, -2.0f, 0.25f};
-  s.momentum = {0.1f, 0.2f, 0.3f};
+  s.outer.theta = {1.5f, -2.0f, 0.25f};
+  s.outer.momentum = {0.1f, 0.2f, 0.3f};
   s.m = {4.0f, 5.0f};
   s.v = {6.0f, 7.0f};
-  s.norm_history.resize(2);
-  s.norm_history[0].recent = {3.218, 1.0 / 3, 0.9130892770814124};
+  s.outer.norm_history.resize(2);
+  s.outer.norm_history[0].recent = {3.218, 1.0 / 3, 0.9130892770814124};
   return s;
 }
 
@@ -63,13 +63,13 @@ TEST(JoinState, EveryFieldSurvivesTheWireExactly) {
   EXPECT_EQ(back.data_offset, 17);
   EXPECT_EQ(back.optimizer_steps, 35);
   EXPECT_EQ(back.epoch, s.epoch);
-  EXPECT_EQ(back.theta, s.theta);
-  EXPECT_EQ(back.momentum, s.momentum);
+  EXPECT_EQ(back.outer.theta, s.outer.theta);
+  EXPECT_EQ(back.outer.momentum, s.outer.momentum);
   EXPECT_EQ(back.m, s.m);
   EXPECT_EQ(back.v, s.v);
-  ASSERT_EQ(back.norm_history.size(), 2u);
-  EXPECT_EQ(back.norm_history[0].recent, s.norm_history[0].recent);  // bit for bit: members screen alike
-  EXPECT_TRUE(back.norm_history[1].recent.empty());
+  ASSERT_EQ(back.outer.norm_history.size(), 2u);
+  EXPECT_EQ(back.outer.norm_history[0].recent, s.outer.norm_history[0].recent);  // bit for bit: members screen alike
+  EXPECT_TRUE(back.outer.norm_history[1].recent.empty());
 }
 
 TEST(JoinState, BadBytesAreRefused) {
@@ -91,5 +91,5 @@ TEST(JoinState, BadBytesAreRefused) {
   head["norm_history"] = 5;  // not even text
   EXPECT_NE(error_of(with_header(good, head.dump())), "");
   head["norm_history"] = "[[1.5], [2.5]]";
-  EXPECT_EQ(decode_join_state(with_header(good, head.dump()), 3, 2, 2).norm_history[1].recent, std::vector<double>{2.5});
+  EXPECT_EQ(decode_join_state(with_header(good, head.dump()), 3, 2, 2).outer.norm_history[1].recent, std::vector<double>{2.5});
 }
