@@ -128,8 +128,10 @@ std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w, st
                                        const Fault& fault);
 // Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized.
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w);
-// NoLoCo: every H inner steps, a heavy-ball outer step within a random group (algo/noloco.h).
+// NoLoCo: every H inner steps, a heavy-ball outer step within a random group (algo/noloco.h), among
+// every replica or among the members of `group`.
 std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w);
+std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group);
 
 // The outer optimizer (SGD with momentum, PyTorch convention) given the average of the
 // replicas' parameters: delta = theta - avg (the averaged outer gradient, old minus new);

@@ -13,6 +13,13 @@
 // pipeline on its shard of the validation windows, pooled: noloco.eval = "shards"), replica
 // 0's ("replica0"), or the replicas' average ("average"); the spread between replicas is a
 // diagnostic computed at each evaluation (traffic "spread", apart from the method's own).
+// The outer steps run through a SyncGroup (algo/sync_group.h). In an elastic run each is a round
+// among the live members of its moment: the groups are drawn among the round's members as among
+// replicas (noloco_groups with the round's count and the shared seed), the weights travel in the
+// round (the members of the next round are not known before it), the round's roster is a barrier
+// among the live members (through the coordinator), each member evaluates its own slow weights,
+// and a joiner receives its first contributor's phi and delta (its parameters equal to phi). With
+// a fixed membership every member's numbers equal the in-process run's replica of the same rank.
 #include "algo/noloco.h"
 
 #include <algorithm>
@@ -22,6 +29,8 @@
 
 #include "algo/algorithm.h"
 #include "algo/robust.h"
+#include "algo/sync_group.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -140,7 +149,7 @@ namespace {
 
 class Noloco : public Algorithm {
  public:
-  Noloco(const RunConfig& cfg, const Worker& w)
+  Noloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group)
       : cfg_(cfg.noloco),
         comm_(w.comm),
         rank_(w.rank),
@@ -149,18 +158,22 @@ class Noloco : public Algorithm {
         phi_(size_t(n_)),
         delta_(size_t(n_), 0.0f),
         progress_(size_t(n_)),
-        screen_(aggregate_options(cfg.outer, false).screen),
+        group_(std::move(group)),
+        elastic_(group_->members_change()),
+        screen_(aggregate_options(cfg.outer, elastic_).screen),
         reject_norm_(cfg.outer.reject_norm) {}
 
   void annotate(nlohmann::json& rec) override {
+    group_->annotate(rec);
     if (!screen_ || outer_steps_ == 0) return;
     rec["outer_rejected"] = rejected_;
     rec["partner_distance_ratio"] = distance_ratio_;
   }
 
   void start(Worker& w, bool resumed) override {
-    if (!resumed) phi_ = w.params;
-    // On a resume, the weights received for the next outer step were saved with the state.
+    // On a resume, phi and the weights received for the next outer step come from the state.
+    if (!w.restored) phi_ = w.params;
+    group_->start(w, resumed, install());  // a joiner replaces them
   }
 
   // The whole model at an outer step, nothing between them.
@@ -174,58 +187,43 @@ class Noloco : public Algorithm {
   bool outer_step_at(int64_t done, bool last) const { return last || done % cfg_.inner_steps == 0; }
 
   void after_step(Worker& w, int64_t done, bool last) override {
+    group_->count_step();
     const int64_t H = cfg_.inner_steps;
     if (!outer_step_at(done, last)) return;
-    const int64_t k = (done + H - 1) / H;  // this outer step (the last one may end a short round)
-    const auto group = group_of(k);
-    const int self = int(std::find(group.begin(), group.end(), w.rank) - group.begin());
-    finish_weights(k, group);
-    for (int64_t i = 0; i < n_; ++i) progress_[size_t(i)] = w.params[size_t(i)] - phi_[size_t(i)];
-    // Local progress to every other member, theirs from each (sends first: no member waits on
-    // another's receive).
-    std::vector<std::string> theirs(group.size());
-    std::vector<Communicator::Handle> handles;
-    for (int m : group)
-      if (m != w.rank) handles.push_back(w.comm.send_start(m, noloco_to_bytes(progress_), "outer_progress"));
-    for (size_t j = 0; j < group.size(); ++j)
-      if (group[j] != w.rank) handles.push_back(w.comm.recv_start(group[j], &theirs[j], "outer_progress"));
-    for (auto& h : handles) w.comm.wait(h);
-    std::vector<std::vector<float>> progress(group.size());
-    std::vector<const float*> phis(group.size()), deltas(group.size());
-    for (size_t j = 0; j < group.size(); ++j) {
-      if (int(j) == self) {
-        phis[j] = phi_.data();
-        deltas[j] = progress_.data();
-        continue;
-      }
-      progress[j] = floats(theirs[j], group[j], "local progress");
-      deltas[j] = progress[j].data();
-      phis[j] = partner_phi_[j].empty() ? phi_.data() : partner_phi_[j].data();
-    }
-    int used = self;
-    if (screen_) {
-      const auto s = noloco_screen(phis, deltas, self, n_, reject_norm_, cfg_.reject_distance);
-      distance_ratio_ = s.distance_ratio;
-      rejected_ = int(group.size() - s.kept.size());
-      if (rejected_)
-        std::cerr << "loco: warning: outer step " << k << " of replica " << w.rank << ", left out: " << s.why << "\n";
-      used = noloco_keep(s, self, phis, deltas);
-    }
-    noloco_outer_step(phis, deltas, used, phi_.data(), delta_.data(), w.params.data(), n_,
-                      noloco_step_params(cfg_));
-    ++outer_steps_;
-    partner_phi_.clear();
-    if (!last) start_weights(w, k + 1);
+    SyncGroup::Round r;
+    r.id = (done + H - 1) / H;  // this outer step (the last one may end a short round)
+    r.step = done;
+    r.take_joiners = !last;
+    r.reduce = [&](Communicator& comm, int rank, int size) { exchange(w, comm, rank, size, r.id); };
+    r.outer_state = [&](OuterState& s) {  // the outer step taken on copies
+      s.theta = phi_;
+      s.momentum = delta_;
+      std::vector<float> theta(static_cast<size_t>(n_));
+      noloco_outer_step(phis_, deltas_, self_, s.theta.data(), s.momentum.data(), theta.data(), n_,
+                        noloco_step_params(cfg_));
+    };
+    r.commit = [&] {
+      noloco_outer_step(phis_, deltas_, self_, phi_.data(), delta_.data(), w.params.data(), n_,
+                        noloco_step_params(cfg_));
+      ++outer_steps_;
+      partner_phi_.clear();
+      if (!last && !elastic_) start_weights(w, r.id + 1);
+    };
+    r.checksum = [&] { return crc32c(phi_.data(), phi_.size() * sizeof(float)); };
+    group_->run_round(w, r, install());
+    if (last) group_->finish_run();
   }
 
+  // An elastic member evaluates its own slow weights (on all validation windows).
   const std::vector<float>& eval_params(Worker& w) override {
-    if (cfg_.eval == "shards") return phi_;
+    if (elastic_ || cfg_.eval == "shards") return phi_;
     eval_buffer_ = phi_;
     share_for_eval(w.comm, eval_buffer_, cfg_.eval);
     return eval_buffer_;
   }
 
   std::vector<double> spread_terms(Worker& w) override {
+    if (elastic_) return {};
     std::vector<float> mean = phi_;
     w.comm.all_reduce(mean.data(), n_, ReduceOp::Mean, "spread");
     double sq = 0;
@@ -236,9 +234,13 @@ class Noloco : public Algorithm {
     return {sq, double(n_)};
   }
 
+  int64_t continue_from(int64_t done) override { return group_->continue_from(done); }
+  double wait_seconds() const override { return group_->wait_seconds(); }
+  bool writes_checkpoints() const override { return group_->writes_checkpoints(); }
   void report(nlohmann::json& out) const override {
     out["outer_state_bytes"] = int64_t(phi_.size() + delta_.size() + progress_.size()) * 4;
     out["noloco_outer_steps"] = outer_steps_;
+    group_->report(out);
   }
 
   // The weights received for the next outer step are part of the state: finish receiving them
@@ -276,12 +278,62 @@ class Noloco : public Algorithm {
     return noloco_group_of(replicas_, cfg_.group_size, uint64_t(cfg_.seed), k, rank_);
   }
 
-  std::vector<float> floats(const std::string& bytes, int member, const char* what) const {
-    return noloco_from_bytes(bytes, n_, "replica " + std::to_string(member), what);
+  // Outer step k's exchange within this member's group (drawn among the `size` members of the
+  // round): the partners' slow weights phi (sent after the previous outer step in a fixed world,
+  // here in an elastic one) and local progress d; then the screening. Leaves the step's inputs in
+  // phis_, deltas_ and self_ (only temporaries: the group may redo it).
+  void exchange(Worker& w, Communicator& comm, int rank, int size, int64_t k) {
+    const auto group = noloco_group_of(size, cfg_.group_size, uint64_t(cfg_.seed), k, rank);
+    self_ = int(std::find(group.begin(), group.end(), rank) - group.begin());
+    for (int64_t i = 0; i < n_; ++i) progress_[size_t(i)] = w.params[size_t(i)] - phi_[size_t(i)];
+    // Sends first, so that no member waits on another's receive (send_start takes its payload by
+    // value: packed per partner, then moved). Received into members, which outlive a failed
+    // attempt's communicator.
+    if (elastic_) weights_in_.assign(group.size(), std::string());
+    else finish_weights(k, group);
+    progress_in_.assign(group.size(), std::string());
+    std::vector<Communicator::Handle> handles;
+    for (int m : group)
+      if (m != rank) {
+        if (elastic_) handles.push_back(comm.send_start(m, noloco_to_bytes(phi_), "outer_weights"));
+        handles.push_back(comm.send_start(m, noloco_to_bytes(progress_), "outer_progress"));
+      }
+    for (size_t j = 0; j < group.size(); ++j)
+      if (group[j] != rank) {
+        if (elastic_) handles.push_back(comm.recv_start(group[j], &weights_in_[j], "outer_weights"));
+        handles.push_back(comm.recv_start(group[j], &progress_in_[j], "outer_progress"));
+      }
+    for (auto& h : handles) comm.wait(h);
+    const std::string noun = elastic_ ? "member " : "replica ", of = elastic_ ? " of the round" : "";
+    partner_progress_.assign(group.size(), std::vector<float>());
+    if (elastic_) partner_phi_.assign(group.size(), std::vector<float>());
+    phis_.assign(group.size(), nullptr);
+    deltas_.assign(group.size(), nullptr);
+    for (size_t j = 0; j < group.size(); ++j) {
+      if (int(j) == self_) {
+        phis_[j] = phi_.data();
+        deltas_[j] = progress_.data();
+        continue;
+      }
+      const std::string who = noun + std::to_string(group[j]) + of;
+      if (elastic_) partner_phi_[j] = noloco_from_bytes(weights_in_[j], n_, who, "weights");
+      partner_progress_[j] = noloco_from_bytes(progress_in_[j], n_, who, "local progress");
+      deltas_[j] = partner_progress_[j].data();
+      phis_[j] = partner_phi_[j].empty() ? phi_.data() : partner_phi_[j].data();  // step 1: the common phi_0
+    }
+    if (!screen_) return;
+    const auto s = noloco_screen(phis_, deltas_, self_, n_, reject_norm_, cfg_.reject_distance);
+    distance_ratio_ = s.distance_ratio;
+    rejected_ = int(group.size() - s.kept.size());
+    if (rejected_ && elastic_)
+      std::cerr << "loco: warning: round " << k << ", left out: " << s.why << "\n";
+    else if (rejected_)
+      std::cerr << "loco: warning: outer step " << k << " of replica " << rank << ", left out: " << s.why << "\n";
+    self_ = noloco_keep(s, self_, phis_, deltas_);
   }
 
-  // Right after outer step k - 1: send phi to the members of this replica's group at step k and
-  // post the receptions of theirs; the transfers overlap the next H inner steps.
+  // Right after outer step k - 1 in a fixed world: send phi to the members of this replica's
+  // group at step k and post the receptions of theirs; the transfers overlap the next H inner steps.
   void start_weights(Worker& w, int64_t k) {
     pending_k_ = k;
     pending_group_ = group_of(k);
@@ -301,7 +353,8 @@ class Noloco : public Algorithm {
     weight_handles_.clear();
     partner_phi_.assign(pending_group_.size(), std::vector<float>());
     for (size_t j = 0; j < pending_group_.size(); ++j)
-      if (pending_group_[j] != rank_) partner_phi_[j] = floats(weights_in_[j], pending_group_[j], "weights");
+      if (pending_group_[j] != rank_)
+        partner_phi_[j] = noloco_from_bytes(weights_in_[j], n_, "replica " + std::to_string(pending_group_[j]), "weights");
     weights_in_.clear();
     received_ = true;
   }
@@ -319,20 +372,34 @@ class Noloco : public Algorithm {
     pending_k_ = 0;
   }
 
+  SyncGroup::Install install() {
+    return [this](Worker& w, OuterState& s) {
+      phi_ = std::move(s.theta);
+      delta_ = std::move(s.momentum);
+      w.params = phi_;
+    };
+  }
+
   NolocoConfig cfg_;
   Communicator& comm_;  // the stage's replicas
   int rank_, replicas_;
   int64_t n_;
   std::vector<float> phi_, delta_, progress_, eval_buffer_;
   int64_t outer_steps_ = 0;
-  // The weights exchange for outer step pending_k_ (0: none in flight).
+  std::unique_ptr<SyncGroup> group_;
+  const bool elastic_;  // members come and go (group_->members_change()): weights sent in the round
+  // A fixed world's weights exchange for outer step pending_k_ (0: none in flight).
   int64_t pending_k_ = 0;
   std::vector<int> pending_group_;
-  std::vector<std::string> weights_in_;
+  std::vector<std::string> weights_in_, progress_in_;
   std::vector<Communicator::Handle> weight_handles_;
   bool received_ = true;
-  std::vector<std::vector<float>> partner_phi_;
-  bool screen_;  // outer.screen (auto: off in-process and under MPI)
+  // The outer step's inputs, in group order: the partners' phi (empty: this member's, or the
+  // common phi_0) and progress, and the pointers the step reads (self_: this member).
+  std::vector<std::vector<float>> partner_phi_, partner_progress_;
+  std::vector<const float*> phis_, deltas_;
+  int self_ = 0;
+  bool screen_;  // outer.screen (auto: on in elastic runs, off in-process and under MPI)
   double reject_norm_;
   int rejected_ = 0;           // partners left out of the last outer step
   double distance_ratio_ = 0;  // of the last outer step (noloco_screen)
@@ -340,8 +407,12 @@ class Noloco : public Algorithm {
 
 }  // namespace
 
+std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group) {
+  return std::make_unique<Noloco>(cfg, w, std::move(group));
+}
+
 std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w) {
-  return std::make_unique<Noloco>(cfg, w);
+  return make_noloco(cfg, w, std::make_unique<FixedGroup>());
 }
 
 }  // namespace loco

@@ -1,8 +1,8 @@
 #pragma once
 // The methods of the elastic backend (distributed.backend = "elastic", docs/elastic.md): DiLoCo
-// (algo/diloco.cpp over an ElasticSession, the SyncGroup of session.h), Streaming DiLoCo
-// (elastic_streaming.cpp) and NoLoCo (elastic_noloco.cpp), each an ElasticMethod (session.h):
-// their outer synchronizations are rounds among the live members of their moment.
+// and NoLoCo (algo/diloco.cpp, algo/noloco.cpp over an ElasticSession, the SyncGroup of
+// session.h) and Streaming DiLoCo (elastic_streaming.cpp, an ElasticMethod): their outer
+// synchronizations are rounds among the live members of their moment.
 #include <memory>
 
 #include "algo/algorithm.h"
@@ -20,8 +20,5 @@ std::unique_ptr<Algorithm> make_elastic_streaming(const RunConfig& cfg, const Wo
                                                   const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace);
-std::unique_ptr<Algorithm> make_elastic_noloco(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
-                                               std::shared_ptr<TrafficStats> traffic,
-                                               std::shared_ptr<TraceRecorder> trace);
 
 }  // namespace loco

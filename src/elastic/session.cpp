@@ -342,8 +342,8 @@ std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Wo
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace) {
   if (cfg.method() == MethodId::Streaming) return make_elastic_streaming(cfg, w, options, std::move(traffic), std::move(trace));
-  if (cfg.method() == MethodId::Noloco) return make_elastic_noloco(cfg, w, options, std::move(traffic), std::move(trace));
   auto session = std::make_unique<ElasticSession>(cfg, options, std::move(traffic), std::move(trace), w.params.size());
+  if (cfg.method() == MethodId::Noloco) return make_noloco(cfg, w, std::move(session));
   session->expect_norm_histories(1);
   return make_diloco(cfg, w, std::move(session), options.fault);
 }

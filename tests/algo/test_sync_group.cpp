@@ -1,5 +1,5 @@
-// DiLoCo through its membership interface (algo/sync_group.h), with a scripted membership in
-// place of Redis: a failed attempt redone, a member dropped and taken in again, a joiner. What the
+// DiLoCo and NoLoCo through their membership interface (algo/sync_group.h), with a scripted
+// membership in place of Redis: a failed attempt redone, a member dropped and taken in again, a joiner. What the
 // elastic session does to a method, checked on the method itself: a redone reduction leaves no
 // trace (parameters, momentum and the screening history equal the run without it), and a member
 // that installs the run's outer state holds the same bits as the member that handed it over.
@@ -87,10 +87,23 @@ std::vector<float> initial_params(size_t n) {
   return p;
 }
 
+RunConfig config(const std::string& method) {
+  RunConfig cfg = tiny_diloco_config();
+  cfg.algorithm = method;
+  cfg.noloco.inner_steps = kH;
+  return cfg;
+}
+
+std::unique_ptr<Algorithm> method(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
+                                  const Fault& fault) {
+  if (cfg.algorithm == "noloco") return make_noloco(cfg, w, std::move(group));
+  return make_diloco(cfg, w, std::move(group), fault);
+}
+
 // Two members over `rounds` rounds, each round's "training" a deterministic move from the outer
-// parameters; member 1 misbehaves as `fault` says.
-std::vector<End> run(Script& script, int64_t rounds, const std::string& fault) {
-  const RunConfig cfg = tiny_diloco_config();
+// parameters; member 1 misbehaves as `fault` says (DiLoCo).
+std::vector<End> run(Script& script, int64_t rounds, const std::string& fault, const std::string& algorithm = "diloco") {
+  const RunConfig cfg = config(algorithm);
   auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1));
   const int M = 2;
   const size_t n = ParamLayout(cfg.model).size();
@@ -101,8 +114,7 @@ std::vector<End> run(Script& script, int64_t rounds, const std::string& fault) {
     threads.emplace_back([&, rank] {
       Communicator comm(std::move(transports[size_t(rank)]), {}, nullptr);
       Worker w(cfg, comm, tokens);
-      auto algo = make_diloco(cfg, w, std::make_unique<ScriptedGroup>(script),
-                              rank == 1 ? parse_fault(fault) : Fault{});
+      auto algo = method(cfg, w, std::make_unique<ScriptedGroup>(script), rank == 1 ? parse_fault(fault) : Fault{});
       w.params = initial_params(n);
       algo->start(w, false);
       for (int64_t round = 0; round < rounds; ++round) {
@@ -172,4 +184,30 @@ TEST(SyncGroup, AJoinerStartsFromTheRoundsOuterState) {
   joiner->save_state(st);
   EXPECT_EQ(st.tensors, members[0].state.tensors);  // outer parameters and momentum
   EXPECT_EQ(st.meta, members[0].state.meta);        // the screening history: it screens as the members do
+}
+
+TEST(SyncGroup, NolocoRedoneDroppedAndJoined) {
+  Script plain, redone, dropped, handing;
+  redone.redo = {1, 3};
+  dropped.drop = 3;
+  handing.hand_over = 4;
+  const auto a = run(plain, 5, "", "noloco"), b = run(redone, 5, "", "noloco");
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_EQ(a[size_t(m)].params, b[size_t(m)].params) << m;  // the exchange redone leaves no trace
+    EXPECT_EQ(a[size_t(m)].state.tensors, b[size_t(m)].state.tensors) << m;
+  }
+  const auto d = run(dropped, 5, "", "noloco");  // member 1 took member 0's phi and delta in round 3
+  EXPECT_NE(d[0].params, a[0].params);
+  const auto h = run(handing, 4, "", "noloco");
+  const RunConfig cfg = config("noloco");
+  auto transport = make_inprocess_transports(1);
+  Communicator comm(std::move(transport[0]), {}, nullptr);
+  Worker w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1)));
+  w.params = initial_params(w.params.size());
+  auto joiner = make_noloco(cfg, w, std::make_unique<ScriptedGroup>(handing, true));
+  joiner->start(w, false);
+  EXPECT_EQ(w.params, h[0].theta);  // member 0's slow weights after round 4
+  TrainingState st;
+  joiner->save_state(st);
+  EXPECT_EQ(st.tensors, h[0].state.tensors);  // phi and delta
 }
