@@ -126,8 +126,11 @@ std::unique_ptr<Algorithm> make_ddp();
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w);
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
                                        const Fault& fault);
-// Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized.
+// Streaming DiLoCo: fragments synchronized at staggered offsets, overlapped, optionally quantized;
+// among every replica or among the members of `group`.
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w);
+std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
+                                          const Fault& fault);
 // NoLoCo: every H inner steps, a heavy-ball outer step within a random group (algo/noloco.h), among
 // every replica or among the members of `group`.
 std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w);

@@ -56,6 +56,7 @@ class Diloco : public Algorithm {
         fault_(fault) {
     aggregate_ = aggregate_options(cfg.outer, elastic_);
     robust_ = aggregate_.screen || aggregate_.rule != "mean" || fault_.kind != Fault::Kind::None;
+    group_->set_norm_histories(1);
   }
 
   // The outer state is allocated here (or by load_state), not before: a caller that holds it

@@ -30,6 +30,14 @@
 // With the outer state held by the caller (algo/algorithm.h, OuterResult; loco.torch's
 // outer_device) the schedule, the communication and the reduce-scatter's shard sums stay here;
 // the caller encodes its delta, decodes the payloads, takes the outer step and merges.
+// The syncs' members come from a SyncGroup (algo/sync_group.h). In an elastic run each fragment's
+// sync is a round among the live members of its moment, reduced as above among the round's
+// members (screened by default, outer.screen = auto, except with the reduce-scatter asked for),
+// but completed within the round: the result is then held, as any sync in flight, and merged tau
+// steps later, so with a fixed membership every number equals the in-process run's (the
+// communication does not overlap the inner steps there). A joiner starts from the outer
+// parameters with every completed sync's outer step taken, its parameters equal to them, and the
+// screening histories.
 #include "algo/streaming.h"
 
 #include <algorithm>
@@ -37,6 +45,7 @@
 #include <functional>
 #include <iostream>
 
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/lists.h"
@@ -85,7 +94,7 @@ int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas)
   return values[size_t(rank)];
 }
 
-Streaming::Streaming(const RunConfig& cfg, const Worker& w)
+Streaming::Streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group, const Fault& fault)
     : cfg_(cfg.streaming),
       outer_(cfg.outer),
       plan_(plan_fragments(cfg.model.num_layers, cfg.streaming.fragment_blocks, cfg.streaming.pattern,
@@ -98,10 +107,18 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w)
       run_steps_(cfg.train.steps),
       average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
       comm_(w.comm),
-      num_params_(w.params.size()) {
-  set_robustness(aggregate_options(cfg.outer, false),
-                 w.rank >= w.replicas - cfg.outer.faulty_replicas ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
+      num_params_(w.params.size()),
+      group_(std::move(group)),
+      elastic_(group_->members_change()) {
+  // outer.screen = auto is on in elastic runs, except with quantized outer gradients
+  // reduce-scattered on request (no member sees another's contribution there: said at start).
+  const bool scattered = cfg.outer.codec != "fp32" && cfg.outer.reduce == "reduce-scatter";
+  if (elastic_ && scattered && cfg.outer.screen == "auto" && cfg.outer.aggregate == "mean")
+    std::cerr << "loco: warning: outer.reduce = \"reduce-scatter\": the members' contributions are not screened "
+                 "(no member sees another's); outer.reduce = \"auto\" or \"all-gather\" screens them\n";
+  set_robustness(aggregate_options(cfg.outer, elastic_ && !scattered), fault, elastic_ ? "round member" : "replica");
   norm_history_.resize(plan_.size());
+  group_->set_norm_histories(plan_.size());
   const auto& layout = w.layout();
   // With a pipeline, a fragment syncs the part of it this stage holds (maybe nothing).
   const auto& stage = layout.stage();
@@ -153,7 +170,17 @@ void Streaming::set_robustness(const AggregateOptions& aggregate, const Fault& f
 }
 
 void Streaming::start(Worker& w, bool resumed) {
-  if (!resumed && !held_) store().write_all(w.params, std::vector<float>(num_params_, 0.0f));
+  if (!w.restored && !held_) store().write_all(w.params, std::vector<float>(num_params_, 0.0f));
+  group_->start(w, resumed, install());  // a joiner replaces them
+}
+
+SyncGroup::Install Streaming::install() {
+  return [this](Worker& w, OuterState& s) {
+    check(s.norm_history.size() == fragments(), "internal: a join state without every fragment's screening history");
+    install_outer_state(s.theta, s.momentum);
+    norm_history_ = std::move(s.norm_history);
+    w.params = s.theta;
+  };
 }
 
 OuterStore& Streaming::store() const {
@@ -166,6 +193,7 @@ OuterStore& Streaming::store() const {
 }
 
 std::string Streaming::outer_elsewhere_refusal() const {
+  if (elastic_) return "an elastic run keeps the outer state on the host";
   if (robust_ || fault_.kind != Fault::Kind::None)
     return "outer.screen, outer.aggregate and outer.fault need the outer state on the host";
   if (!scratch_.empty()) return "streaming.offload_outer keeps the outer state in a host file";
@@ -247,6 +275,12 @@ StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
   // read only with other replicas; nothing is written here (the writes still say which steps
   // apply a sync: the caller applies it then).
   if (held_ && (!codec_->lossless() || w.replicas == 1)) a.reads.clear();
+  // A step with a round, when members come and go, may take in the run's whole state (a member
+  // dropped and taken in again).
+  if (elastic_ && (last || !a.reads.empty() || !a.writes.empty())) {
+    a = StepAccess::everything(int64_t(num_params_));
+    a.gradients = false;
+  }
   return a;
 }
 
@@ -265,18 +299,20 @@ int64_t Streaming::quiet_until(const Worker& w, int64_t done, bool last) const {
 }
 
 void Streaming::after_step(Worker& w, int64_t done, bool last) {
+  group_->count_step();
   while (!pending_.empty() && (pending_.front().apply_at <= done || last)) {
     apply(w, pending_.front(), last);
     pending_.pop_front();
   }
   for (size_t j = 0; j < plan_.size(); ++j) {
     if (!starts_sync(j, done, last)) continue;
-    if (!sync_fragment(w, j, done, last)) return;
+    if (!sync_fragment(w, j, done, last)) break;  // dropped: this step's other syncs are not this worker's either
     if (tau_ == 0 || last) {
       apply(w, pending_.back(), last);
       pending_.pop_back();
     }
   }
+  if (last) group_->finish_run();
 }
 
 const std::vector<float>& Streaming::eval_params(Worker& w) {
@@ -380,6 +416,7 @@ void Streaming::load_state(const TrainingState& st) {
 }
 
 void Streaming::report(nlohmann::json& out) const {
+  group_->report(out);
   int64_t largest = 0;
   for (const auto& r : ranges_) largest = std::max(largest, total_size(r));
   out["fragments"] = int64_t(plan_.size());
@@ -395,14 +432,44 @@ void Streaming::report(nlohmann::json& out) const {
 }
 
 void Streaming::annotate(nlohmann::json& rec) {
+  group_->annotate(rec);
   if (robust_ && rejected_ >= 0) rec["outer_rejected"] = rejected_;
 }
 
-bool Streaming::sync_fragment(Worker& w, size_t j, int64_t step, bool) {
-  // The communication thread writes into the element, so it is placed first: references to
-  // deque elements stay valid across push_back/pop_front.
-  begin_sync(w.comm, w.rank, w.replicas, w.params, j, step, pending_.emplace_back());
-  return true;
+bool Streaming::sync_fragment(Worker& w, size_t j, int64_t step, bool last) {
+  if (!elastic_) {
+    // Overlapped: the sync completes when its result is due. The communication thread writes
+    // into the element, so it is placed first: references to deque elements stay valid across
+    // push_back/pop_front.
+    begin_sync(w.comm, w.rank, w.replicas, w.params, j, step, pending_.emplace_back());
+    return true;
+  }
+  // A round among the members of the moment, completed within it; its result is then held as
+  // any sync in flight and merged tau steps later (so with a fixed membership every number
+  // equals the in-process run's).
+  std::unique_ptr<Pending> p;
+  const std::vector<NormHistory> history = norm_history_;  // each attempt screens from it
+  SyncGroup::Round r;
+  r.id = step * int64_t(fragments()) + int64_t(j);
+  r.step = step;
+  r.take_joiners = !last;
+  r.reduce = [&](Communicator& comm, int rank, int size) {
+    p = std::make_unique<Pending>();
+    norm_history_ = history;
+    begin_sync(comm, rank, size, w.params, j, step, *p);
+    complete(comm, *p);
+  };
+  r.outer_state = [&](OuterState& s) {
+    latest_outer_state(s.theta, s.momentum, p.get());
+    s.norm_history = norm_history_;
+  };
+  r.commit = [&] { pending_.push_back(std::move(*p)); };
+  r.checksum = [&] {
+    std::vector<float> theta, momentum;
+    latest_outer_state(theta, momentum, nullptr);
+    return crc32c(theta.data(), theta.size() * sizeof(float));
+  };
+  return group_->run_round(w, r, install());
 }
 
 void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, size_t j,
@@ -643,8 +710,15 @@ void Streaming::install_outer_state(const std::vector<float>& theta, const std::
   store().write_all(theta, momentum);
 }
 
+std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
+                                          const Fault& fault) {
+  return std::make_unique<Streaming>(cfg, w, std::move(group), fault);
+}
+
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w) {
-  return std::make_unique<Streaming>(cfg, w);
+  const bool faulty = w.rank >= w.replicas - cfg.outer.faulty_replicas;
+  return make_streaming(cfg, w, std::make_unique<FixedGroup>(),
+                        faulty ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
 }
 
 }  // namespace loco

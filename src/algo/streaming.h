@@ -12,6 +12,7 @@
 #include "algo/outer_store.h"
 #include "algo/partial.h"
 #include "algo/robust.h"
+#include "algo/sync_group.h"
 #include "comm/codec.h"
 
 namespace loco {
@@ -36,12 +37,12 @@ int64_t last_sync_start(const FragmentPlan& f, int64_t step, int64_t inner_steps
 // Per-replica tau from streaming.tau and streaming.worker_tau ("1,1,3,3").
 int64_t worker_tau(int64_t tau, const std::string& list, int rank, int replicas);
 
-// Streaming DiLoCo as an algorithm (streaming.cpp explains the method). The elastic backend
-// derives from it (elastic/elastic_streaming.cpp): it runs each fragment's reduction as a round
-// among the live members of that moment instead of over the worker's fixed communicator.
+// Streaming DiLoCo as an algorithm (streaming.cpp explains the method), among the members of
+// `group` (algo/sync_group.h): every replica (FixedGroup), or the live members of each sync's
+// moment (the elastic session); this member misbehaves as `fault` says (comm/fault.h).
 class Streaming : public Algorithm {
  public:
-  Streaming(const RunConfig& cfg, const Worker& w);
+  Streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group, const Fault& fault);
 
   void start(Worker& w, bool resumed) override;
   void after_step(Worker& w, int64_t done, bool last) override;
@@ -54,6 +55,9 @@ class Streaming : public Algorithm {
   void load_state(const TrainingState& st) override;
   void report(nlohmann::json& out) const override;
   void annotate(nlohmann::json& rec) override;
+  int64_t continue_from(int64_t done) override { return group_->continue_from(done); }
+  double wait_seconds() const override { return group_->wait_seconds(); }
+  bool writes_checkpoints() const override { return group_->writes_checkpoints(); }
   std::string outer_elsewhere_refusal() const override;
   void hold_outer_elsewhere() override;
   std::vector<std::vector<OuterSegment>> outer_segments() const override;
@@ -62,7 +66,7 @@ class Streaming : public Algorithm {
   void provide_outer(size_t fragment, std::vector<std::string> payloads) override;
   std::vector<OuterResult> take_outer_results() override;
 
- protected:
+ private:
   struct Segment {
     int64_t begin, end, packed;  // params[begin, end) is packed[packed, ...)
     bool trained;                // merged with alpha; else replaced
@@ -85,10 +89,13 @@ class Streaming : public Algorithm {
     Screening screening;
   };
 
-  // Starts fragment j's sync after `step` (pushed onto pending_). The default reduces over the
-  // worker's communicator and returns at once; the elastic backend completes it in a round, and
-  // returns false when the worker was dropped and taken in again instead (nothing pushed).
-  virtual bool sync_fragment(Worker& w, size_t j, int64_t step, bool last);
+  // Starts fragment j's sync after `step` (pushed onto pending_). A fixed world reduces over the
+  // worker's communicator and returns at once; when members come and go the sync is a round,
+  // completed within it; false when the worker was dropped and taken in again instead (nothing
+  // pushed).
+  bool sync_fragment(Worker& w, size_t j, int64_t step, bool last);
+  // A joiner's (or a dropped member's) outer state into the method.
+  SyncGroup::Install install();
   // Starts the reduction of fragment j among `replicas` workers on `comm` (this one is `rank`),
   // into `p` (placed in pending_ first: the communication thread writes into it).
   void begin_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, size_t j,
@@ -101,14 +108,13 @@ class Streaming : public Algorithm {
   void latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra);
   void install_outer_state(const std::vector<float>& theta, const std::vector<float>& momentum);
   size_t fragments() const { return plan_.size(); }
-  // The elastic backend's screening (outer.screen = auto is on there) and its member's fault.
-  void set_robustness(const AggregateOptions& aggregate, const Fault& fault, const std::string& noun = "replica");
+  // The screening (outer.screen = auto is on in elastic runs) and this member's fault.
+  void set_robustness(const AggregateOptions& aggregate, const Fault& fault, const std::string& noun);
 
   std::deque<Pending> pending_;
   // Screening's record of each fragment's accepted syncs (algo/robust.h), with screening on.
   std::vector<NormHistory> norm_history_;
 
- private:
   // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
   // replica's parameters; entries this node does not train are always replaced.
   void apply(Worker& w, Pending& p, bool replace);
@@ -159,6 +165,8 @@ class Streaming : public Algorithm {
   std::vector<float> faulty_params_;  // a faulty replica's parameters with its fragment corrupted (fp32)
   int rejected_ = -1;    // contributions left out of the last completed sync (-1: none yet)
   std::string noun_ = "replica";  // who contributes, in the rejection warnings
+  std::unique_ptr<SyncGroup> group_;
+  const bool elastic_;  // members come and go (group_->members_change()): each sync a round of its own
 };
 
 }  // namespace loco

@@ -66,6 +66,9 @@ class SyncGroup {
   virtual void add_compute(double seconds) {}
   // Whether members come and go: a round may then replace the whole model (Install).
   virtual bool members_change() const { return false; }
+  // How many screening histories the method's outer state holds (OuterState::norm_history; a
+  // group that receives states from peers refuses one with another count).
+  virtual void set_norm_histories(size_t count) {}
   // The Algorithm hooks the group answers (algo/algorithm.h).
   virtual double wait_seconds() const { return 0; }
   virtual bool writes_checkpoints() const { return true; }

@@ -1,8 +1,7 @@
 #pragma once
-// The methods of the elastic backend (distributed.backend = "elastic", docs/elastic.md): DiLoCo
-// and NoLoCo (algo/diloco.cpp, algo/noloco.cpp over an ElasticSession, the SyncGroup of
-// session.h) and Streaming DiLoCo (elastic_streaming.cpp, an ElasticMethod): their outer
-// synchronizations are rounds among the live members of their moment.
+// The methods of the elastic backend (distributed.backend = "elastic", docs/elastic.md): DiLoCo,
+// Streaming DiLoCo and NoLoCo, each the one implementation in src/algo/ over an ElasticSession
+// (session.h), the SyncGroup whose rounds are among the live members of their moment.
 #include <memory>
 
 #include "algo/algorithm.h"
@@ -13,11 +12,6 @@ namespace loco {
 
 // The method of cfg.algorithm (the config's checks admit only these three in elastic mode).
 std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
-                                                  std::shared_ptr<TrafficStats> traffic,
-                                                  std::shared_ptr<TraceRecorder> trace);
-
-std::unique_ptr<Algorithm> make_elastic_streaming(const RunConfig& cfg, const Worker& w,
-                                                  const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace);
 

@@ -341,10 +341,9 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
 std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace) {
-  if (cfg.method() == MethodId::Streaming) return make_elastic_streaming(cfg, w, options, std::move(traffic), std::move(trace));
   auto session = std::make_unique<ElasticSession>(cfg, options, std::move(traffic), std::move(trace), w.params.size());
+  if (cfg.method() == MethodId::Streaming) return make_streaming(cfg, w, std::move(session), options.fault);
   if (cfg.method() == MethodId::Noloco) return make_noloco(cfg, w, std::move(session));
-  session->expect_norm_histories(1);
   return make_diloco(cfg, w, std::move(session), options.fault);
 }
 

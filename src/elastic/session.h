@@ -57,7 +57,7 @@ class ElasticSession : public SyncGroup {
   bool writes_checkpoints() const override { return first_member(); }
   // How many screening histories the method's state holds (JoinState::norm_history; a joiner
   // refuses a state with another count).
-  void expect_norm_histories(size_t count) { norm_histories_ = count; }
+  void set_norm_histories(size_t count) override { norm_histories_ = count; }
   void count_step() override { ++steps_trained_; }
   double wait_seconds() const override { return wait_s_; }
   int64_t continue_from(int64_t done) override;
@@ -91,45 +91,6 @@ class ElasticSession : public SyncGroup {
   double wait_s_ = 0, round_compute_s_ = 0;
   nlohmann::json rounds_ = nlohmann::json::array(), pending_rounds_ = nlohmann::json::array();
   std::vector<nlohmann::json> events_;
-};
-
-// An elastic method: Base (Algorithm, or the method it runs elastically) with the hooks every
-// elastic method answers from its session. The method runs its rounds with session_.run_round.
-template <class Base>
-class ElasticMethod : public Base {
- public:
-  template <class... BaseArgs>
-  ElasticMethod(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
-                std::shared_ptr<TrafficStats> traffic, std::shared_ptr<TraceRecorder> trace, BaseArgs&&... base)
-      : Base(std::forward<BaseArgs>(base)...),
-        session_(cfg, options, std::move(traffic), std::move(trace), w.params.size()) {}
-
-  // A step that runs a round may take in the run's state (a member dropped and taken in again
-  // installs the whole model): the whole model then. Other steps use nothing: rounds_at says
-  // which run one. No elastic method averages gradients (data-parallel is not one of them).
-  StepAccess access(const Worker& w, int64_t done, bool last) const override {
-    if (!rounds_at(w, done, last)) return StepAccess::nothing();
-    StepAccess a = StepAccess::everything(int64_t(w.params.size()));
-    a.gradients = false;
-    return a;
-  }
-  // Whether after_step(w, done, last) may run a round (or otherwise use the model).
-  virtual bool rounds_at(const Worker& w, int64_t done, bool last) const = 0;
-  bool uses_gradients(const Worker&) const override { return false; }
-  double wait_seconds() const override { return session_.wait_seconds(); }
-  bool writes_checkpoints() const override { return session_.first_member(); }
-  int64_t continue_from(int64_t done) override { return session_.continue_from(done); }
-  void annotate(nlohmann::json& rec) override {
-    Base::annotate(rec);
-    session_.annotate(rec);
-  }
-  void report(nlohmann::json& out) const override {
-    Base::report(out);
-    session_.report(out);
-  }
-
- protected:
-  ElasticSession session_;
 };
 
 }  // namespace loco

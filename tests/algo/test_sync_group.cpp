@@ -1,4 +1,4 @@
-// DiLoCo and NoLoCo through their membership interface (algo/sync_group.h), with a scripted
+// DiLoCo, Streaming DiLoCo and NoLoCo through their membership interface (algo/sync_group.h), with a scripted
 // membership in place of Redis: a failed attempt redone, a member dropped and taken in again, a joiner. What the
 // elastic session does to a method, checked on the method itself: a redone reduction leaves no
 // trace (parameters, momentum and the screening history equal the run without it), and a member
@@ -26,6 +26,7 @@ constexpr int64_t kH = 5;  // inner steps per round (tiny_diloco_config)
 // What happens at chosen rounds, shared by the workers of one run.
 struct Script {
   std::set<int64_t> redo;  // rounds whose first attempt fails after its reduction: reduced again
+  bool redo_all = false;   // ... every round
   int64_t drop = -1;       // round in which member 1 is dropped: member 0 reduces alone and hands
                            // member 1 its outer state, which member 1 installs (run_round: false)
   std::promise<OuterState> dropped_state;
@@ -58,7 +59,7 @@ class ScriptedGroup : public SyncGroup {
       return true;
     }
     r.reduce(w.comm, w.rank, w.replicas);
-    if (script_.redo.count(r.id)) r.reduce(w.comm, w.rank, w.replicas);  // the attempt failed: from scratch
+    if (script_.redo_all || script_.redo.count(r.id)) r.reduce(w.comm, w.rank, w.replicas);  // failed: again
     if (r.id == script_.hand_over && w.rank == 0) r.outer_state(script_.handed);
     r.commit();
     ++rounds_;
@@ -91,17 +92,20 @@ RunConfig config(const std::string& method) {
   RunConfig cfg = tiny_diloco_config();
   cfg.algorithm = method;
   cfg.noloco.inner_steps = kH;
+  cfg.streaming.fragment_blocks = 1;  // 2 fragments: the block (offset 0), the rest (offset 2)
+  cfg.streaming.tau = 0;
   return cfg;
 }
 
 std::unique_ptr<Algorithm> method(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
                                   const Fault& fault) {
   if (cfg.algorithm == "noloco") return make_noloco(cfg, w, std::move(group));
+  if (cfg.algorithm == "streaming") return make_streaming(cfg, w, std::move(group), fault);
   return make_diloco(cfg, w, std::move(group), fault);
 }
 
 // Two members over `rounds` rounds, each round's "training" a deterministic move from the outer
-// parameters; member 1 misbehaves as `fault` says (DiLoCo).
+// parameters; member 1 misbehaves as `fault` says (DiLoCo, Streaming DiLoCo).
 std::vector<End> run(Script& script, int64_t rounds, const std::string& fault, const std::string& algorithm = "diloco") {
   const RunConfig cfg = config(algorithm);
   auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1));
@@ -210,4 +214,33 @@ TEST(SyncGroup, NolocoRedoneDroppedAndJoined) {
   TrainingState st;
   joiner->save_state(st);
   EXPECT_EQ(st.tensors, h[0].state.tensors);  // phi and delta
+}
+
+TEST(SyncGroup, StreamingRedoneAndJoined) {
+  // Fragment j's sync after step s is round s x 2 + j: fragment 0 at steps 5, 10, 15, 20, 25, 30,
+  // fragment 1 at 7, 12, ...; member 1 goes bad at step 20 (the history leaves it out).
+  Script plain, redone, handing;
+  redone.redo_all = true;
+  handing.hand_over = 30 * 2;
+  const auto a = run(plain, 6, "scale:-10@20", "streaming"), b = run(redone, 6, "scale:-10@20", "streaming");
+  for (int m = 0; m < 2; ++m) {
+    EXPECT_EQ(a[size_t(m)].params, b[size_t(m)].params) << m;
+    EXPECT_EQ(a[size_t(m)].state.tensors, b[size_t(m)].state.tensors) << m;
+    EXPECT_EQ(a[size_t(m)].state.meta, b[size_t(m)].state.meta) << m;  // the screening histories included
+  }
+  const auto h = parse_norm_history(a[0].state.meta.at("outer.norm_history"), 2, "state");
+  EXPECT_EQ(h[0].recent.size(), 6u);
+  const auto members = run(handing, 6, "scale:-10@20", "streaming");
+  const RunConfig cfg = config("streaming");
+  auto transport = make_inprocess_transports(1);
+  Communicator comm(std::move(transport[0]), {}, nullptr);
+  Worker w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1)));
+  w.params = initial_params(w.params.size());
+  auto joiner = make_streaming(cfg, w, std::make_unique<ScriptedGroup>(handing, true), Fault{});
+  joiner->start(w, false);
+  EXPECT_EQ(joiner->eval_params(w), members[0].theta);  // the outer parameters after step 30's syncs
+  TrainingState st;
+  joiner->save_state(st);
+  EXPECT_EQ(st.tensors, members[0].state.tensors);
+  EXPECT_EQ(st.meta.at("outer.norm_history"), members[0].state.meta.at("outer.norm_history"));
 }
