@@ -136,6 +136,23 @@ std::vector<End> run(Script& script, int64_t rounds, const std::string& fault, c
   return ends;
 }
 
+// A joiner, in a one-member world of its own, whose group installs the outer state the script's
+// hand_over round left: its parameters, outer parameters and state after start().
+End join(Script& script, const std::string& algorithm) {
+  const RunConfig cfg = config(algorithm);
+  auto transport = make_inprocess_transports(1);
+  Communicator comm(std::move(transport[0]), {}, nullptr);
+  Worker w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1)));
+  w.params = initial_params(w.params.size());
+  auto joiner = method(cfg, w, std::make_unique<ScriptedGroup>(script, true), Fault{});
+  joiner->start(w, false);
+  End e;
+  e.params = w.params;
+  e.theta = joiner->eval_params(w);
+  joiner->save_state(e.state);
+  return e;
+}
+
 }  // namespace
 
 TEST(SyncGroup, ARedoneReductionLeavesNoTrace) {
@@ -175,19 +192,11 @@ TEST(SyncGroup, AJoinerStartsFromTheRoundsOuterState) {
   Script script;
   script.hand_over = 6;
   const auto members = run(script, 6, "scale:-10@20");  // the history has rounds to hand over
-  const RunConfig cfg = tiny_diloco_config();
-  auto transport = make_inprocess_transports(1);
-  Communicator comm(std::move(transport[0]), {}, nullptr);
-  Worker w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1)));
-  w.params = initial_params(w.params.size());
-  auto joiner = make_diloco(cfg, w, std::make_unique<ScriptedGroup>(script, true), Fault{});
-  joiner->start(w, false);
-  EXPECT_EQ(w.params, members[0].params);  // the outer parameters with round 6's outer step
-  EXPECT_EQ(joiner->eval_params(w), members[0].theta);
-  TrainingState st;
-  joiner->save_state(st);
-  EXPECT_EQ(st.tensors, members[0].state.tensors);  // outer parameters and momentum
-  EXPECT_EQ(st.meta, members[0].state.meta);        // the screening history: it screens as the members do
+  const End j = join(script, "diloco");
+  EXPECT_EQ(j.params, members[0].params);  // the outer parameters with round 6's outer step
+  EXPECT_EQ(j.theta, members[0].theta);
+  EXPECT_EQ(j.state.tensors, members[0].state.tensors);  // outer parameters and momentum
+  EXPECT_EQ(j.state.meta, members[0].state.meta);        // the screening history: it screens as the members do
 }
 
 TEST(SyncGroup, NolocoRedoneDroppedAndJoined) {
@@ -203,17 +212,9 @@ TEST(SyncGroup, NolocoRedoneDroppedAndJoined) {
   const auto d = run(dropped, 5, "", "noloco");  // member 1 took member 0's phi and delta in round 3
   EXPECT_NE(d[0].params, a[0].params);
   const auto h = run(handing, 4, "", "noloco");
-  const RunConfig cfg = config("noloco");
-  auto transport = make_inprocess_transports(1);
-  Communicator comm(std::move(transport[0]), {}, nullptr);
-  Worker w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1)));
-  w.params = initial_params(w.params.size());
-  auto joiner = make_noloco(cfg, w, std::make_unique<ScriptedGroup>(handing, true));
-  joiner->start(w, false);
-  EXPECT_EQ(w.params, h[0].theta);  // member 0's slow weights after round 4
-  TrainingState st;
-  joiner->save_state(st);
-  EXPECT_EQ(st.tensors, h[0].state.tensors);  // phi and delta
+  const End j = join(handing, "noloco");
+  EXPECT_EQ(j.params, h[0].theta);  // member 0's slow weights after round 4
+  EXPECT_EQ(j.state.tensors, h[0].state.tensors);  // phi and delta
 }
 
 TEST(SyncGroup, StreamingRedoneAndJoined) {
@@ -231,16 +232,8 @@ TEST(SyncGroup, StreamingRedoneAndJoined) {
   const auto h = parse_norm_history(a[0].state.meta.at("outer.norm_history"), 2, "state");
   EXPECT_EQ(h[0].recent.size(), 6u);
   const auto members = run(handing, 6, "scale:-10@20", "streaming");
-  const RunConfig cfg = config("streaming");
-  auto transport = make_inprocess_transports(1);
-  Communicator comm(std::move(transport[0]), {}, nullptr);
-  Worker w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(200, 1)));
-  w.params = initial_params(w.params.size());
-  auto joiner = make_streaming(cfg, w, std::make_unique<ScriptedGroup>(handing, true), Fault{});
-  joiner->start(w, false);
-  EXPECT_EQ(joiner->eval_params(w), members[0].theta);  // the outer parameters after step 30's syncs
-  TrainingState st;
-  joiner->save_state(st);
-  EXPECT_EQ(st.tensors, members[0].state.tensors);
-  EXPECT_EQ(st.meta.at("outer.norm_history"), members[0].state.meta.at("outer.norm_history"));
+  const End j = join(handing, "streaming");
+  EXPECT_EQ(j.theta, members[0].theta);  // the outer parameters after step 30's syncs
+  EXPECT_EQ(j.state.tensors, members[0].state.tensors);
+  EXPECT_EQ(j.state.meta.at("outer.norm_history"), members[0].state.meta.at("outer.norm_history"));
 }
