@@ -10,13 +10,23 @@ namespace loco {
 std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w) {
   switch (cfg.method()) {
     case MethodId::Ddp: return make_ddp();
-    case MethodId::Diloco:
-      if (cfg.outer.codec != "fp32") fail("outer.codec applies to algorithm = \"streaming\"; diloco sends fp32");
-      return make_diloco(cfg, w);
+    case MethodId::Diloco: return make_diloco(cfg, w);
     case MethodId::Streaming: return make_streaming(cfg, w);
     case MethodId::Noloco: return make_noloco(cfg, w);
   }
   fail("internal: no algorithm for \"" + cfg.algorithm + "\"");
+}
+
+std::string elastic_refusal(const RunConfig& cfg) {
+  switch (cfg.method()) {
+    case MethodId::Ddp:
+      return "distributed.backend = \"elastic\" runs algorithm = \"diloco\", \"streaming\" or \"noloco\" (ddp needs "
+             "every worker at every step)";
+    case MethodId::Diloco: return diloco_elastic_refusal(cfg);
+    case MethodId::Streaming: return streaming_elastic_refusal(cfg);
+    case MethodId::Noloco: return noloco_elastic_refusal(cfg);
+  }
+  return "internal: no algorithm for \"" + cfg.algorithm + "\"";
 }
 
 void share_for_eval(Communicator& comm, std::vector<float>& params, const std::string& how) {

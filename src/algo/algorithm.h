@@ -117,6 +117,12 @@ class Algorithm {
 };
 
 std::unique_ptr<Algorithm> make_algorithm(const RunConfig& cfg, const Worker& w);
+// What the method of cfg cannot do when its members come and go (an elastic run), "" when it
+// can run cfg so; each method says it for itself (the *_elastic_refusal below).
+std::string elastic_refusal(const RunConfig& cfg);
+std::string diloco_elastic_refusal(const RunConfig& cfg);
+std::string streaming_elastic_refusal(const RunConfig& cfg);
+std::string noloco_elastic_refusal(const RunConfig& cfg);
 
 // Data-parallel baseline: gradients averaged with an all-reduce every step.
 std::unique_ptr<Algorithm> make_ddp();

@@ -308,7 +308,16 @@ class Diloco : public Algorithm {
 
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,
                                        const Fault& fault) {
+  if (cfg.outer.codec != "fp32") fail("outer.codec applies to algorithm = \"streaming\"; diloco sends fp32");
   return std::make_unique<Diloco>(cfg, w, std::move(group), fault);
+}
+
+// The data-parallel steps need every replica at every step; the count-vector average of partial
+// updates needs each slice's members fixed.
+std::string diloco_elastic_refusal(const RunConfig& cfg) {
+  if (cfg.outer.start_step > 0) return "outer.start_step is not supported with distributed.backend = \"elastic\"";
+  if (cfg.partial.slices > 1) return "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)";
+  return "";
 }
 
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w) {

@@ -411,6 +411,10 @@ std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w, st
   return std::make_unique<Noloco>(cfg, w, std::move(group));
 }
 
+// NoLoCo draws its groups among each round's members and evaluates each member's own slow weights
+// there: it runs every NoLoCo configuration elastically.
+std::string noloco_elastic_refusal(const RunConfig&) { return ""; }
+
 std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w) {
   return make_noloco(cfg, w, std::make_unique<FixedGroup>());
 }

@@ -715,6 +715,17 @@ std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w,
   return std::make_unique<Streaming>(cfg, w, std::move(group), fault);
 }
 
+// Each member's own tau, and evaluation over the replicas' communicator, need a fixed world; so
+// does the count-vector average of partial updates.
+std::string streaming_elastic_refusal(const RunConfig& cfg) {
+  if (!cfg.streaming.worker_tau.empty())
+    return "distributed.backend = \"elastic\" takes one streaming.tau for all members (streaming.worker_tau = \"\")";
+  if (cfg.streaming.eval != "outer")
+    return "distributed.backend = \"elastic\" evaluates the outer parameters (streaming.eval = \"outer\")";
+  if (cfg.partial.slices > 1) return "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)";
+  return "";
+}
+
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w) {
   const bool faulty = w.rank >= w.replicas - cfg.outer.faulty_replicas;
   return make_streaming(cfg, w, std::make_unique<FixedGroup>(),

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "algo/algorithm.h"
 #include "core/error.h"
 #include "core/fs.h"
 
@@ -53,6 +54,11 @@ void check_worker_name(const std::string& name) {
 }
 
 ElasticOptions elastic_options(const RunConfig& cfg, const std::string& join_url, const std::string& worker_name) {
+  // What elastic runs cannot do: the session's (no pipeline of stages across members that come
+  // and go, hence no protocol models), then the method's own (algo/algorithm.h).
+  if (cfg.pipeline.stages != 1) fail("distributed.backend = \"elastic\" does not run pipelines (pipeline.stages = 1)");
+  if (cfg.protocol.rank != 0) fail("distributed.backend = \"elastic\" does not run protocol models");
+  if (const std::string why = elastic_refusal(cfg); !why.empty()) fail(why);
   check_worker_name(worker_name);
   ElasticOptions e;
   e.where = parse_join_url(join_url);

@@ -14,7 +14,8 @@ void check_worker_name(const std::string& name);
 
 // Everything but the fingerprint and the link (the caller's: they depend on its data and
 // network settings). Reads the Redis password and the run secret (files or environment; never
-// the command line) and checks the elastic keys.
+// the command line) and checks the elastic keys. Fails first, saying why, for a run that cannot
+// be elastic (the session's limits and the method's: elastic_refusal).
 ElasticOptions elastic_options(const RunConfig& cfg, const std::string& join_url, const std::string& worker_name);
 
 }  // namespace loco

@@ -259,7 +259,6 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                  ") must be below train.steps (" + std::to_string(c.train.steps) + ")");
     need(c.partial.slices == 1, "outer.start_step with partial.slices > 1 is not supported (data-parallel steps "
                                 "need every replica to train every parameter)");
-    need(c.distributed.backend != "elastic", "outer.start_step is not supported with distributed.backend = \"elastic\"");
   }
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
   parse_duration(c.network.latency, source + ": network.latency");
@@ -272,18 +271,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   for (const auto* k : {&c.elastic.timeout, &c.elastic.start_timeout, &c.elastic.straggler_timeout,
                         &c.elastic.coordinator_timeout})
     need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
-  if (c.distributed.backend == "elastic") {
-    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming || c.method() == MethodId::Noloco,
-         "distributed.backend = \"elastic\" runs algorithm = \"diloco\", \"streaming\" or \"noloco\" (ddp needs "
-         "every worker at every step)");
-    need(c.streaming.worker_tau.empty(), "distributed.backend = \"elastic\" takes one streaming.tau for all members "
-                                         "(streaming.worker_tau = \"\")");
-    need(c.method() != MethodId::Streaming || c.streaming.eval == "outer",
-         "distributed.backend = \"elastic\" evaluates the outer parameters (streaming.eval = \"outer\")");
-    need(c.pipeline.stages == 1, "distributed.backend = \"elastic\" does not run pipelines (pipeline.stages = 1)");
-    need(c.partial.slices == 1, "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)");
-    need(c.protocol.rank == 0, "distributed.backend = \"elastic\" does not run protocol models");
-  }
+  // What elastic runs cannot do is said by the methods and the session (elastic_options).
   if (c.method() == MethodId::Noloco) {
     need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
     need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");

@@ -663,6 +663,13 @@ try:
            'runs algorithm = "diloco", "streaming" or "noloco"')
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=streaming",
             "--set", "streaming.worker_tau=1,2"], ENV, "one streaming.tau for all members")
+    # What elastic runs cannot do, said by the methods (algo/*_elastic_refusal) and the session.
+    for extra, expect in ((["--set", "partial.slices=2"], "does not run partial updates"),
+                          (["--set", "outer.start_step=10"], "outer.start_step is not supported"),
+                          (["--set", "algorithm=streaming", "--set", "streaming.eval=average"],
+                           "evaluates the outer parameters"),
+                          (["--set", "pipeline.stages=2"], "does not run pipelines")):
+        refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a"] + extra, ENV, expect)
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "train.out_dir=bad1"],
            dict(ENV, LOCO_REDIS_PASSWORD="wrong"), "refused the password")
     refuse(["--join", f"redis://127.0.0.1:{free_port()}/r", "--worker", "a", "--set", "train.out_dir=bad2",
