@@ -76,6 +76,9 @@ def make_model(seed):
                           num_hidden_layers=args.layers, num_attention_heads=args.heads,
                           num_key_value_heads=args.kv_heads or args.heads, tie_word_embeddings=False,
                           max_position_embeddings=max(2048, args.seq))
+        if cuda and hasattr(torch.device, "__enter__"):  # built on the GPU: a 0.85B model's init on the host takes seconds
+            with device:
+                return LlamaForCausalLM(cfg)
         model = LlamaForCausalLM(cfg)
     else:
         from llama import Llama
@@ -225,6 +228,16 @@ args.steps = max(1, args.warmup)
 run("plain", 1)  # the first loop of a process pays for kernel selection and allocator growth: not timed
 args.steps = saved
 rows = []
+
+
+def save():  # after each row, so that a run stopped at its time limit keeps the rows it measured
+    if args.out:
+        with open(args.out + ".tmp", "w") as f:
+            json.dump({"device": name, "cpu": cpu, "torch": torch.__version__, "params": nparams, "args": vars(args),
+                       "rows": rows}, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+
 for members in [int(x) for x in args.members.split(",")]:
     plain = diloco = None
     for method in args.methods.split(","):
@@ -233,6 +246,7 @@ for members in [int(x) for x in args.members.split(",")]:
         row = run(method, members)
         if row is None:
             rows.append({"method": method, "members": members, "failed": True})
+            save()
             continue
         plain = row if method == "plain" else plain
         diloco = row if method == "diloco" else diloco
@@ -261,7 +275,4 @@ for members in [int(x) for x in args.members.split(",")]:
               f"background syncs {row.get('syncs_in_background', 0)}" +
               (f", outer state on {row['outer_device']} ({row['outer_state_bytes'] / 2**30:.2f} GiB)"
                if row.get("outer_device") else ""), flush=True)
-if args.out:
-    with open(args.out, "w") as f:
-        json.dump({"device": name, "cpu": cpu, "torch": torch.__version__, "params": nparams, "args": vars(args),
-                   "rows": rows}, f, indent=1)
+        save()

@@ -2,7 +2,7 @@
 # Everything a session lent a GPU measures, in one device run (docs/python.md, "On a GPU").
 # Here, first: scripts/build.sh && bash ../shared/gpu/make-kit.sh (the extension's kit in .gpukit/),
 # and a dry run on CPU tensors: LOCO_GPU_DRY=1 bash scripts/gpu-session.sh.
-# On the device (the `device` tool's run, carry [".gpukit"], at most about 11 minutes; kind
+# On the device (the `device` tool's run, carry [".gpukit"], at most about 9.5 minutes: build 40 s, 330 + 60 + 60 + 90 s; kind
 # nvidia-h200 if it can be had: 2 members of the 0.85B model with their outer state on the GPU
 # need about 2 x 40 GB; a row that runs out of memory is reported as FAILED and the rest go on):
 #   bash scripts/gpu-session.sh
@@ -27,16 +27,19 @@ else
   export PYTHONPATH=/tmp/pkg:tests/python:examples CUBLAS_WORKSPACE_CONFIG=:4096:8
   py=python3
   hf=(--hf --hidden 2048 --layers 16 --heads 16 --kv-heads 4 --mlp 5632 --vocab 32000 --batch 8 --seq 1024
-      --members 1,2 --methods plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial2h --steps 30 --warmup 3)
+      --members 1,2 --methods plain,diloco,streaming,ddp,partial2,diloco-host,streaming-host,partial2h --steps 30 --warmup 3)
   small=(--members 1,2,4)
   dev=cuda
 fi
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpu.txt" 2>&1 || true
+# The 0.85B model first (the targets); its JSON is rewritten after each row, so a row cut off by the
+# time limit leaves the others.
+timeout 330 $py bench/torch_gpu.py "${hf[@]}" --out "$out/hf.json" > "$out/hf.log" 2>&1
+echo "0.85B model: exit $?"; tail -n 25 "$out/hf.log"
 for t in partial outer; do
-  LOCO_TEST_DEVICE=$dev timeout 120 $py tests/python/test_$t.py > "$out/test_${t}_$dev.log" 2>&1
+  LOCO_TEST_DEVICE=$dev timeout 60 $py tests/python/test_$t.py > "$out/test_${t}_$dev.log" 2>&1
   echo "test_$t on $dev: exit $? ($(grep -c '^ok' "$out/test_${t}_$dev.log") ok, $(grep -c '^FAIL' "$out/test_${t}_$dev.log") FAIL)"
 done
-timeout 150 $py bench/torch_gpu.py "${small[@]}" --out "$out/small.json" > "$out/small.log" 2>&1
+timeout 90 $py bench/torch_gpu.py "${small[@]}" --out "$out/small.json" > "$out/small.log" 2>&1
 echo "small model: exit $?"; tail -n 25 "$out/small.log"
-timeout 360 $py bench/torch_gpu.py "${hf[@]}" --out "$out/hf.json" > "$out/hf.log" 2>&1
-echo "0.85B model: exit $?"; tail -n 25 "$out/hf.log"
