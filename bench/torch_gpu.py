@@ -29,6 +29,7 @@ same members, beside the partial-updates paper's table 1 (its 1.3B model: traina
 of the MLPs and heads; an analytic estimate there, a measurement here).
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -59,6 +60,8 @@ p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
 p.add_argument("--methods", default="plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial4,partial2h")
 p.add_argument("--out", default="")
+p.add_argument("--profile-wrap", default="", metavar="METHOD",
+               help="only profile one member's wrap() of METHOD (cProfile, the 15 costliest calls), then exit")
 args = p.parse_args()
 device = torch.device(args.device)
 cuda = device.type == "cuda"
@@ -186,6 +189,12 @@ def member(method, endpoint, rank, out, barrier):
 
 
 def run(method, members):
+    # The last run's tensors freed (reference cycles too), so that each run's peak is its own.
+    gc.collect()
+    before = 0
+    if cuda:
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated(device)
     endpoints = loco.inprocess(members) if method != "plain" else [None] * members
     out, errors = [None] * members, []
     barrier = threading.Barrier(members)
@@ -213,6 +222,9 @@ def run(method, members):
     row.update(method=method, members=members, median_s=statistics.median(per_step),
                mean_s=statistics.fmean(per_step), max_s=max(per_step))
     del row["times"]
+    if "peak_device_bytes" in row:  # above what was allocated before the run (a leak would show here)
+        row["peak_device_bytes"] -= before
+        row["device_bytes_before"] = before
     return row
 
 
@@ -223,6 +235,30 @@ print(f"device: {name} ({device.type}); host CPU: {cpu}; torch {torch.__version_
       f"LOCO_TORCH_AS_DEVICE={os.environ.get('LOCO_TORCH_AS_DEVICE', '0')}")
 print(f"model: {'Hugging Face Llama' if args.hf else 'examples/llama.py'}, {nparams / 1e6:.1f}M parameters, "
       f"batch {args.batch} x {args.seq}, H = {args.inner_steps}, {args.steps} timed steps after {args.warmup}")
+if args.profile_wrap:
+    import cProfile
+    import pstats
+    model = make_model(0)
+    opt = make_opt(model)
+    if cuda:
+        torch.cuda.synchronize(device)
+    core = loco._loco.Method
+
+    def method_constructor(*a, **k):  # the C++ constructor, as a line of its own in the profile
+        return core(*a, **k)
+    loco._loco.Method = method_constructor
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    sync = loco.torch.wrap(model, opt, base(args.profile_wrap), endpoint=loco.inprocess(1)[0],
+                           **settings(args.profile_wrap))
+    if cuda:
+        torch.cuda.synchronize(device)
+    prof.disable()
+    print(f"wrap() of {args.profile_wrap}, 1 member: {time.perf_counter() - t0:.2f} s")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    sync.close()
+    raise SystemExit(0)
 saved = args.steps
 args.steps = max(1, args.warmup)
 run("plain", 1)  # the first loop of a process pays for kernel selection and allocator growth: not timed
@@ -269,7 +305,8 @@ for members in [int(x) for x in args.members.split(",")]:
         print(f"{method:>9} x{members}: median {row['median_s']:.4f} s ({row.get('median_ratio', float('nan')):.3f}x), "
               f"mean {row['mean_s']:.4f} s ({row.get('mean_ratio', float('nan')):.3f}x), "
               f"slowest/median {row['max_s'] / row['median_s']:.2f}, wrap {row['wrap_s']:.2f} s, "
-              f"peak device {row.get('peak_device_bytes', 0) / 2**30:.2f} GiB, "
+              f"peak device {row.get('peak_device_bytes', 0) / 2**30:.2f} GiB"
+              f"{f' (+{b / 2**30:.2f} GiB held before)' if (b := row.get('device_bytes_before', 0)) > 2**24 else ''}, "
               f"host +{row['host_bytes'] / 2**30:.2f} GiB, "
               f"host<->device {row.get('host_device_bytes_per_step', 0) / 2**20:.1f} MiB/step, "
               f"background syncs {row.get('syncs_in_background', 0)}" +

@@ -260,6 +260,8 @@ class DeviceOuter:
                 return
             if r["own"]:  # one replica, fp32: its parameters at the sync's start (now, with tau 0)
                 avg = self._own.pop(j, None)
+            elif isinstance(r["avg"], _torch.Tensor):  # already on the device (the caller copied it)
+                avg = r["avg"]
             elif r["avg"] is not None:
                 avg = self._to_device(r["avg"])
             else:  # avg = theta - the decoded mean delta, in place

@@ -264,19 +264,20 @@ class Sync:
         self.rank = self._core.rank
         self.size = self._core.size
         self._flat = _torch.from_numpy(self._core.params())
-        self._gflat = _torch.from_numpy(self._core.grads())
+        # The method's gradient buffer: a CPU model's gradients live in it (but with partial
+        # updates, torch's own, only for what this member trains); a device model's cross to it
+        # only for a method that reads them. Unused, it is never allocated.
+        needs_grads = self._core.uses_gradients if self._on_device else not partial
+        self._gflat = _torch.from_numpy(self._core.grads()) if needs_grads else None
+        if not needs_grads:
+            self._core.release_gradients()
         self._slices = []
         at = 0
         for p in self._params:
             self._slices.append((at, at + p.numel()))
             at += p.numel()
-        # With partial updates (the DiLoCo family: no method reads the gradients) torch's
-        # gradients stay torch's, and exist only for what this member trains.
         self._partial = bool(partial)
         self._gbuf = self._gflat
-        if self._partial and not self._on_device:
-            self._core.release_gradients()
-            self._gflat = self._gbuf = None
         self._copier = _Copier(self._device)
         self._bg = _Background()  # a device model's sync starts, run while the loop goes on
         self._quiet_until = 0     # steps before it use nothing: their hooks are queued behind them
@@ -359,7 +360,7 @@ class Sync:
     def _device_layout(self):
         """The parameters become views of one flat tensor on their device, laid out as the
         method's host buffer, so that a range of the model is one copy. The host buffers are
-        page-locked on CUDA. Without gradients to average the method's gradient buffer is freed."""
+        page-locked on CUDA."""
         total = self._flat.numel()
         with _torch.no_grad():
             self._dflat = _torch.empty(total, dtype=_torch.float32, device=self._device)
@@ -368,9 +369,6 @@ class Sync:
                 view.copy_(p.detach())
                 p.data = view
         self._data_ptrs = [p.data_ptr() for p in self._params]
-        if not self._core.uses_gradients:
-            self._core.release_gradients()
-            self._gflat = self._gbuf = None
         if self._device.type == "cuda":  # page-locked, so that the copies run at full speed, asynchronously
             for buf in (self._flat, self._gbuf):
                 if buf is not None and buf.numel():
@@ -592,6 +590,10 @@ class Sync:
             return
         begin()
         for r in core.take_outer_results():
+            if r["in_params"]:  # DiLoCo in fp32 with others: the average in the (page-locked) host buffer
+                avg = _torch.empty_like(self._dflat)
+                self._copier.to_device([(self._flat, avg)])
+                r["avg"] = avg
             outer.apply(r, self._dflat)
         self._done = core.step
 

@@ -42,6 +42,7 @@ struct OuterResult {
   bool replace = false;     // the run's last step: the synchronized values replace the replica's
   bool own = false;         // one replica in fp32: the average is the replica's own parameters
   std::vector<float> avg;   // fp32 (or a sync restored from a checkpoint): the average parameters, packed
+  bool in_params = false;   // fp32 DiLoCo with others: the average is in w.params instead (no copy of the model)
   std::vector<std::string> payloads;  // a codec: every replica's encoded outer gradient, in rank order,
   bool reduce_scatter = false;        // or (reduce-scatter) every shard's reduced mean
 };

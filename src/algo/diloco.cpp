@@ -263,10 +263,11 @@ class Diloco : public Algorithm {
     OuterResult r;
     r.replace = true;
     r.own = w.replicas == 1;
-    if (!r.own) {
+    if (!r.own) {  // into the parameters' buffer, which only stages the caller's parameters
       CountVectorAverage::Op op;
       average_.start(w.comm, w.params.data(), whole_, op);
-      average_.finish(w.comm, op, whole_, r.avg);
+      average_.finish(w.comm, op, whole_, w.params);  // same size: the buffer stays where it is
+      r.in_params = true;
     }
     results_.push_back(std::move(r));
     sync_s_ = w.comm.clock().now() - sync_start_;

@@ -39,7 +39,9 @@ struct Worker {
   // A model loco does not hold (the Python layer's torch modules): parameters laid out by
   // `layout` (named tensors, blocks as fragments), trained by the caller, which owns the inner
   // optimizer and the data; the algorithms see params and grads as for loco's own model.
-  Worker(const RunConfig& cfg, Communicator& comm, ParamLayout foreign_layout)
+  // Without `with_grads` grads stays empty until the caller sizes it (a method that reads no
+  // gradients of a model on a GPU never needs it).
+  Worker(const RunConfig& cfg, Communicator& comm, ParamLayout foreign_layout, bool with_grads = true)
       : cfg(cfg),
         comm(comm),
         rank(comm.rank()),
@@ -50,7 +52,7 @@ struct Worker {
                                                         cfg.partial.strategy)
                                          : TrainableSet(*foreign)),
         params(size_t(foreign->size())),
-        grads(size_t(trainable.size())) {}
+        grads(with_grads ? size_t(trainable.size()) : 0) {}
 
   const ParamLayout& layout() const { return model ? model->layout() : *foreign; }
 

@@ -49,6 +49,13 @@ py::array_t<float> to_array(const std::vector<float>& v) {
   return a;
 }
 
+// v's values as a numpy array that owns them (no copy: a fragment's average can be the model's size).
+py::array_t<float> take_array(std::vector<float>&& v) {
+  auto* owned = new std::vector<float>(std::move(v));
+  py::capsule free(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  return py::array_t<float>({py::ssize_t(owned->size())}, {py::ssize_t(sizeof(float))}, owned->data(), free);
+}
+
 // One member of a world of processes or threads: its transport (with the link model, if any).
 // A member of an elastic run (join_url set) has a transport of its own only (a world of one):
 // its method's rounds connect to the members of their moment (elastic/session.h).
@@ -170,7 +177,8 @@ class Method {
         cfg_(make_config(settings, tensors, num_blocks, !ep.join_url.empty())),
         traffic_(std::make_shared<TrafficStats>(ep.comm.peak_window_s)),
         comm_(ep.transport, ep.comm, std::make_shared<TraceRecorder>(false, ep.rank()), kDataChannel, traffic_),
-        w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks, cfg_.model.num_heads, cfg_.model.num_kv_heads)),
+        w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks, cfg_.model.num_heads, cfg_.model.num_kv_heads),
+           false),
         inner_(std::move(inner)),
         identity_(std::move(identity)),
         algo_(ep.join_url.empty() ? make_algorithm(cfg_, w_) : make_elastic(ep, tensors)),
@@ -180,6 +188,7 @@ class Method {
            std::to_string(comm_.size()) + "); leave it unset");
     params_at_ = w_.params.data();
     grads_at_ = w_.grads.data();
+    if (algo().uses_gradients(w_)) ensure_grads();  // else allocated when the caller asks (its CPU model's gradients)
     std::lock_guard<std::mutex> lock(mpi_mu);
     live_methods.insert(this);
     release_.armed = false;  // close() frees the endpoint from now on
@@ -212,6 +221,7 @@ class Method {
   // Every member takes member 0's parameters (the replicas must start equal).
   void broadcast_params() {
     guard([&] {
+      if (comm_.size() == 1) return;  // a lone member's are member 0's
       std::string bytes;
       if (comm_.rank() == 0) bytes.assign(reinterpret_cast<const char*>(w_.params.data()), w_.params.size() * 4);
       auto h = comm_.broadcast_start(&bytes, 0, "broadcast");
@@ -219,7 +229,7 @@ class Method {
       if (bytes.size() != w_.params.size() * 4)
         fail("member 0 sent " + std::to_string(bytes.size()) + " bytes of parameters, expected " +
              std::to_string(w_.params.size() * 4) + ": the members' models differ");
-      std::memcpy(w_.params.data(), bytes.data(), bytes.size());
+      if (comm_.rank() != 0) std::memcpy(w_.params.data(), bytes.data(), bytes.size());
     });
   }
   void start(bool resumed) {
@@ -323,9 +333,9 @@ class Method {
       uint8_t* at = bytes.mutable_data();
       for (const auto& x : r.payloads) at = std::copy(x.begin(), x.end(), at);
       out.append(py::dict(py::arg("fragment") = r.fragment, py::arg("take") = r.take, py::arg("replace") = r.replace,
-                          py::arg("own") = r.own, py::arg("avg") = r.avg.empty() ? py::object(py::none()) : to_array(r.avg),
+                          py::arg("own") = r.own, py::arg("avg") = r.avg.empty() ? py::object(py::none()) : take_array(std::move(r.avg)),
                           py::arg("payloads") = bytes, py::arg("sizes") = sizes,
-                          py::arg("reduce_scatter") = r.reduce_scatter));
+                          py::arg("reduce_scatter") = r.reduce_scatter, py::arg("in_params") = r.in_params));
     }
     return out;
   }
@@ -336,10 +346,14 @@ class Method {
     if (algo().uses_gradients(w_)) fail("internal: this method reads the gradients; they cannot be released");
     std::vector<float>().swap(w_.grads);
     grads_at_ = w_.grads.data();
+    grads_released_ = true;
   }
 
   py::array params(py::object self) { return view(w_.params, self); }
-  py::array grads(py::object self) { return view(w_.grads, self); }
+  py::array grads(py::object self) {
+    ensure_grads();
+    return view(w_.grads, self);
+  }
   // The parameters to evaluate and save (the outer parameters for DiLoCo), a copy.
   py::array eval_params() {
     std::vector<float> out;
@@ -580,6 +594,15 @@ class Method {
   std::atomic<bool> closed_{false};
   const float* params_at_ = nullptr;
   const float* grads_at_ = nullptr;
+  bool grads_released_ = false;
+  // The gradient buffer, allocated (zeros) at its first use: 4 bytes per trained parameter that
+  // a method reading no gradients of a model on a GPU never touches.
+  void ensure_grads() {
+    if (!grads_released_ && w_.grads.empty() && w_.trainable.size() > 0) {
+      w_.grads.assign(size_t(w_.trainable.size()), 0.0f);
+      grads_at_ = w_.grads.data();
+    }
+  }
 };
 
 // Encodes and decodes like the outer gradients of Streaming DiLoCo (outer.codec).

@@ -267,4 +267,6 @@ def reference_noloco(M, steps, H, beta, alpha, gamma, groups_of):
 
 
 def max_diff(a, b):
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+    """The largest difference of two lists of tensors, on the host (eval_parameters() gives host
+    tensors, a model on a GPU its own)."""
+    return max(float((x.detach().cpu() - y.detach().cpu()).abs().max()) for x, y in zip(a, b))

@@ -5,6 +5,7 @@ equals the same run with the outer state on the host bit for bit, also when the 
 in where they keep it; inner steps copy nothing, a sync copies only its encoded bytes;
 checkpoints have the host path's format. Run by ctest as python.outer; with LOCO_TEST_DEVICE=cuda
 (scripts/gpu-session.sh) the same checks run on a GPU."""
+import copy
 import os
 import sys
 
@@ -201,7 +202,7 @@ def stopped(where, steps=7):
             opt.step()
             opt.zero_grad()
             sync.step()
-        saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
+        saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), sync.state_dict())
         sync.close()
         return saved
     return run_members(2, member)

@@ -175,7 +175,7 @@ def resumed(device):
         opt = make_opt(model)
         sync = loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, **kw)
         train(model, opt, sync, r, range(6))
-        saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
+        saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), sync.state_dict())
         sync.close()
         return saved
 

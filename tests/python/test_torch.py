@@ -1,6 +1,7 @@
 """loco.torch against plain-torch references of the same methods (llama_torch.py), with the
 replicas as threads of this process (loco.inprocess), and its errors. Run by ctest as
 python.torch; `python3 tests/python/test_torch.py` with PYTHONPATH=build/python."""
+import copy
 import os
 import sys
 import threading
@@ -343,7 +344,7 @@ def diloco_resumed():
         opt.step()
         opt.zero_grad()
         sync.step()
-    saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
+    saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), sync.state_dict())
     sync.close()
     model2 = make_model(5)
     model2.load_state_dict(saved[0])
