@@ -202,7 +202,7 @@ def stopped(where, steps=7):
             opt.step()
             opt.zero_grad()
             sync.step()
-        saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), sync.state_dict())
+        saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
         sync.close()
         return saved
     return run_members(2, member)
@@ -216,7 +216,9 @@ def resumed(saved, where):
         opt = make_opt(model)
         sync = loco.torch.wrap(model, opt, "streaming", endpoint=endpoint, outer_device=where, **kw)
         model.load_state_dict(saved[r][0])
-        opt.load_state_dict(saved[r][1])
+        # torch >= 2 keeps the loaded state's tensors (a shallow copy): each resume from the
+        # same saved state gets its own, or the second would start from the first's moments.
+        opt.load_state_dict(copy.deepcopy(saved[r][1]))
         sync.load_state_dict(saved[r][2])
         for t in range(7, 14):
             inner_step(model, opt, r, t)

@@ -175,7 +175,7 @@ def resumed(device):
         opt = make_opt(model)
         sync = loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, **kw)
         train(model, opt, sync, r, range(6))
-        saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), sync.state_dict())
+        saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
         sync.close()
         return saved
 
@@ -184,7 +184,9 @@ def resumed(device):
         opt = make_opt(model)
         sync = loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, **kw)
         model.load_state_dict(saved[r][0])
-        opt.load_state_dict(saved[r][1])
+        # torch >= 2 keeps the loaded state's tensors (a shallow copy): each resume from the
+        # same saved state gets its own, or the second would start from the first's moments.
+        opt.load_state_dict(copy.deepcopy(saved[r][1]))
         sync.load_state_dict(saved[r][2])
         train(model, opt, sync, r, range(6, 12))
         out = params_of(model)
