@@ -62,6 +62,9 @@ p.add_argument("--methods", default="plain,ddp,diloco,diloco-host,streaming,stre
 p.add_argument("--out", default="")
 p.add_argument("--profile-wrap", default="", metavar="METHOD",
                help="only profile one member's wrap() of METHOD (cProfile, the 15 costliest calls), then exit")
+p.add_argument("--profile-steps", default="", metavar="METHOD",
+               help="only profile one member's steps of METHOD, a round included (torch.profiler: the 25 "
+                    "costliest operations by their own time on the host and on the device), then exit")
 args = p.parse_args()
 device = torch.device(args.device)
 cuda = device.type == "cuda"
@@ -257,6 +260,35 @@ if args.profile_wrap:
     prof.disable()
     print(f"wrap() of {args.profile_wrap}, 1 member: {time.perf_counter() - t0:.2f} s")
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    sync.close()
+    raise SystemExit(0)
+if args.profile_steps:
+    from torch.profiler import ProfilerActivity, profile
+    model = make_model(0)
+    opt = make_opt(model)
+    method = args.profile_steps
+    sync = loco.torch.wrap(model, opt, base(method), endpoint=loco.inprocess(1)[0], **settings(method))
+    data = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
+    data = data.to(device)
+
+    def one_step():
+        start = time.perf_counter()
+        loss = loss_of(model, data[:, :-1], data[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync.step()
+        loss.item()
+        return time.perf_counter() - start
+    for _ in range(args.warmup):
+        one_step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        times = [one_step() for _ in range(args.inner_steps + 1)]  # a round (DiLoCo) or a fragment's syncs
+    print(f"{method}, 1 member, {len(times)} steps profiled: " + " ".join(f"{t:.3f}" for t in times))
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     sync.close()
     raise SystemExit(0)
 saved = args.steps

@@ -42,19 +42,24 @@ void share_for_eval(Communicator& comm, std::vector<float>& params, const std::s
   std::memcpy(params.data(), bytes.data(), bytes.size());
 }
 
-void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer) {
+void outer_sgd_step_range(float* theta, float* momentum, const float* avg, int64_t begin, int64_t end,
+                          const OuterConfig& outer) {
   const float mu = float(outer.momentum), lr = float(outer.lr);
   const bool nesterov = outer.nesterov;
+  for (int64_t i = begin; i < end; ++i) {
+    const float delta = theta[i] - avg[i];
+    const float v = mu * momentum[i] + delta;
+    momentum[i] = v;
+    const float d = nesterov ? delta + mu * v : v;
+    theta[i] = avg[i] + (delta - lr * d);
+  }
+}
+
+void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer) {
   // Elementwise: the same bits whatever the compute threads (a large model's host outer step
   // is bound by memory bandwidth, which one thread does not fill).
-  parallel_for(n, 1 << 16, [=](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float delta = theta[i] - avg[i];
-      const float v = mu * momentum[i] + delta;
-      momentum[i] = v;
-      const float d = nesterov ? delta + mu * v : v;
-      theta[i] = avg[i] + (delta - lr * d);
-    }
+  parallel_for(n, 1 << 16, [=, &outer](int64_t begin, int64_t end) {
+    outer_sgd_step_range(theta, momentum, avg, begin, end, outer);
   });
 }
 

@@ -149,6 +149,9 @@ std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w, st
 // theta = avg + (delta - lr d), which is the same update and exactly avg for lr = 1, mu = 0
 // (so DiLoCo with one replica and plain averaging reproduces ordinary training bit for bit).
 void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer);
+// The same step for entries [begin, end) on the calling thread (a caller that splits the work).
+void outer_sgd_step_range(float* theta, float* momentum, const float* avg, int64_t begin, int64_t end,
+                          const OuterConfig& outer);
 
 // For evaluating replicas that differ: replaces every replica's `params` by the replicas'
 // average (`how` = "average": one all-reduce) or by replica 0's ("replica0": a broadcast), so

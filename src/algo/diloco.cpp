@@ -25,6 +25,7 @@
 // taken when the round commits), contributions are screened by default (outer.screen = auto),
 // and a joiner receives the outer parameters and momentum with the round's outer step taken and
 // the screening history. With a fixed membership both give the same bits.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iostream>
@@ -218,41 +219,48 @@ class Diloco : public Algorithm {
   // The reduced average: a lone member's own parameters.
   const float* average(const Worker& w) const { return robust_ || round_size_ > 1 ? avg_.data() : w.params.data(); }
 
-  // The round's result: the norms, the outer step, and every replica restarts from theta.
+  // The round's result: the norms, the outer step, and every replica restarts from theta. One
+  // pass over the model, chunk by chunk: the chunk's norm sums, its outer step, its copy into
+  // the replica's parameters (avg may be those parameters: a chunk is read before it is written).
   void commit(Worker& w) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t n = n_;
     const float* avg = average(w);
+    float* params = w.params.data();
+    float* theta = theta_.data();
+    float* momentum = momentum_.data();
     // The norms' sums over fixed chunks, added in order: the same bits whatever the threads.
     constexpr int64_t kChunk = 1 << 16;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
     const bool trained = trained_only(w, round_done_);  // the replica's own delta is 0 outside them
+    double own = 0;
+    if (trained)  // before the outer step changes theta
+      for (const auto& r : w.trainable.ranges())
+        for (int64_t i = r.begin; i < r.end; ++i) {
+          const double m = double(theta[i]) - params[i];
+          own += m * m;
+        }
     std::vector<double> outer_sq(static_cast<size_t>(chunks)), own_sq(static_cast<size_t>(chunks));
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        double outer = 0, own = 0;
-        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-          const double d = double(theta_[i]) - avg[i];
+        const int64_t begin = c * kChunk, end = std::min(n, (c + 1) * kChunk);
+        double outer = 0, mine = 0;
+        for (int64_t i = begin; i < end; ++i) {
+          const double d = double(theta[i]) - avg[i];
           outer += d * d;
           if (!trained) {
-            const double m = double(theta_[i]) - w.params[i];
-            own += m * m;
+            const double m = double(theta[i]) - params[i];
+            mine += m * m;
           }
         }
-        outer_sq[size_t(c)] = outer, own_sq[size_t(c)] = own;
+        outer_sq[size_t(c)] = outer, own_sq[size_t(c)] = mine;
+        outer_sgd_step_range(theta, momentum, avg, begin, end, outer_);
+        std::copy(theta + begin, theta + end, params + begin);
       }
     });
-    double outer = 0, own = 0;
+    double outer = 0;
     for (int64_t c = 0; c < chunks; ++c) outer += outer_sq[size_t(c)], own += own_sq[size_t(c)];
-    if (trained)
-      for (const auto& r : w.trainable.ranges())
-        for (int64_t i = r.begin; i < r.end; ++i) {
-          const double m = double(theta_[i]) - w.params[i];
-          own += m * m;
-        }
     outer_norm_ = std::sqrt(outer), replica_norm_ = std::sqrt(own);
-    outer_sgd_step(theta_.data(), momentum_.data(), avg, n, outer_);
-    w.params = theta_;
     history_ = std::move(round_history_);
     sync_s_ = w.comm.clock().now() - sync_start_;
     group_->add_compute(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
