@@ -131,6 +131,8 @@ def settings(method):
     if method == "ddp":
         return {}
     where = {"outer_device": "cpu" if method.endswith("-host") else "model"}
+    if device.type == "cpu" and os.environ.get("LOCO_TORCH_AS_DEVICE", "0") != "1":
+        where = {}  # a CPU model's parameters are loco's buffers: the outer state is there too
     method = method.removesuffix("-host")
     if method == "streaming":
         return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": 1, **where}

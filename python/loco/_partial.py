@@ -5,11 +5,11 @@ state and no weight-gradient product for the rest.
 Each sliced nn.Linear keeps its full `weight`, now a buffer (a view of loco's parameter buffer,
 so the outer synchronizations write every entry), and gains `weight_slice`, the parameter that
 this member trains: rows [lo, hi) of the weight for a projection whose output units are sliced
-(gate/up), columns [lo, hi) for one whose input units are (down). The forward multiplies by the
-frozen rows or columns and by the slice separately (the sum the full product computes, in
-another order of float additions), so that autograd computes the input gradient through every
-slice and the weight gradient of the slice alone. The module's state_dict still holds `weight`
-in its original shape, and loading one fills the slice too."""
+(gate/up), columns [lo, hi) for one whose input units are (down), a view of the same memory. The
+forward is nn.Linear's product with the whole weight (the same values, under autocast too); the
+backward computes the input gradient through the whole weight and the weight gradient of the
+slice alone. The module's state_dict still holds `weight` in its original shape, and loading one
+fills the slice too."""
 import torch as _torch
 import torch.nn.functional as _F
 from torch import nn as _nn
@@ -17,25 +17,59 @@ from torch import nn as _nn
 from loco import _loco
 
 
+def _autocast_dtype(device_type):
+    """The dtype autocast computes a linear layer in on device_type, or None when it is off."""
+    try:
+        if not _torch.is_autocast_enabled(device_type):
+            return None
+        return _torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError):  # torch before 2.4: one function per device type
+        if device_type == "cuda":
+            return _torch.get_autocast_gpu_dtype() if _torch.is_autocast_enabled() else None
+        if device_type == "cpu":
+            return _torch.get_autocast_cpu_dtype() if _torch.is_autocast_cpu_enabled() else None
+        return None
+
+
+class _SlicedLinear(_torch.autograd.Function):
+    """y = x W^T with W whole (the slice's values are in it: a view of the same memory); the
+    gradient of x through W, that of the slice only for its rows (dim 0) or columns (dim 1)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, part, dim, lo, hi):
+        dtype = _autocast_dtype(x.device.type)
+        xc, wc = (x, weight) if dtype is None else (x.to(dtype), weight.to(dtype))
+        y = _F.linear(xc, wc)
+        # The slice's weight gradient needs the input: all of it for output units, only the
+        # slice's input units otherwise (saved as a copy of their own, half the activation).
+        kept = xc if dim == 0 else xc[..., lo:hi].contiguous()
+        ctx.save_for_backward(kept, wc)
+        ctx.dim, ctx.lo, ctx.hi, ctx.x_dtype, ctx.part_dtype = dim, lo, hi, x.dtype, part.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        kept, wc = ctx.saved_tensors
+        gy = gy.to(wc.dtype)
+        gx = gpart = None
+        if ctx.needs_input_grad[0]:
+            gx = _F.linear(gy, wc.t()).to(ctx.x_dtype)  # gy W
+        if ctx.needs_input_grad[2]:
+            g2 = gy.reshape(-1, gy.shape[-1])
+            x2 = kept.reshape(-1, kept.shape[-1])
+            if ctx.dim == 0:  # rows [lo, hi): their outputs' gradients times the input
+                gpart = g2[:, ctx.lo:ctx.hi].t().mm(x2)
+            else:  # columns [lo, hi): the outputs' gradients times those input units
+                gpart = g2.t().mm(x2)
+            gpart = gpart.to(ctx.part_dtype)
+        return gx, None, gpart, None, None, None
+
+
 class _Sliced:
     """Mixed into the class of an nn.Linear whose weight this member trains in part."""
 
     def forward(self, x):
-        w, s, lo, hi = self.weight, self.weight_slice, self._loco_lo, self._loco_hi
-        if self._loco_dim == 0:  # output units [lo, hi)
-            parts = []
-            if lo > 0:
-                parts.append(_F.linear(x, w[:lo]))
-            parts.append(_F.linear(x, s))
-            if hi < w.shape[0]:
-                parts.append(_F.linear(x, w[hi:]))
-            y = parts[0] if len(parts) == 1 else _torch.cat(parts, dim=-1)
-        else:  # input units [lo, hi)
-            y = _F.linear(x[..., lo:hi], s)
-            if lo > 0:
-                y = y + _F.linear(x[..., :lo], w[:, :lo])
-            if hi < w.shape[1]:
-                y = y + _F.linear(x[..., hi:], w[:, hi:])
+        y = _SlicedLinear.apply(x, self.weight, self.weight_slice, self._loco_dim, self._loco_lo, self._loco_hi)
         return y if self.bias is None else y + self.bias
 
     def _part_of(self, weight):

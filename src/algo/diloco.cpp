@@ -211,9 +211,8 @@ class Diloco : public Algorithm {
                   << describe_rejections(s, "replica") << "\n";
     } else if (size > 1) {
       // With partial updates, each entry is averaged over the replicas that train it.
-      CountVectorAverage::Op op;
-      average_.start(comm, w.params.data(), whole_, op);
-      average_.finish(comm, op, whole_, avg_);
+      avg_ = w.params;
+      average_.average_in_place(comm, avg_);
     }
   }
   // The reduced average: a lone member's own parameters.
@@ -272,9 +271,7 @@ class Diloco : public Algorithm {
     r.replace = true;
     r.own = w.replicas == 1;
     if (!r.own) {  // into the parameters' buffer, which only stages the caller's parameters
-      CountVectorAverage::Op op;
-      average_.start(w.comm, w.params.data(), whole_, op);
-      average_.finish(w.comm, op, whole_, w.params);  // same size: the buffer stays where it is
+      average_.average_in_place(w.comm, w.params);
       r.in_params = true;
     }
     results_.push_back(std::move(r));

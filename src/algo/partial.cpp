@@ -78,4 +78,15 @@ void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Ra
   op.gathered.clear();
 }
 
+void CountVectorAverage::average_in_place(Communicator& comm, std::vector<float>& params) const {
+  if (slices_ == 1) {
+    comm.all_reduce(params.data(), int64_t(params.size()), ReduceOp::Mean, "outer_gradients");
+    return;
+  }
+  const std::vector<Range> whole{{0, int64_t(params.size())}};
+  Op op;
+  start(comm, params.data(), whole, op);
+  finish(comm, op, whole, params);  // the same size: params stays where it is
+}
+
 }  // namespace loco

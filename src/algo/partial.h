@@ -31,6 +31,9 @@ class CountVectorAverage {
   void start(Communicator& comm, const float* params, const std::vector<Range>& region, Op& op) const;
   // Waits, then writes the averages over the region, packed in range order, to avg.
   void finish(Communicator& comm, Op& op, const std::vector<Range>& region, std::vector<float>& avg) const;
+  // The average of the whole of params, written over them (what start and finish over the
+  // whole model compute, without the packed copies: with one slice, one all-reduce in place).
+  void average_in_place(Communicator& comm, std::vector<float>& params) const;
 
  private:
   int slices_, rank_;

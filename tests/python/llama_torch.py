@@ -1,11 +1,9 @@
 """The Python layer's tests' model (examples/llama.py, small), batches, and reference implementations of
 loco's methods written in plain torch (torch.optim.SGD with Nesterov for the outer step), to
 which loco.torch's runs are compared."""
-import functools
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llama import Llama  # examples/llama.py
@@ -133,47 +131,12 @@ def _slice_mask(name, p, n, N, heads=False):
     return mask
 
 
-def _split_forward(module, dim, lo, hi, x):
-    """nn.Linear's product computed as loco.torch's partial updates do (a member's slice [lo, hi)
-    of the output units, dim 0, or of the input units, dim 1, multiplied apart from the rest),
-    here with slices of the one full weight, so that the gradient is the full one and the float
-    additions are in loco's order. AdamW divides by the gradient's magnitude: on entries whose
-    gradient is near 0 another order of additions moves a step by up to the learning rate."""
-    w = module.weight
-    if dim == 0:
-        parts = ([F.linear(x, w[:lo])] if lo > 0 else []) + [F.linear(x, w[lo:hi])] + \
-                ([F.linear(x, w[hi:])] if hi < w.shape[0] else [])
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-    y = F.linear(x[..., lo:hi], w[:, lo:hi])
-    if lo > 0:
-        y = y + F.linear(x[..., :lo], w[:, :lo])
-    if hi < w.shape[1]:
-        y = y + F.linear(x[..., hi:], w[:, hi:])
-    return y
-
-
-def split_like_loco(model, n, N, heads=False):
-    """Makes each MLP projection of `model` (with heads, each q, k and v projection too) compute
-    as slice n of N of loco.torch's partial updates does (_split_forward); the parameters stay
-    whole."""
-    kinds = ("gate_proj", "up_proj", "down_proj") + (("q_proj", "k_proj", "v_proj") if heads else ())
-    for name, m in model.named_modules():
-        kind = name.rsplit(".", 1)[-1]
-        if kind in kinds:
-            dim = 1 if kind == "down_proj" else 0
-            f = m.weight.shape[dim]
-            m.forward = functools.partial(_split_forward, m, dim, n * f // N, (n + 1) * f // N)
-    return model
-
-
 def reference_partial(M, steps, H, outer_lr, outer_momentum, N, heads=False):
     """DiLoCo with partial parameter updates: replica k trains slice k mod N only (its gradients
     elsewhere zeroed, and AdamW's step undone there: those entries change only at the outer
     step); every H steps an entry's outer gradient is theta minus the mean over the replicas
-    that train it. The sliced products are summed in loco's order (split_like_loco)."""
+    that train it. (loco's sliced projections compute nn.Linear's products.)"""
     models, opts = _replicas(M)
-    for r, m in enumerate(models):
-        split_like_loco(m, r % N, N, heads)
     names = [n for n, _ in models[0].named_parameters()]
     masks = [[_slice_mask(n, p, r % N, N, heads) for n, p in m.named_parameters()] for r, m in enumerate(models)]
     outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)

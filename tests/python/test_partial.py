@@ -22,8 +22,9 @@ SHAPES = {n: p.shape for n, p in make_model(0).named_parameters()}
 SLICED = sum(p.numel() for n, p in make_model(0).named_parameters() if n.endswith(MLP))
 TOTAL = sum(p.numel() for p in make_model(0).parameters())
 
-# 1. The rewritten module computes what nn.Linear computes: the loss, every input gradient and
-# the slice's weight gradient, to float rounding (the products are summed in another order).
+# 1. The rewritten module computes what nn.Linear computes: the same loss (its product is
+# nn.Linear's, with the whole weight), every input gradient and the slice's weight gradient to
+# float rounding (the slice's product is a part of the whole one), in float32 and under autocast.
 full = make_model(0)
 cut = copy.deepcopy(full)
 for name, m in list(cut.named_modules()):
@@ -35,21 +36,32 @@ for name, m in list(cut.named_modules()):
         lo, hi = f // 4, f // 2  # a middle slice: frozen units on both sides
         _partial.slice_linear(m, w, w[:, lo:hi] if dim else w[lo:hi], dim, lo, hi)
 x, y = batch(0, 0)
-la, lb = full.loss(x, y), cut.loss(x, y)
-la.backward()
-lb.backward()
-worst = 0.0
-ref = dict(full.named_parameters())
-for n, p in cut.named_parameters():
-    g = ref[n.replace("weight_slice", "weight")].grad
-    if n.endswith("weight_slice"):
-        f = g.shape[1] if "down_proj" in n else g.shape[0]
-        g = g[:, f // 4:f // 2] if "down_proj" in n else g[f // 4:f // 2]
-    worst = max(worst, float((g - p.grad).abs().max() / g.abs().max()))
+
+
+def losses_and_gradients(autocast):
+    for m in (full, cut):
+        m.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        la, lb = full.loss(x, y), cut.loss(x, y)
+    la.backward()
+    lb.backward()
+    worst = 0.0
+    ref = dict(full.named_parameters())
+    for n, p in cut.named_parameters():
+        g = ref[n.replace("weight_slice", "weight")].grad
+        if n.endswith("weight_slice"):
+            f = g.shape[1] if "down_proj" in n else g.shape[0]
+            g = g[:, f // 4:f // 2] if "down_proj" in n else g[f // 4:f // 2]
+        worst = max(worst, float((g - p.grad).abs().max() / g.abs().max()))
+    return float(la), float(lb), worst
+
+
+for autocast, tol in ((False, 1e-5), (True, 2e-2)):  # bf16 products: 8 bits of mantissa
+    la, lb, worst = losses_and_gradients(autocast)
+    check(la == lb and worst <= tol,
+          f"sliced projections{', bf16 autocast' if autocast else ''}: loss {la:.6f} vs {lb:.6f} (the same bits), "
+          f"gradients within {worst:.1e} of the largest (relative) of nn.Linear's")
 frozen = [m for m in cut.modules() if hasattr(m, "weight_slice")]
-check(abs(float(la - lb)) <= 1e-6 and worst <= 1e-5,
-      f"sliced projections: loss {float(la):.6f} vs {float(lb):.6f}, gradients within {worst:.1e} of the largest "
-      "(relative) of nn.Linear's")
 check(len(frozen) == 6 and all(m.weight.grad is None and not m.weight.requires_grad for m in frozen),
       "sliced projections: the frozen weight is a buffer without a gradient")
 sd = cut.state_dict()
