@@ -43,6 +43,11 @@ CHUNK = 1 << 24  # entries per piece of the elementwise work (python/loco/_outer
 _SCALARS = {}
 
 
+def _norm(x):
+    """The Euclidean norm of a float32 tensor, accumulated in double (one pass, no double copy)."""
+    return _torch.linalg.vector_norm(x, dtype=_torch.float64)
+
+
 def _scalar(x, like):
     """x as a float32 scalar tensor on like's device, made once (making one from a Python number
     copies it to the device, which would wait for the work queued there)."""
@@ -274,10 +279,14 @@ class DeviceOuter:
             for b, at, length, trained in self._chunks(j):
                 theta, mom, local = self.theta[b:b + length], self.momentum[b:b + length], flat[b:b + length]
                 avg_c = local if avg is None else avg[at:at + length]
-                if self._diloco:  # the round's norms, as the C++ DiLoCo computes them (in double)
-                    t = theta.double()
-                    sq.append(_torch.stack([((t - avg_c.double()) ** 2).sum(), ((t - local.double()) ** 2).sum()]))
-                self._outer_step(theta, mom, avg_c)
+                # The round's norms for the records (to float rounding of the C++ DiLoCo's, which
+                # subtracts in double): ||theta - avg|| from the step's delta, ||theta - local||
+                # the same with one replica (avg is the replica's own parameters).
+                mine = _norm(theta - local) if self._diloco and avg is not None else None
+                delta = self._outer_step(theta, mom, avg_c)
+                if self._diloco:
+                    outer = _norm(delta)
+                    sq.append(_torch.stack([outer, outer if mine is None else mine]) ** 2)
                 if r["replace"] or not trained or self._alpha == 0:
                     local.copy_(theta)
                 else:
@@ -315,13 +324,15 @@ class DeviceOuter:
         return delta
 
     def _outer_step(self, theta, mom, avg):
-        """outer_sgd_step (algo/algorithm.h) in place on theta and mom, one rounding per operation."""
+        """outer_sgd_step (algo/algorithm.h) in place on theta and mom, one rounding per operation;
+        returns delta = theta - avg (theta before the step)."""
         mu, lr = _scalar(self._mu, theta), _scalar(self._lr, theta)
         delta = theta - avg
         v = mu * mom + delta
         mom.copy_(v)
         d = delta + mu * v if self._nesterov else v
         theta.copy_(avg + (delta - lr * d))
+        return delta
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, state):
