@@ -5,9 +5,11 @@
 #include "../tolerance.h"
 
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "algo/algorithm.h"
+#include "algo/partial.h"
 #include "comm/inprocess.h"
 #include "core/rng.h"
 #include "model/trainable.h"
@@ -215,4 +217,44 @@ TEST(Partial, RoundAveragesEachEntryOverTheNodesThatTrainIt) {
   const int N = 2, G = M / N;
   EXPECT_EQ(sent[0], 4 * (ring_all_reduce_floats_sent(shared, M, 0) + ring_all_reduce_floats_sent(own, G, 0) +
                          (N - 1) * own));
+}
+
+// The average written over the parameters (loco.torch's held DiLoCo round, DiLoCo's reduce) is
+// what start and finish compute into a vector of their own, bit for bit, with and without slices.
+TEST(Partial, AverageInPlaceEqualsStartAndFinish) {
+  const ModelConfig model = model_config();
+  const ParamLayout layout(model);
+  const int64_t n = layout.size();
+  const int M = 4;
+  std::vector<float> plain;  // rank 0's average without slices
+  for (int slices : {1, 2}) {
+    auto transports = make_inprocess_transports(M);
+    std::vector<std::thread> threads;
+    std::vector<std::vector<float>> packed(M), in_place(M);
+    for (int rank = 0; rank < M; ++rank)
+      threads.emplace_back([&, rank] {
+        Communicator comm(std::move(transports[size_t(rank)]), {}, nullptr);
+        const CountVectorAverage average(layout, slices, "mlp", rank, M);
+        std::vector<float> params(static_cast<size_t>(n));
+        Rng rng(uint64_t(7 + rank));
+        for (auto& x : params) x = float(rng.normal());
+        const std::vector<Range> whole{{0, n}};
+        CountVectorAverage::Op op;
+        average.start(comm, params.data(), whole, op);
+        average.finish(comm, op, whole, packed[size_t(rank)]);
+        in_place[size_t(rank)] = params;
+        const float* at = in_place[size_t(rank)].data();
+        average.average_in_place(comm, in_place[size_t(rank)]);
+        EXPECT_EQ(in_place[size_t(rank)].data(), at) << "the buffer moved (loco.torch registered it)";
+      });
+    for (auto& t : threads) t.join();
+    for (int rank = 0; rank < M; ++rank) {
+      ASSERT_EQ(packed[size_t(rank)].size(), size_t(n));
+      EXPECT_EQ(0, std::memcmp(packed[size_t(rank)].data(), in_place[size_t(rank)].data(), size_t(n) * sizeof(float)))
+          << slices << " slice(s), rank " << rank;
+    }
+    if (slices == 1) plain = packed[0];
+    else  // each slice averaged over its trainers differs from the plain mean: slicing was exercised
+      EXPECT_NE(0, std::memcmp(plain.data(), packed[0].data(), size_t(n) * sizeof(float)));
+  }
 }
