@@ -56,7 +56,12 @@ def losses_and_gradients(autocast):
     return float(la), float(lb), worst
 
 
-for autocast, tol in ((False, 1e-5), (True, 2e-2)):  # bf16 products: 8 bits of mantissa
+# The slice's weight gradient is a product of another shape than nn.Linear's whole one, which a
+# BLAS may sum in another order: measured 0 (the same bits) on an Intel Xeon, in float32 and under
+# bf16 autocast. Held to 1e-5 and, with bf16's 8-bit mantissas (2^-9 relative per rounding, over
+# two layers), to 5e-2: far below what a wrong slice or a missing term gives (of the order of 1;
+# the former forward, split in two or three products, was 8.2e-3 off under autocast).
+for autocast, tol in ((False, 1e-5), (True, 5e-2)):
     la, lb, worst = losses_and_gradients(autocast)
     check(la == lb and worst <= tol,
           f"sliced projections{', bf16 autocast' if autocast else ''}: loss {la:.6f} vs {lb:.6f} (the same bits), "
