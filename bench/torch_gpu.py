@@ -288,9 +288,15 @@ if args.profile_steps:
     with profile(activities=activities) as prof:
         times = [one_step() for _ in range(args.inner_steps + 1)]  # a round (DiLoCo) or a fragment's syncs
     print(f"{method}, 1 member, {len(times)} steps profiled: " + " ".join(f"{t:.3f}" for t in times))
-    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=25))
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    table = prof.key_averages().table
+    if cuda:  # the device's own time first (torch 2.4 renamed the key)
+        for key in ("self_device_time_total", "self_cuda_time_total"):
+            try:
+                print(table(sort_by=key, row_limit=25))
+                break
+            except Exception as e:  # an unknown key in this torch: the other name
+                print(f"(sorting by {key}: {e!r})")
+    print(table(sort_by="self_cpu_time_total", row_limit=25))
     sync.close()
     raise SystemExit(0)
 saved = args.steps
