@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -314,10 +315,17 @@ class Method {
   }
   int outer_shards() const { return algo().outer_shards(w_); }
   // The encoded outer gradient of `fragment` (uint8 arrays: one, or one per shard).
+  // Called from loco.torch's background thread: the bytes (a fragment's, tens of MB for a large
+  // model) are copied without Python's lock, so that the training loop's thread runs meanwhile
+  // (the arrays stay alive: the caller holds them for the call).
   void provide_outer(size_t fragment, const std::vector<py::array_t<uint8_t, py::array::c_style>>& parts) {
-    std::vector<std::string> payloads;
-    for (const auto& a : parts) payloads.emplace_back(reinterpret_cast<const char*>(a.data()), size_t(a.size()));
-    guard([&] { algo().provide_outer(fragment, std::move(payloads)); });
+    std::vector<std::pair<const char*, size_t>> views;
+    for (const auto& a : parts) views.emplace_back(reinterpret_cast<const char*>(a.data()), size_t(a.size()));
+    guard([&] {
+      std::vector<std::string> payloads;
+      for (const auto& [at, n] : views) payloads.emplace_back(at, n);
+      algo().provide_outer(fragment, std::move(payloads));
+    });
   }
   // The syncs completed by the last after_step, each a dict; a codec's payloads come as one
   // uint8 array and their sizes.
