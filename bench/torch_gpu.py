@@ -146,6 +146,19 @@ def settings(method):
     return {"inner_steps": args.inner_steps, **where}
 
 
+def train_step(model, opt, sync, batch):
+    """One step of the loop (sync None: the plain loop); its seconds, the loss read back."""
+    start = time.perf_counter()
+    loss = loss_of(model, batch[:, :-1], batch[:, 1:])
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if sync:
+        sync.step()
+    loss.item()
+    return time.perf_counter() - start
+
+
 def member(method, endpoint, rank, out, barrier):
     model = make_model(rank)
     opt = make_opt(model)
@@ -165,16 +178,7 @@ def member(method, endpoint, rank, out, barrier):
                 torch.cuda.reset_peak_memory_stats(device)
             bytes0 = sync.metrics()["host_device_bytes"] if sync else 0
             barrier.wait()
-        start = time.perf_counter()
-        batch = data[t % 8]
-        loss = loss_of(model, batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if sync:
-            sync.step()
-        loss.item()
-        times.append(time.perf_counter() - start)
+        times.append(train_step(model, opt, sync, data[t % 8]))
     row = {"wrap_s": wrap_s, "times": times[args.warmup:], "host_bytes": rss_bytes() - rss0,
            "trainable_params": sum(q.numel() for q in model.parameters() if q.requires_grad),
            "opt_state_bytes": _partial.state_bytes(opt)}
@@ -272,21 +276,11 @@ if args.profile_steps:
     sync = loco.torch.wrap(model, opt, base(method), endpoint=loco.inprocess(1)[0], **settings(method))
     data = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
     data = data.to(device)
-
-    def one_step():
-        start = time.perf_counter()
-        loss = loss_of(model, data[:, :-1], data[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sync.step()
-        loss.item()
-        return time.perf_counter() - start
     for _ in range(args.warmup):
-        one_step()
+        train_step(model, opt, sync, data)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        times = [one_step() for _ in range(args.inner_steps + 1)]  # a round (DiLoCo) or a fragment's syncs
+    with profile(activities=activities) as prof:  # a round (DiLoCo) or every fragment's sync
+        times = [train_step(model, opt, sync, data) for _ in range(args.inner_steps + 1)]
     print(f"{method}, 1 member, {len(times)} steps profiled: " + " ".join(f"{t:.3f}" for t in times))
     table = prof.key_averages().table
     if cuda:  # the device's own time first (torch 2.4 renamed the key)

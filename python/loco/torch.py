@@ -250,9 +250,13 @@ class Sync:
         # become views of the method's buffer.
         self._on_device = self._device.type != "cpu" or _as_device()
         held = self._outer_device(outer_device, method)
+        # The method's gradient buffer: a CPU model's gradients live in it (but with partial
+        # updates, torch's own, only for what this member trains); a device model's cross to it
+        # only for a method that reads them. Unused, it is never allocated.
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
                                   _InnerState(inner_opt) if elastic else None,
-                                  _identity(model, inner_opt) if elastic else {})
+                                  _identity(model, inner_opt) if elastic else {},
+                                  host_gradients=not self._on_device and not partial)
         if held:
             try:
                 self._core.hold_outer()
@@ -264,13 +268,8 @@ class Sync:
         self.rank = self._core.rank
         self.size = self._core.size
         self._flat = _torch.from_numpy(self._core.params())
-        # The method's gradient buffer: a CPU model's gradients live in it (but with partial
-        # updates, torch's own, only for what this member trains); a device model's cross to it
-        # only for a method that reads them. Unused, it is never allocated.
-        needs_grads = self._core.uses_gradients if self._on_device else not partial
-        self._gflat = _torch.from_numpy(self._core.grads()) if needs_grads else None
-        if not needs_grads:
-            self._core.release_gradients()
+        grads = self._core.grads()
+        self._gflat = _torch.from_numpy(grads) if grads.size else None
         self._slices = []
         at = 0
         for p in self._params:

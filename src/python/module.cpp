@@ -43,14 +43,8 @@ namespace py = pybind11;
 namespace loco {
 namespace {
 
-// A numpy copy of v.
-py::array_t<float> to_array(const std::vector<float>& v) {
-  py::array_t<float> a(py::ssize_t(v.size()));
-  std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(float));
-  return a;
-}
-
-// v's values as a numpy array that owns them (no copy: a fragment's average can be the model's size).
+// v's values as a numpy array that owns them (no copy: a state's tensors and a fragment's average
+// can be the model's size).
 py::array_t<float> take_array(std::vector<float>&& v) {
   auto* owned = new std::vector<float>(std::move(v));
   py::capsule free(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
@@ -171,8 +165,10 @@ class Method {
   // `identity`: what else the members of an elastic run must share, described by the caller
   // (the model's architecture beyond its shapes, the inner optimizer's kind and settings),
   // compared at join with the run's configuration.
+  // host_gradients: the caller keeps its gradients in grads() (loco.torch's CPU model); else the
+  // gradient buffer exists only for a method that reads gradients.
   Method(const Endpoint& ep, const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
-         int num_blocks, py::object inner, std::map<std::string, std::string> identity)
+         int num_blocks, py::object inner, std::map<std::string, std::string> identity, bool host_gradients)
       : busy_(claim(ep)),
         release_{busy_},
         cfg_(make_config(settings, tensors, num_blocks, !ep.join_url.empty())),
@@ -188,8 +184,9 @@ class Method {
       fail("distributed.replicas (" + std::to_string(cfg_.distributed.replicas) + ") differs from the world size (" +
            std::to_string(comm_.size()) + "); leave it unset");
     params_at_ = w_.params.data();
+    // 4 bytes per trained parameter that a method reading no gradients of a model on a GPU never touches.
+    if (host_gradients || algo().uses_gradients(w_)) w_.grads.assign(size_t(w_.trainable.size()), 0.0f);
     grads_at_ = w_.grads.data();
-    if (algo().uses_gradients(w_)) ensure_grads();  // else allocated when the caller asks (its CPU model's gradients)
     std::lock_guard<std::mutex> lock(mpi_mu);
     live_methods.insert(this);
     release_.armed = false;  // close() frees the endpoint from now on
@@ -348,20 +345,9 @@ class Method {
     return out;
   }
   void set_outer_norms(double outer, double replica) { algo().set_outer_norms(outer, replica); }
-  // Frees the gradient buffer of a method that never reads it (a caller that keeps its
-  // gradients elsewhere: loco.torch's CUDA models). grads() is empty from then on.
-  void release_gradients() {
-    if (algo().uses_gradients(w_)) fail("internal: this method reads the gradients; they cannot be released");
-    std::vector<float>().swap(w_.grads);
-    grads_at_ = w_.grads.data();
-    grads_released_ = true;
-  }
 
   py::array params(py::object self) { return view(w_.params, self); }
-  py::array grads(py::object self) {
-    ensure_grads();
-    return view(w_.grads, self);
-  }
+  py::array grads(py::object self) { return view(w_.grads, self); }
   // The parameters to evaluate and save (the outer parameters for DiLoCo), a copy.
   py::array eval_params() {
     std::vector<float> out;
@@ -369,7 +355,7 @@ class Method {
       w_.step = step_ > 0 ? step_ - 1 : 0;
       out = algo().eval_params(w_);
     });
-    return to_array(out);
+    return take_array(std::move(out));
   }
 
   // The method's state (outer parameters, momentum, ...) and the step, for checkpoints.
@@ -377,7 +363,7 @@ class Method {
     TrainingState st;
     guard([&] { algo().save_state(st); });
     py::dict d;
-    for (const auto& [name, v] : st.tensors) d[py::str(name)] = to_array(v);
+    for (auto& [name, v] : st.tensors) d[py::str(name)] = take_array(std::move(v));
     py::dict meta;
     for (const auto& [k, v] : st.meta) meta[py::str(k)] = v;
     d["__meta__"] = meta;
@@ -602,15 +588,6 @@ class Method {
   std::atomic<bool> closed_{false};
   const float* params_at_ = nullptr;
   const float* grads_at_ = nullptr;
-  bool grads_released_ = false;
-  // The gradient buffer, allocated (zeros) at its first use: 4 bytes per trained parameter that
-  // a method reading no gradients of a model on a GPU never touches.
-  void ensure_grads() {
-    if (!grads_released_ && w_.grads.empty() && w_.trainable.size() > 0) {
-      w_.grads.assign(size_t(w_.trainable.size()), 0.0f);
-      grads_at_ = w_.grads.data();
-    }
-  }
 };
 
 // Encodes and decodes like the outer gradients of Streaming DiLoCo (outer.codec).
@@ -626,7 +603,7 @@ py::tuple codec_roundtrip(const std::string& name, py::array_t<float, py::array:
     bytes = codec->encode(in.data(), int64_t(in.size()), rng);
     codec->decode_add(bytes, out.data(), int64_t(out.size()));
   }
-  return py::make_tuple(to_array(out), py::bytes(bytes));
+  return py::make_tuple(take_array(std::move(out)), py::bytes(bytes));
 }
 
 std::vector<std::string> config_keys() {
@@ -735,9 +712,10 @@ PYBIND11_MODULE(_loco, m) {
 
   py::class_<Method>(m, "Method")
       .def(py::init<const Endpoint&, const std::vector<std::string>&, const std::vector<ForeignTensor>&, int,
-                    py::object, std::map<std::string, std::string>>(),
+                    py::object, std::map<std::string, std::string>, bool>(),
            py::arg("endpoint"), py::arg("settings"), py::arg("tensors"), py::arg("num_blocks"),
-           py::arg("inner") = py::none(), py::arg("identity") = std::map<std::string, std::string>())
+           py::arg("inner") = py::none(), py::arg("identity") = std::map<std::string, std::string>(),
+           py::arg("host_gradients") = true)
       .def("params", [](py::object self) { return self.cast<Method&>().params(self); })
       .def("grads", [](py::object self) { return self.cast<Method&>().grads(self); })
       .def("broadcast_params", &Method::broadcast_params)
@@ -754,7 +732,6 @@ PYBIND11_MODULE(_loco, m) {
       .def("provide_outer", &Method::provide_outer)
       .def("take_outer_results", &Method::take_outer_results)
       .def("set_outer_norms", &Method::set_outer_norms)
-      .def("release_gradients", &Method::release_gradients)
       .def("eval_params", &Method::eval_params)
       .def("state", &Method::state)
       .def("load_state", &Method::load_state)
