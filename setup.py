@@ -1,5 +1,7 @@
 """`pip install --no-build-isolation .` (offline): loco's Python package, its extension built with
-CMake from this checkout (docs/python.md). Needs the build dependencies of scripts/build.sh."""
+CMake from this checkout (docs/python.md): only the methods' library and the extension
+(-DLOCO_ENGINE=OFF), so it needs CMake, g++, pybind11, Open MPI, hiredis, libsodium, toml++ and
+nlohmann-json, and none of the CPU engine's libraries."""
 import os
 import shutil
 import subprocess
@@ -14,8 +16,7 @@ class BuildWithCMake(build_py):
     def run(self):
         super().run()
         build = os.path.join(HERE, "build-python")
-        subprocess.check_call(["cmake", "-S", HERE, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLOCO_TESTS=OFF",
-                               "-DLOCO_BENCH=OFF"])
+        subprocess.check_call(["cmake", "-S", HERE, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLOCO_ENGINE=OFF"])
         subprocess.check_call(["cmake", "--build", build, "--target", "loco_python", "-j", str(os.cpu_count() or 1)])
         out = os.path.join(build, "python", "loco")
         for name in os.listdir(out):

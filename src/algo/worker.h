@@ -1,8 +1,10 @@
 #pragma once
-// The state one worker trains: its stage of the model (all of it without a pipeline),
-// parameters, gradients, inner optimizer, data stream, and the communicator of its
+// The state one worker trains: the layout of its stage of the model (all of it without a
+// pipeline), parameters, gradients, inner optimizer, data stream, and the communicator of its
 // data-parallel group (the replicas of its stage). Algorithms act on it through the hooks of
 // algorithm.h and see only that group: `rank` is the replica index and `replicas` its size.
+// Nothing here computes the model: loco's CPU engine (model/transformer.h) runs the stage over
+// `params` and `grads` (run/ holds it beside the Worker), and a foreign model is its caller's.
 #include <memory>
 #include <optional>
 #include <vector>
@@ -10,7 +12,8 @@
 #include "comm/communicator.h"
 #include "data/loader.h"
 #include "io/run_config.h"
-#include "model/transformer.h"
+#include "model/layout.h"
+#include "model/trainable.h"
 #include "optim/adamw.h"
 
 namespace loco {
@@ -25,13 +28,13 @@ struct Worker {
         rank(comm.rank()),
         replicas(comm.size()),
         world_rank(world_rank < 0 ? comm.rank() : world_rank),
-        model(std::in_place, cfg.model, stage),
-        trainable(cfg.partial.slices > 1 ? TrainableSet(model->layout(), rank % cfg.partial.slices,
+        layout_(cfg.model, stage),
+        trainable(cfg.partial.slices > 1 ? TrainableSet(layout_, rank % cfg.partial.slices,
                                                         cfg.partial.slices, cfg.partial.strategy)
-                                         : TrainableSet(model->layout())),
-        params(size_t(model->layout().size())),
+                                         : TrainableSet(layout_)),
+        params(size_t(layout_.size())),
         grads(size_t(trainable.size())),
-        adamw(std::in_place, cfg.optim.adamw, model->layout(), &trainable,
+        adamw(std::in_place, cfg.optim.adamw, layout_, &trainable,
               cfg.protocol.constraint == "subspace-adamw"),
         loader(std::in_place, std::move(train_tokens), cfg.data.seq_len, cfg.data.batch_size, rank, replicas,
                uint64_t(cfg.data.seed)) {}
@@ -47,21 +50,24 @@ struct Worker {
         rank(comm.rank()),
         replicas(comm.size()),
         world_rank(comm.rank()),
-        foreign(std::move(foreign_layout)),
-        trainable(cfg.partial.slices > 1 ? TrainableSet(*foreign, rank % cfg.partial.slices, cfg.partial.slices,
+        layout_(std::move(foreign_layout)),
+        trainable(cfg.partial.slices > 1 ? TrainableSet(layout_, rank % cfg.partial.slices, cfg.partial.slices,
                                                         cfg.partial.strategy)
-                                         : TrainableSet(*foreign)),
-        params(size_t(foreign->size())),
+                                         : TrainableSet(layout_)),
+        params(size_t(layout_.size())),
         grads(with_grads ? size_t(trainable.size()) : 0) {}
 
-  const ParamLayout& layout() const { return model ? model->layout() : *foreign; }
+  const ParamLayout& layout() const { return layout_; }
 
   const RunConfig& cfg;
   Communicator& comm;
   const int rank, replicas;  // replica index and count (this stage's data-parallel group)
   const int world_rank;
-  std::optional<Transformer> model;  // loco's model (absent for a foreign one)
-  std::optional<ParamLayout> foreign;  // a foreign model's layout
+
+ private:
+  const ParamLayout layout_;  // loco's model stage (cfg.model, stage), or a foreign model's
+
+ public:
   TrainableSet trainable;          // what this replica trains (partial.slices); grads are compact
   std::vector<float> params, grads;
   std::optional<AdamW> adamw;      // loco's inner optimizer (absent for a foreign model)

@@ -20,6 +20,7 @@
 #include "pipeline/grid.h"
 #include "pipeline/schedule.h"
 #include "model/protocol.h"
+#include "model/transformer.h"
 #include "pipeline/stage_model.h"
 
 namespace loco {
@@ -73,6 +74,7 @@ struct WorkerRun {
   Communicator world, dp, chain;
   PipelineExecutor pipe;
   std::unique_ptr<Subspace> subspace;  // protocol models (protocol.rank > 0), else null
+  Transformer model;  // loco's CPU engine: this worker's stage, computed over w.params and w.grads
   Worker w;
   std::unique_ptr<Algorithm> algo;
   TransformerStage stage_model;

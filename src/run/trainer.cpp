@@ -168,9 +168,10 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
       subspace(cfg.protocol.rank > 0 ? std::make_unique<Subspace>(cfg.model, cfg.protocol.rank,
                                                                   uint64_t(cfg.protocol.seed), cfg.protocol.fixed_std)
                                      : nullptr),
+      model(cfg.model, setup.stages[size_t(stage)]),
       w(cfg, dp, setup.train_tokens, setup.stages[size_t(stage)], rank),
       algo(make_run_algorithm(setup, w, traffic, trace)),
-      stage_model(*w.model, cfg.micro_windows(), cfg.data.seq_len, cfg.microbatches(),
+      stage_model(model, cfg.micro_windows(), cfg.data.seq_len, cfg.microbatches(),
                   max_in_flight(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches()))),
       ops(stage_schedule(setup.schedule, grid.stages, stage, cfg.microbatches())),
       route(fixed_route(grid, rank)),
@@ -179,7 +180,7 @@ WorkerRun::WorkerRun(RunSetup& setup, std::shared_ptr<Transport> transport, std:
                       : route),
       full_tensors(ParamLayout(cfg.model).tensors().size()) {
   if (subspace) {
-    w.model->set_protocol(subspace.get());
+    model.set_protocol(subspace.get());
     const bool accumulate = last_stage && cfg.protocol.grassmann_interval > 0;
     stage_model.set_protocol(subspace.get(), cfg.protocol.compress, accumulate ? &grassmann_a : nullptr);
   }
@@ -250,7 +251,7 @@ TrainSummary run_worker(RunSetup& s, std::shared_ptr<Transport> transport, std::
       std::tie(start_step, elapsed_before) = restore_worker(run);
       w.restored = true;
     } else {
-      w.model->init_params(w.params.data(), uint64_t(cfg.train.seed));  // same seed: identical replicas
+      run.model.init_params(w.params.data(), uint64_t(cfg.train.seed));  // same seed: identical replicas
       protocol_init(run);
     }
     run.algo->start(w, s.resuming);

@@ -13,6 +13,7 @@
 #include "comm/inprocess.h"
 #include "core/rng.h"
 #include "model/trainable.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 
 using namespace loco;

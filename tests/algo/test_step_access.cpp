@@ -14,6 +14,7 @@
 
 #include "algo/algorithm.h"
 #include "comm/inprocess.h"
+#include "model/transformer.h"
 
 using namespace loco;
 
@@ -75,7 +76,7 @@ Outcome run(const RunConfig& cfg, bool device) {
     threads.emplace_back([&, m] {
       Communicator comm(std::move(transports[size_t(m)]), {}, nullptr);
       Worker w(cfg, comm, tokens);
-      w.model->init_params(w.params.data(), 5);
+      Transformer(cfg.model).init_params(w.params.data(), 5);
       auto algo = make_algorithm(cfg, w);
       algo->start(w, false);
       std::vector<float> dev = w.params, dgrads = w.grads;  // the device's parameters and gradients

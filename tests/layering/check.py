@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """The layering of src/ (docs/architecture.md, "Floors"): every include of a loco header must
 point to the same room or to a room on a lower floor, and no two files may include each other,
-directly or around a loop. Prints every arrow against the layering and every loop, and exits 1
-if there is any. Run by ctest as layering."""
+directly or around a loop; and no file of the methods' library (build/libloco.a, which the Python
+extension links alone) may include one of the CPU engine's library ("Two libraries"; the engine's
+files are given as CMakeLists.txt lists them: --engine-units core/blas,... --engine-rooms run,...).
+Prints every arrow against the layering and every loop, and exits 1 if there is any. Run by ctest
+as layering."""
 import os
 import re
 import sys
@@ -22,7 +25,16 @@ FLOORS = [
 FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/([A-Za-z0-9_./]+)"', re.M)
 
-src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "src")
+import argparse
+
+ap = argparse.ArgumentParser()
+ap.add_argument("src", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+ap.add_argument("--engine-units", default="", help="comma-separated room/name of the engine's files (no suffix)")
+ap.add_argument("--engine-rooms", default="", help="comma-separated rooms wholly in the engine's library")
+args = ap.parse_args()
+src = args.src
+engine_units = {u for u in args.engine_units.split(",") if u}
+engine_rooms = {r for r in args.engine_rooms.split(",") if r}
 problems = []
 graph = {}
 rooms = sorted(d for d in os.listdir(src) if os.path.isdir(os.path.join(src, d)))
@@ -50,6 +62,28 @@ for room in rooms:
 # Loops among files: a header and its .cpp are one unit (a .cpp includes its own header).
 def unit(path):
     return path.rsplit(".", 1)[0]
+
+
+def library(u):
+    """'engine' or 'methods'; None for the program's main, which links both. The subcommands
+    (cli/cmd_*) are the engine's; the Python extension links the methods' alone, so it is held
+    to their rule."""
+    if u == "cli/main":
+        return None
+    room = u.split("/")[0]
+    return "engine" if u in engine_units or room in engine_rooms or room == "cli" else "methods"
+
+
+for u in sorted(engine_units):
+    if not any(unit(p) == u for p in graph):
+        problems.append(f"--engine-units names {u}, which is no file of src/")
+if engine_units or engine_rooms:
+    for path, targets in sorted(graph.items()):
+        if library(unit(path)) != "methods":
+            continue
+        for t in targets:
+            if library(unit(t)) == "engine":
+                problems.append(f"src/{path} includes {t}: the methods' library would need the CPU engine's")
 
 
 edges = {}
