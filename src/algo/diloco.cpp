@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "algo/algorithm.h"
+#include "algo/diloco_config.h"
 #include "algo/partial.h"
 #include "algo/robust.h"
 #include "algo/sync_group.h"
@@ -329,6 +330,75 @@ std::string diloco_elastic_refusal(const RunConfig& cfg) {
 std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w) {
   const bool faulty = w.rank >= w.replicas - cfg.outer.faulty_replicas;
   return make_diloco(cfg, w, std::make_unique<FixedGroup>(), faulty ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
+}
+
+void add_outer_keys(ConfigSchema& s, OuterConfig& o2) {
+  s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco, streaming)", 1);
+  s.add("outer.start_step", &o2.start_step,
+        "diloco: steps of data-parallel training (gradients averaged every step) before the first outer round, "
+        "as the DiLoCo paper started from a pretrained model; 0: DiLoCo from the first step", 0);
+  s.add("outer.lr", &o2.lr,
+        "outer learning rate eta (diloco, streaming); the default is the quality-parity study's best "
+        "(docs/results/parity-32k.md; the DiLoCo paper used 0.7, the Streaming DiLoCo paper 0.4)", 0.0, 10.0);
+  s.add("outer.momentum", &o2.momentum,
+        "outer momentum mu (diloco, streaming); the default is the quality-parity study's best, where the papers' "
+        "0.9 ended 4.6-8.1 points further from data-parallel training (docs/results/parity-32k.md)", 0.0, 0.999999);
+  s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco, streaming; else heavy ball)");
+  s.add("outer.codec", &o2.codec, "outer-gradient encoding (streaming): fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, "
+        "random-drop, topk", {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"});
+  s.add("outer.rounding", &o2.rounding, "rounding of quantized codecs", {"nearest", "stochastic"});
+  s.add("outer.reduce", &o2.reduce,
+        "how encoded (non-fp32) outer gradients are combined: all-gather (exact float32 sum of what every replica "
+        "sent; M-1 payloads per worker), reduce-scatter (each shard summed by one replica and re-encoded: about 2 "
+        "payloads per worker whatever M, a second quantization), auto (all-gather up to 2 replicas, else "
+        "reduce-scatter)", {"auto", "all-gather", "reduce-scatter"});
+  s.add("outer.aggregate", &o2.aggregate,
+        "diloco, streaming: how the replicas' contributions are combined: mean (all-reduce), or, sent to every member so that "
+        "each sees all of them, trimmed-mean, median (per coordinate) or centered-clip (docs/security.md)",
+        {"mean", "trimmed-mean", "median", "centered-clip"});
+  s.add("outer.trim", &o2.trim, "trimmed-mean: fraction of the contributions dropped at each end, per coordinate",
+        0.0, 0.49);
+  s.add("outer.screen", &o2.screen,
+        "diloco, streaming, noloco: reject a contribution that is not finite or whose outer-gradient norm exceeds outer.reject_norm "
+        "times the round's median; auto: on for the elastic backend and for the aggregates other than mean",
+        {"auto", "on", "off"});
+  s.add("outer.reject_norm", &o2.reject_norm,
+        "screening: the factor over the round's median outer-gradient norm beyond which a contribution is "
+        "rejected (0: reject only non-finite ones)", 0.0, 1e6);
+  s.add("outer.fault", &o2.fault,
+        "for robustness tests (not elastic): the last outer.faulty_replicas replicas corrupt their DiLoCo "
+        "and Streaming DiLoCo contributions: \"\" (none), \"nan\", \"inf\", \"noise\" (Gaussian, the outer gradient's norm) or \"scale:X\" (the outer gradient times X)");
+  s.add("outer.faulty_replicas", &o2.faulty_replicas, "replicas that apply outer.fault (the last ones)", 1);
+  s.add("outer.block", &o2.block, "values per shared scale of block-scaled codecs", 1, 1 << 20);
+  s.add("outer.keep_fraction", &o2.keep_fraction, "fraction of values kept by random-drop and topk", 1e-9, 1.0);
+}
+
+void check_outer_config(const RunConfig& c, const ConfigCheck& need) {
+  if (c.outer.start_step > 0) {
+    need(c.method() == MethodId::Diloco, "outer.start_step applies to algorithm = \"diloco\"");
+    need(c.outer.start_step < c.train.steps, "outer.start_step (" + std::to_string(c.outer.start_step) +
+                                                 ") must be below train.steps (" + std::to_string(c.train.steps) + ")");
+    need(c.partial.slices == 1, "outer.start_step with partial.slices > 1 is not supported (data-parallel steps "
+                                "need every replica to train every parameter)");
+  }
+  const auto& o = c.outer;
+  if (o.aggregate != "mean" || o.screen == "on" || !o.fault.empty()) {
+    const std::string what = o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\""
+                             : o.screen == "on"    ? std::string("outer.screen = \"on\"")
+                                                   : std::string("outer.fault");
+    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming ||
+             (c.method() == MethodId::Noloco && o.aggregate == "mean" && o.fault.empty()),
+         what + " needs algorithm = \"diloco\" or \"streaming\" (NoLoCo screens its partners with outer.screen)");
+    need(c.partial.slices == 1, what + " with partial.slices > 1 is not supported");
+  }
+  if (!o.fault.empty()) {
+    parse_fault(o.fault, "outer.fault");
+    need(c.distributed.backend != "elastic", "outer.fault is for in-process and MPI runs; an elastic worker "
+                                             "misbehaves with elastic.fault");
+    need(o.faulty_replicas <= c.distributed.replicas,
+         "outer.faulty_replicas (" + std::to_string(o.faulty_replicas) + ") exceeds distributed.replicas (" +
+             std::to_string(c.distributed.replicas) + ")");
+  }
 }
 
 }  // namespace loco

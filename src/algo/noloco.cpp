@@ -28,6 +28,7 @@
 #include <iostream>
 
 #include "algo/algorithm.h"
+#include "algo/noloco_config.h"
 #include "algo/robust.h"
 #include "algo/sync_group.h"
 #include "core/checksum.h"
@@ -417,6 +418,31 @@ std::string noloco_elastic_refusal(const RunConfig&) { return ""; }
 
 std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w) {
   return make_noloco(cfg, w, std::make_unique<FixedGroup>());
+}
+
+void add_noloco_keys(ConfigSchema& s, NolocoConfig& nl) {
+  s.add("noloco.inner_steps", &nl.inner_steps, "H: inner steps between NoLoCo outer steps", 1);
+  s.add("noloco.outer_lr", &nl.outer_lr, "beta: outer learning rate on the group's mean local progress", 0.0, 10.0);
+  s.add("noloco.momentum", &nl.momentum, "alpha: heavy-ball outer momentum", 0.0, 0.999999);
+  s.add("noloco.pull", &nl.pull, "gamma: pull toward the group's mean slow weights (-1: = noloco.outer_lr, as the "
+        "authors' code)", -1.0, 10.0);
+  s.add("noloco.group_size", &nl.group_size, "n: replicas per group (2: one partner; leftovers join the last group)",
+        2, 1 << 20);
+  s.add("noloco.routing", &nl.routing, "pipeline paths per microbatch (pipeline.stages > 1): random or fixed",
+        {"random", "fixed"});
+  s.add("noloco.seed", &nl.seed, "seed of the groups and routes (shared by every worker)");
+  s.add("noloco.eval", &nl.eval, "evaluated weights: shards (each replica's slow weights on its share of the "
+        "validation windows, pooled), replica0, or average (of the replicas)", {"shards", "replica0", "average"});
+  s.add("noloco.reject_distance", &nl.reject_distance,
+        "screening (outer.screen): a partner whose slow weights are farther from this replica's than this times "
+        "their norm is left out of the outer step (0: no distance rule)", 0.0, 1e9);
+}
+
+void check_noloco_config(const RunConfig& c, const ConfigCheck& need) {
+  if (c.method() == MethodId::Noloco) {
+    need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
+    need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");
+  }
 }
 
 }  // namespace loco

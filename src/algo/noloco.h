@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "io/run_config.h"
+#include "algo/run_config.h"
 
 namespace loco {
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "algo/partial_config.h"
+#include "algo/run_config.h"
 #include "core/error.h"
 #include "model/trainable.h"
 
@@ -87,6 +89,28 @@ void CountVectorAverage::average_in_place(Communicator& comm, std::vector<float>
   Op op;
   start(comm, params.data(), whole, op);
   finish(comm, op, whole, params);  // the same size: params stays where it is
+}
+
+void add_partial_keys(ConfigSchema& s, PartialConfig& pa) {
+  s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (1: everything)", 1);
+  s.add("partial.strategy", &pa.strategy, "sliced matrices: mlp (gate/up/down) or mlp+heads (also q/k/v)",
+        {"mlp", "mlp+heads"});
+}
+
+void check_partial_config(const RunConfig& c, const ConfigCheck& need) {
+  if (c.partial.slices > 1) {
+    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming,
+         "partial.slices > 1 needs algorithm = \"diloco\" or \"streaming\"");
+    need(c.model.intermediate_size % c.partial.slices == 0,
+         "partial.slices must divide model.intermediate_size (" + std::to_string(c.model.intermediate_size) + ")");
+    need(c.partial.strategy == "mlp" || c.model.kv_heads() % c.partial.slices == 0,
+         c.model.num_kv_heads > 0 ? "partial.slices must divide model.num_kv_heads (" +
+                                        std::to_string(c.model.num_kv_heads) + ") with strategy mlp+heads"
+                                  : "partial.slices must divide model.num_heads (" +
+                                        std::to_string(c.model.num_heads) + ")");
+    need(c.method() != MethodId::Streaming || c.outer.codec == "fp32",
+         "partial updates with streaming send float32 (outer.codec = \"fp32\")");
+  }
 }
 
 }  // namespace loco

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 
 namespace loco {
 

@@ -45,6 +45,7 @@
 #include <functional>
 #include <iostream>
 
+#include "algo/streaming_config.h"
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -730,6 +731,31 @@ std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w)
   const bool faulty = w.rank >= w.replicas - cfg.outer.faulty_replicas;
   return make_streaming(cfg, w, std::make_unique<FixedGroup>(),
                         faulty ? parse_fault(cfg.outer.fault, "outer.fault") : Fault{});
+}
+
+void add_streaming_keys(ConfigSchema& s, StreamingConfig& st) {
+  s.add("streaming.fragment_blocks", &st.fragment_blocks, "|p|: blocks per fragment (0: whole model, one fragment)",
+        0, 1 << 20);
+  s.add("streaming.pattern", &st.pattern, "fragment pattern: strided (l mod P) or sequential", {"strided", "sequential"});
+  s.add("streaming.tau", &st.tau, "tau: inner steps between starting a fragment's sync and applying it", 0);
+  s.add("streaming.worker_tau", &st.worker_tau, "per-replica tau as a list, e.g. \"1,1,3,3\" (\"\": all tau)");
+  s.add("streaming.alpha", &st.alpha, "alpha: weight of the local parameters when merging a delayed sync", 0.0, 1.0);
+  s.add("streaming.eval", &st.eval, "parameters evaluated: outer, replica0 or average (of the replicas)",
+        {"outer", "replica0", "average"});
+  s.add("streaming.offload_outer", &st.offload_outer,
+        "keep the outer parameters and momentum in a scratch file in the run directory; only the fragments "
+        "being synchronized are in memory");
+}
+
+void check_streaming_config(const RunConfig& c, const ConfigCheck& need) {
+  // A rule that needs every member's contribution (outer.aggregate other than mean, outer.screen
+  // = "on") cannot see them when encoded outer gradients are reduce-scattered.
+  const auto& o = c.outer;
+  if (c.method() != MethodId::Streaming || o.codec == "fp32" || o.reduce != "reduce-scatter") return;
+  need(o.aggregate == "mean" && o.screen != "on",
+       (o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\"" : std::string("outer.screen = \"on\"")) +
+           " with outer.reduce = \"reduce-scatter\" is not possible: no member sees the others' "
+           "contributions there (use outer.reduce = \"all-gather\" or auto)");
 }
 
 }  // namespace loco

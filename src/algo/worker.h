@@ -11,7 +11,7 @@
 
 #include "comm/communicator.h"
 #include "data/loader.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "model/layout.h"
 #include "model/trainable.h"
 #include "optim/adamw.h"

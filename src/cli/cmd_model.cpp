@@ -15,7 +15,7 @@
 #include "data/tokenizer.h"
 #include "core/fs.h"
 #include "io/checkpoint.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "io/safetensors.h"
 #include "io/train_state.h"
 #include "model/evaluate.h"

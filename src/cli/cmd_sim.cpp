@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/gnuplot.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "model/layout.h"
 #include "sim/cu.h"
 #include "comm/stats.h"
@@ -378,10 +378,10 @@ void print_estimate(const sim::Arch& arch, double batch, double seq, const sim::
               "  checkpointed activations\n");
   std::printf("                        %-10s %9s %9s %9s %9s %9s %11s %9s\n", "method", "weights", "grads", "master",
               "adam", "outer", "activations", "total");
-  for (const std::string method : {"ddp", "diloco", "streaming", "partial"}) {
+  for (const auto& [method, label] : sim::memory_methods()) {
     const auto m = sim::memory_per_node(arch, method, batch, seq, fragment_layers, s);
     const double MiB = 1024.0 * 1024.0;
-    std::printf("                        %-10s %9.1f %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f\n", method.c_str(),
+    std::printf("                        %-10s %9.1f %9.1f %9.1f %9.1f %9.1f %11.1f %9.1f\n", label.c_str(),
                 m.weights / MiB, m.grads / MiB, m.master / MiB, m.adam / MiB, m.outer / MiB, m.activations / MiB,
                 m.total() / MiB);
   }
@@ -415,7 +415,7 @@ void add_estimate_cmd(CLI::App& app) {
     if (a->paper_table) {
       const sim::Arch arch = sim::gpt3_xl();
       const double B = a->batch > 0 ? a->batch : 16, S = a->seq > 0 ? a->seq : 2048;
-      const double base_mem = sim::memory_per_node(arch, "streaming", B, S, a->fragment_layers).total();
+      const double base_mem = sim::memory_per_node(arch, sim::MemoryMethod::Streaming, B, S, a->fragment_layers).total();
       const double base_bwd = sim::step_flops(arch, B, S).backward(), base_all = sim::step_flops(arch, B, S).total();
       std::printf("GPT-3 XL (d 2048, L 24, D_ff 8192, tied, vocab 32000), batch %g x %g tokens per node, "
                   "%d-layer fragments\n",
@@ -429,7 +429,7 @@ void add_estimate_cmd(CLI::App& app) {
       for (const auto& [name, s] : rows) {
         const auto p = sim::param_counts(arch, s);
         const auto f = sim::step_flops(arch, B, S, s);
-        const double mem = sim::memory_per_node(arch, "partial", B, S, a->fragment_layers, s).total();
+        const double mem = sim::memory_per_node(arch, sim::MemoryMethod::Partial, B, S, a->fragment_layers, s).total();
         std::printf("%-22s %14.4g %9.1f%% %12.2f %+11.1f%% %+11.1f%% %+11.1f%%\n", name.c_str(), p.trainable,
                     100 * p.trainable / p.total, mem / 1e9, 100 * (mem / base_mem - 1),
                     100 * (f.backward() / base_bwd - 1), 100 * (f.total() / base_all - 1));

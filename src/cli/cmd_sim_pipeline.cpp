@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/fs.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "pipeline/grid.h"
 #include "sim/estimate.h"
 #include "sim/pipeline.h"

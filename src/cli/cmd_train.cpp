@@ -18,7 +18,7 @@
 #include "core/fs.h"
 #include "io/gnuplot.h"
 #include "io/metrics.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "report/html_report.h"
 #include "report/svg_chart.h"
 

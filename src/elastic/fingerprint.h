@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "model/layout.h"
 
 namespace loco {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "elastic/membership.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 
 namespace loco {
 

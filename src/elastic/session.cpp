@@ -342,9 +342,13 @@ std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Wo
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace) {
   auto session = std::make_unique<ElasticSession>(cfg, options, std::move(traffic), std::move(trace), w.params.size());
-  if (cfg.method() == MethodId::Streaming) return make_streaming(cfg, w, std::move(session), options.fault);
-  if (cfg.method() == MethodId::Noloco) return make_noloco(cfg, w, std::move(session));
-  return make_diloco(cfg, w, std::move(session), options.fault);
+  switch (cfg.method()) {
+    case MethodId::Diloco: return make_diloco(cfg, w, std::move(session), options.fault);
+    case MethodId::Streaming: return make_streaming(cfg, w, std::move(session), options.fault);
+    case MethodId::Noloco: return make_noloco(cfg, w, std::move(session));
+    case MethodId::Ddp: break;  // refused before (elastic_refusal)
+  }
+  fail("internal: algorithm = \"" + cfg.algorithm + "\" has no elastic form");
 }
 
 }  // namespace loco

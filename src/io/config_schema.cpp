@@ -11,6 +11,10 @@
 
 namespace loco {
 
+void ConfigCheck::operator()(bool ok, const std::string& msg) const {
+  if (!ok) fail(source + ": " + msg);
+}
+
 namespace {
 
 const toml::node& as_node(const void* p) { return *static_cast<const toml::node*>(p); }

@@ -10,6 +10,13 @@
 
 namespace loco {
 
+// A check across keys of a configuration read from `source`: need(ok, msg) fails with
+// "source: msg" unless ok.
+struct ConfigCheck {
+  std::string source;
+  void operator()(bool ok, const std::string& msg) const;
+};
+
 class ConfigSchema {
  public:
   void add(const std::string& key, int* field, const std::string& help, int64_t min = INT32_MIN,

@@ -34,7 +34,7 @@
 #include "elastic/options.h"
 #include "elastic/redis.h"
 #include "io/config_schema.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "io/train_state.h"
 #include "pipeline/executor.h"
 

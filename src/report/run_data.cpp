@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
-#include "io/methods.h"
+#include "algo/methods.h"
 #include "io/metrics.h"
 
 namespace loco::report {

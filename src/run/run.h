@@ -9,7 +9,7 @@
 
 #include "algo/algorithm.h"
 #include "run/stop.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "run/options.h"
 #include "algo/worker.h"
 #include "comm/communicator.h"

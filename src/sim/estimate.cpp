@@ -93,20 +93,25 @@ Flops step_flops(const Arch& a, double B, double S, const Slicing& s) {
   return f;
 }
 
-Memory memory_per_node(const Arch& a, const std::string& method, double batch, double seq, int fragment_layers,
+const std::vector<std::pair<MemoryMethod, std::string>>& memory_methods() {
+  static const std::vector<std::pair<MemoryMethod, std::string>> rows = {
+      {MemoryMethod::Ddp, "ddp"}, {MemoryMethod::Diloco, "diloco"}, {MemoryMethod::Streaming, "streaming"},
+      {MemoryMethod::Partial, "partial"}};
+  return rows;
+}
+
+Memory memory_per_node(const Arch& a, MemoryMethod method, double batch, double seq, int fragment_layers,
                        const Slicing& s) {
-  check(method == "ddp" || method == "diloco" || method == "streaming" || method == "partial",
-        "memory method must be ddp, diloco, streaming or partial");
   check(fragment_layers >= 1, "fragment_layers must be >= 1");
-  const ParamCounts p = param_counts(a, method == "partial" ? s : Slicing{});
+  const ParamCounts p = param_counts(a, method == MemoryMethod::Partial ? s : Slicing{});
   Memory m;
   m.weights = 2 * p.total;
   m.grads = 2 * p.trainable;
   m.master = 4 * p.trainable;
   m.adam = 8 * p.trainable;
   const double fragment = std::max(std::min(double(fragment_layers), a.layers) * p.per_block, p.nonblock);
-  if (method == "diloco") m.outer = 8 * p.total;
-  if (method == "streaming" || method == "partial") m.outer = 8 * fragment;
+  if (method == MemoryMethod::Diloco) m.outer = 8 * p.total;
+  if (method == MemoryMethod::Streaming || method == MemoryMethod::Partial) m.outer = 8 * fragment;
   // Checkpointed block inputs (bf16) plus one block's recomputed activations: x, norms, q, k,
   // v, attention output, o input (5 H + 2 K), m F for the MLP, and one head's score block.
   const double tokens = batch * seq;

@@ -3,6 +3,8 @@
 // section 3.1 and appendix C.2). Pure arithmetic over an architecture description.
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 
@@ -54,8 +56,11 @@ struct Memory {
 // Bytes per node under the paper's accounting: bf16 weights and gradients, fp32 master weights
 // and AdamW moments for trainable parameters, fp32 outer parameters and momentum (all for
 // DiLoCo; the largest fragment for streaming and partial), activation checkpointing (bf16
-// block inputs plus one block's working set). method: ddp, diloco, streaming, partial.
-Memory memory_per_node(const Arch& a, const std::string& method, double batch, double seq, int fragment_layers,
+// block inputs plus one block's working set). Partial updates are Streaming DiLoCo over slices s.
+enum class MemoryMethod { Ddp, Diloco, Streaming, Partial };
+// Rows of `loco sim estimate`'s memory table, in this order, with their labels.
+const std::vector<std::pair<MemoryMethod, std::string>>& memory_methods();
+Memory memory_per_node(const Arch& a, MemoryMethod method, double batch, double seq, int fragment_layers,
                        const Slicing& s = {});
 
 // Seconds for a bandwidth-optimal ring all-reduce of `bytes` over k nodes at `bits_per_s`.

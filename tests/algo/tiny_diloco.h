@@ -1,7 +1,7 @@
 #pragma once
 // The DiLoCo run of the algo tests: a one-block model of 8 hidden units, H = 5, outer lr 0.7 and
 // Nesterov momentum 0.9 (docs/diloco.md).
-#include "io/run_config.h"
+#include "algo/run_config.h"
 
 inline loco::RunConfig tiny_diloco_config() {
   loco::RunConfig cfg;

@@ -1,7 +1,7 @@
 // Run configs (TOML): read, validated, the stage partition derived, printed and read back to
 // the same configuration.
 #include "fuzz_common.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "pipeline/grid.h"
 
 LOCO_FUZZ_TARGET({

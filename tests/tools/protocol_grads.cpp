@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "data/token_file.h"
 #include "io/checkpoint.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "model/protocol.h"
 #include "pipeline/grid.h"
 #include "pipeline/stage_model.h"

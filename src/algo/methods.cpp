@@ -1,4 +1,4 @@
-#include "io/methods.h"
+#include "algo/methods.h"
 
 #include "core/error.h"
 

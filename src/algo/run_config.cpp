@@ -1,6 +1,4 @@
-#include "io/run_config.h"
-
-#include "comm/fault.h"
+#include "algo/run_config.h"
 
 #include "comm/link.h"
 #include "core/error.h"
@@ -123,78 +121,11 @@ ConfigSchema run_config_schema(RunConfig& cfg) {
         "sigma: emulated stragglers; each worker's every inner step takes exp(sigma |Z|) times its compute, Z ~ "
         "N(0, 1) drawn per worker and step, at most 20 times (0: off)", 0.0, 2.0);
 
-  auto& o2 = cfg.outer;
-  s.add("outer.inner_steps", &o2.inner_steps, "H: inner steps per outer round (diloco, streaming)", 1);
-  s.add("outer.start_step", &o2.start_step,
-        "diloco: steps of data-parallel training (gradients averaged every step) before the first outer round, "
-        "as the DiLoCo paper started from a pretrained model; 0: DiLoCo from the first step", 0);
-  s.add("outer.lr", &o2.lr,
-        "outer learning rate eta (diloco, streaming); the default is the quality-parity study's best "
-        "(docs/results/parity-32k.md; the DiLoCo paper used 0.7, the Streaming DiLoCo paper 0.4)", 0.0, 10.0);
-  s.add("outer.momentum", &o2.momentum,
-        "outer momentum mu (diloco, streaming); the default is the quality-parity study's best, where the papers' "
-        "0.9 ended 4.6-8.1 points further from data-parallel training (docs/results/parity-32k.md)", 0.0, 0.999999);
-  s.add("outer.nesterov", &o2.nesterov, "Nesterov outer momentum (diloco, streaming; else heavy ball)");
-  s.add("outer.codec", &o2.codec, "outer-gradient encoding (streaming): fp32, bf16, fp8, fp4-e3m0, fp4-e2m1, int8, "
-        "random-drop, topk", {"fp32", "bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8", "random-drop", "topk"});
-  s.add("outer.rounding", &o2.rounding, "rounding of quantized codecs", {"nearest", "stochastic"});
-  s.add("outer.reduce", &o2.reduce,
-        "how encoded (non-fp32) outer gradients are combined: all-gather (exact float32 sum of what every replica "
-        "sent; M-1 payloads per worker), reduce-scatter (each shard summed by one replica and re-encoded: about 2 "
-        "payloads per worker whatever M, a second quantization), auto (all-gather up to 2 replicas, else "
-        "reduce-scatter)", {"auto", "all-gather", "reduce-scatter"});
-  s.add("outer.aggregate", &o2.aggregate,
-        "diloco, streaming: how the replicas' contributions are combined: mean (all-reduce), or, sent to every member so that "
-        "each sees all of them, trimmed-mean, median (per coordinate) or centered-clip (docs/security.md)",
-        {"mean", "trimmed-mean", "median", "centered-clip"});
-  s.add("outer.trim", &o2.trim, "trimmed-mean: fraction of the contributions dropped at each end, per coordinate",
-        0.0, 0.49);
-  s.add("outer.screen", &o2.screen,
-        "diloco, streaming, noloco: reject a contribution that is not finite or whose outer-gradient norm exceeds outer.reject_norm "
-        "times the round's median; auto: on for the elastic backend and for the aggregates other than mean",
-        {"auto", "on", "off"});
-  s.add("outer.reject_norm", &o2.reject_norm,
-        "screening: the factor over the round's median outer-gradient norm beyond which a contribution is "
-        "rejected (0: reject only non-finite ones)", 0.0, 1e6);
-  s.add("outer.fault", &o2.fault,
-        "for robustness tests (not elastic): the last outer.faulty_replicas replicas corrupt their DiLoCo "
-        "and Streaming DiLoCo contributions: \"\" (none), \"nan\", \"inf\", \"noise\" (Gaussian, the outer gradient's norm) or \"scale:X\" (the outer gradient times X)");
-  s.add("outer.faulty_replicas", &o2.faulty_replicas, "replicas that apply outer.fault (the last ones)", 1);
-  s.add("outer.block", &o2.block, "values per shared scale of block-scaled codecs", 1, 1 << 20);
-  s.add("outer.keep_fraction", &o2.keep_fraction, "fraction of values kept by random-drop and topk", 1e-9, 1.0);
-
-  auto& st = cfg.streaming;
-  s.add("streaming.fragment_blocks", &st.fragment_blocks, "|p|: blocks per fragment (0: whole model, one fragment)",
-        0, 1 << 20);
-  s.add("streaming.pattern", &st.pattern, "fragment pattern: strided (l mod P) or sequential", {"strided", "sequential"});
-  s.add("streaming.tau", &st.tau, "tau: inner steps between starting a fragment's sync and applying it", 0);
-  s.add("streaming.worker_tau", &st.worker_tau, "per-replica tau as a list, e.g. \"1,1,3,3\" (\"\": all tau)");
-  s.add("streaming.alpha", &st.alpha, "alpha: weight of the local parameters when merging a delayed sync", 0.0, 1.0);
-  s.add("streaming.eval", &st.eval, "parameters evaluated: outer, replica0 or average (of the replicas)",
-        {"outer", "replica0", "average"});
-  s.add("streaming.offload_outer", &st.offload_outer,
-        "keep the outer parameters and momentum in a scratch file in the run directory; only the fragments "
-        "being synchronized are in memory");
-  auto& pa = cfg.partial;
-  s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (1: everything)", 1);
-  s.add("partial.strategy", &pa.strategy, "sliced matrices: mlp (gate/up/down) or mlp+heads (also q/k/v)",
-        {"mlp", "mlp+heads"});
-  auto& nl = cfg.noloco;
-  s.add("noloco.inner_steps", &nl.inner_steps, "H: inner steps between NoLoCo outer steps", 1);
-  s.add("noloco.outer_lr", &nl.outer_lr, "beta: outer learning rate on the group's mean local progress", 0.0, 10.0);
-  s.add("noloco.momentum", &nl.momentum, "alpha: heavy-ball outer momentum", 0.0, 0.999999);
-  s.add("noloco.pull", &nl.pull, "gamma: pull toward the group's mean slow weights (-1: = noloco.outer_lr, as the "
-        "authors' code)", -1.0, 10.0);
-  s.add("noloco.group_size", &nl.group_size, "n: replicas per group (2: one partner; leftovers join the last group)",
-        2, 1 << 20);
-  s.add("noloco.routing", &nl.routing, "pipeline paths per microbatch (pipeline.stages > 1): random or fixed",
-        {"random", "fixed"});
-  s.add("noloco.seed", &nl.seed, "seed of the groups and routes (shared by every worker)");
-  s.add("noloco.eval", &nl.eval, "evaluated weights: shards (each replica's slow weights on its share of the "
-        "validation windows, pooled), replica0, or average (of the replicas)", {"shards", "replica0", "average"});
-  s.add("noloco.reject_distance", &nl.reject_distance,
-        "screening (outer.screen): a partner whose slow weights are farther from this replica's than this times "
-        "their norm is left out of the outer step (0: no distance rule)", 0.0, 1e9);
+  // Each method's sections, declared by the method (diloco.cpp, streaming.cpp, partial.cpp, noloco.cpp).
+  add_outer_keys(s, cfg.outer);
+  add_streaming_keys(s, cfg.streaming);
+  add_partial_keys(s, cfg.partial);
+  add_noloco_keys(s, cfg.noloco);
   auto& pp = cfg.pipeline;
   s.add("pipeline.stages", &pp.stages,
         "S: pipeline stages, each a contiguous group of blocks on its own worker (S x replicas workers)", 1, 1024);
@@ -229,9 +160,7 @@ int RunConfig::microbatches() const {
 
 void validate_run_config(const RunConfig& c, const std::string& source) {
   c.model.validate(source);
-  auto need = [&](bool ok, const std::string& msg) {
-    if (!ok) fail(source + ": " + msg);
-  };
+  const ConfigCheck need{source};
   need(c.data.seq_len <= c.model.max_seq_len, "data.seq_len (" + std::to_string(c.data.seq_len) +
                                                   ") exceeds model.max_seq_len (" +
                                                   std::to_string(c.model.max_seq_len) + ")");
@@ -253,13 +182,6 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                     std::to_string(c.model.num_layers) +
                                                     "): every stage needs at least one block");
   if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
-  if (c.outer.start_step > 0) {
-    need(c.method() == MethodId::Diloco, "outer.start_step applies to algorithm = \"diloco\"");
-    need(c.outer.start_step < c.train.steps, "outer.start_step (" + std::to_string(c.outer.start_step) +
-                                                 ") must be below train.steps (" + std::to_string(c.train.steps) + ")");
-    need(c.partial.slices == 1, "outer.start_step with partial.slices > 1 is not supported (data-parallel steps "
-                                "need every replica to train every parameter)");
-  }
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
   parse_duration(c.network.latency, source + ": network.latency");
   need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");
@@ -272,10 +194,6 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                         &c.elastic.coordinator_timeout})
     need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
   // What elastic runs cannot do is said by the methods and the session (elastic_options).
-  if (c.method() == MethodId::Noloco) {
-    need(c.noloco.pull == -1 || c.noloco.pull >= 0, "noloco.pull must be >= 0 (or -1: equal to noloco.outer_lr)");
-    need(c.outer.codec == "fp32", "outer.codec applies to algorithm = \"streaming\"; noloco sends fp32");
-  }
   if (c.protocol.rank > 0) {
     const auto& p = c.protocol;
     need(p.rank < c.model.hidden_size, "protocol.rank (" + std::to_string(p.rank) + ") must be below model.hidden_size (" +
@@ -290,41 +208,11 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
          "protocol.grassmann_interval > 0 needs algorithm = \"ddp\" (the outer state of " + c.algorithm +
              " is not moved to a new subspace)");
   }
-  const auto& o = c.outer;
-  if (o.aggregate != "mean" || o.screen == "on" || !o.fault.empty()) {
-    const std::string what = o.aggregate != "mean" ? "outer.aggregate = \"" + o.aggregate + "\""
-                             : o.screen == "on"    ? std::string("outer.screen = \"on\"")
-                                                   : std::string("outer.fault");
-    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming ||
-             (c.method() == MethodId::Noloco && o.aggregate == "mean" && o.fault.empty()),
-         what + " needs algorithm = \"diloco\" or \"streaming\" (NoLoCo screens its partners with outer.screen)");
-    need(c.method() != MethodId::Streaming || o.codec == "fp32" || o.reduce != "reduce-scatter" ||
-             (o.aggregate == "mean" && o.screen != "on"),
-         what + " with outer.reduce = \"reduce-scatter\" is not possible: no member sees the others' "
-                "contributions there (use outer.reduce = \"all-gather\" or auto)");
-    need(c.partial.slices == 1, what + " with partial.slices > 1 is not supported");
-  }
-  if (!o.fault.empty()) {
-    parse_fault(o.fault, "outer.fault");
-    need(c.distributed.backend != "elastic", "outer.fault is for in-process and MPI runs; an elastic worker "
-                                             "misbehaves with elastic.fault");
-    need(o.faulty_replicas <= c.distributed.replicas,
-         "outer.faulty_replicas (" + std::to_string(o.faulty_replicas) + ") exceeds distributed.replicas (" +
-             std::to_string(c.distributed.replicas) + ")");
-  }
-  if (c.partial.slices > 1) {
-    need(c.method() == MethodId::Diloco || c.method() == MethodId::Streaming,
-         "partial.slices > 1 needs algorithm = \"diloco\" or \"streaming\"");
-    need(c.model.intermediate_size % c.partial.slices == 0,
-         "partial.slices must divide model.intermediate_size (" + std::to_string(c.model.intermediate_size) + ")");
-    need(c.partial.strategy == "mlp" || c.model.kv_heads() % c.partial.slices == 0,
-         c.model.num_kv_heads > 0 ? "partial.slices must divide model.num_kv_heads (" +
-                                        std::to_string(c.model.num_kv_heads) + ") with strategy mlp+heads"
-                                  : "partial.slices must divide model.num_heads (" +
-                                        std::to_string(c.model.num_heads) + ")");
-    need(c.method() != MethodId::Streaming || c.outer.codec == "fp32",
-         "partial updates with streaming send float32 (outer.codec = \"fp32\")");
-  }
+  // Each method's sections, checked by the method.
+  check_outer_config(c, need);
+  check_streaming_config(c, need);
+  check_partial_config(c, need);
+  check_noloco_config(c, need);
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -1,11 +1,20 @@
 #pragma once
-// The run configuration (TOML): every key is declared once in run_config.cpp with its type,
-// range and meaning; `loco train --print-config` lists them all.
+// The run configuration (TOML): every key is declared once with its type, range and meaning;
+// `loco train --print-config` lists them all. The sections of the whole run (model, data,
+// optimizer, train, distributed, elastic, network, pipeline, protocol) are declared and checked
+// in run_config.cpp; each method's own sections live with the method: DiLoCo's outer.*
+// (diloco_config.h, which Streaming DiLoCo and NoLoCo's screening read too), streaming.*
+// (streaming_config.h), noloco.* (noloco_config.h), and partial.* (partial_config.h), each with
+// its keys and checks in the method's .cpp.
 #include <string>
 #include <vector>
 
+#include "algo/diloco_config.h"
+#include "algo/methods.h"
+#include "algo/noloco_config.h"
+#include "algo/partial_config.h"
+#include "algo/streaming_config.h"
 #include "io/config_schema.h"
-#include "io/methods.h"
 #include "model/config.h"
 #include "optim/adamw.h"
 
@@ -72,54 +81,6 @@ struct NetworkConfig {
   double compute_jitter = 0;        // sigma: each inner step slowed by exp(sigma |Z|), Z ~ N(0, 1)
 };
 
-struct OuterConfig {
-  int64_t inner_steps = 100;        // H: inner steps per outer round
-  // eta and mu: the quality-parity study's best at every M (docs/results/parity-32k.md), for
-  // diloco and streaming alike; the papers used 0.7 (DiLoCo) or 0.4 (Streaming DiLoCo) with 0.9.
-  double lr = 0.6;
-  double momentum = 0.4;
-  bool nesterov = true;
-  std::string codec = "fp32";       // outer-gradient encoding (streaming)
-  std::string reduce = "auto";      // encoded outer gradients: auto, all-gather, reduce-scatter
-  std::string rounding = "nearest";
-  int block = 128;                  // values per shared scale
-  double keep_fraction = 0.1;       // random-drop, topk
-  int64_t start_step = 0;           // diloco: data-parallel steps before the first round
-  std::string aggregate = "mean";   // diloco: mean, trimmed-mean, median, centered-clip (algo/robust.h)
-  double trim = 0.25;               // trimmed-mean: fraction dropped at each end
-  std::string screen = "auto";      // diloco: reject non-finite and outlying contributions: auto, on, off
-  double reject_norm = 3;           // screening: norm above this times the round's median (0: off)
-  std::string fault;                // replicas that misbehave on purpose (comm/fault.h)
-  int faulty_replicas = 1;          // outer.fault applies to the last this many replicas
-};
-
-struct StreamingConfig {
-  int fragment_blocks = 3;          // |p|; 0: the whole model is one fragment
-  std::string pattern = "strided";  // strided or sequential
-  int64_t tau = 1;                  // inner steps between starting and applying a fragment's sync
-  std::string worker_tau;           // per-replica tau, e.g. "1,1,3,3" ("" : all tau)
-  double alpha = 0.5;               // merge factor of the overlapped local progress
-  std::string eval = "outer";       // outer, replica0, average
-  bool offload_outer = false;       // keep outer state in a scratch file, not in memory
-};
-
-struct PartialConfig {
-  int slices = 1;                // N: node k trains slice k mod N of the sliced matrices
-  std::string strategy = "mlp";  // mlp, or mlp+heads (also q/k/v by head groups)
-};
-
-struct NolocoConfig {
-  int64_t inner_steps = 50;         // H (NoLoCo paper)
-  double outer_lr = 0.7;            // beta
-  double momentum = 0.5;            // alpha (heavy ball)
-  double pull = -1;                 // gamma; -1: = beta (the authors' code)
-  int group_size = 2;               // n: replicas averaged together (2: one partner)
-  std::string routing = "random";   // random or fixed pipeline paths (pipeline.stages > 1)
-  int64_t seed = 0;                 // groups and routes
-  std::string eval = "shards";      // shards, replica0, average
-  double reject_distance = 1.0;     // screening: partner weights farther than this x the norm of one's own
-};
-
 struct ProtocolConfig {
   int rank = 0;                       // k: subspace dimension (0: off)
   int64_t seed = 0;                   // U and E_fixed (shared by every worker)
@@ -138,7 +99,7 @@ struct PipelineConfig {
 };
 
 struct RunConfig {
-  std::string algorithm = "ddp";    // ddp, diloco, streaming, noloco (io/methods.h)
+  std::string algorithm = "ddp";    // ddp, diloco, streaming, noloco (algo/methods.h)
   MethodId method() const { return method_id(algorithm); }
   ModelConfig model;
   DataConfig data;

@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "io/run_config.h"
+#include "algo/run_config.h"
 #include "model/config.h"
 
 namespace loco {
