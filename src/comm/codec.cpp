@@ -1,7 +1,9 @@
 #include "comm/codec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <cstring>
@@ -9,13 +11,36 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace loco {
 
 namespace {
 
+// Values per chunk of loco's compute threads. Encoding and decoding split the values (or whole
+// blocks of block-scaled formats) over the threads only where no random numbers are drawn
+// (nearest rounding): each value's or block's bytes and sums then do not depend on the split,
+// so a payload is the same whatever the thread count. Stochastic rounding draws from one
+// stream, in order, on the calling thread.
+constexpr int64_t kChunkValues = 1 << 18;
+
+void for_chunks(int64_t items, int64_t grain, bool split, const std::function<void(int64_t, int64_t)>& fn) {
+  if (split) {
+    parallel_for(items, grain, fn);
+  } else if (items > 0) {
+    fn(0, items);
+  }
+}
+
 void check_finite(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
+  std::atomic<bool> finite{true};
+  parallel_for(n, kChunkValues, [&](int64_t b, int64_t e) {
+    bool ok = true;
+    for (int64_t i = b; i < e; ++i) ok &= std::isfinite(x[i]);
+    if (!ok) finite = false;
+  });
+  if (finite) return;
+  for (int64_t i = 0; i < n; ++i)  // the first one, whatever the threads
     if (!std::isfinite(x[i]))
       fail("outer gradient contains a non-finite value (" + std::to_string(x[i]) + ") at index " + std::to_string(i) +
            "; refusing to encode it");
@@ -49,11 +74,13 @@ class Fp32 : public Codec {
   }
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != 4 * n) malformed(name(), "size");
-    for (int64_t i = 0; i < n; ++i) {
-      float v;
-      std::memcpy(&v, p.data() + 4 * i, 4);
-      acc[i] += v;
-    }
+    for_chunks(n, kChunkValues, true, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        float v;
+        std::memcpy(&v, p.data() + 4 * i, 4);
+        acc[i] += v;
+      }
+    });
   }
   int64_t encoded_bytes(int64_t n) const override { return 4 * n; }
   std::string name() const override { return "fp32"; }
@@ -66,26 +93,31 @@ class Bf16 : public Codec {
   explicit Bf16(bool stochastic) : stochastic_(stochastic) {}
   std::string encode(const float* x, int64_t n, Rng& rng) const override {
     check_finite(x, n);
-    std::string out;
-    out.reserve(size_t(n) * 2);
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t u = std::bit_cast<uint32_t>(x[i]);
-      // Nearest: add half an ulp of bf16 (ties to even); stochastic: add uniform random low bits.
-      const uint32_t add = stochastic_ ? uint32_t(rng.next_u64() & 0xFFFF) : 0x7FFFu + ((u >> 16) & 1u);
-      const uint64_t sum = uint64_t(u) + add;
-      // Saturate instead of rounding a finite value up to infinity.
-      const uint32_t r = (((sum >> 16) & 0x7F80u) == 0x7F80u) ? (u & 0xFFFF0000u) : uint32_t(sum);
-      put<uint16_t>(out, uint16_t(r >> 16));
-    }
+    std::string out(size_t(n) * 2, '\0');
+    char* o = out.data();
+    for_chunks(n, kChunkValues, !stochastic_, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        uint32_t u = std::bit_cast<uint32_t>(x[i]);
+        // Nearest: add half an ulp of bf16 (ties to even); stochastic: add uniform random low bits.
+        const uint32_t add = stochastic_ ? uint32_t(rng.next_u64() & 0xFFFF) : 0x7FFFu + ((u >> 16) & 1u);
+        const uint64_t sum = uint64_t(u) + add;
+        // Saturate instead of rounding a finite value up to infinity.
+        const uint32_t r = (((sum >> 16) & 0x7F80u) == 0x7F80u) ? (u & 0xFFFF0000u) : uint32_t(sum);
+        const uint16_t h = uint16_t(r >> 16);
+        std::memcpy(o + 2 * i, &h, 2);
+      }
+    });
     return out;
   }
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != 2 * n) malformed(name(), "size");
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p.data() + 2 * i, 2);
-      acc[i] += std::bit_cast<float>(uint32_t(h) << 16);
-    }
+    for_chunks(n, kChunkValues, true, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p.data() + 2 * i, 2);
+        acc[i] += std::bit_cast<float>(uint32_t(h) << 16);
+      }
+    });
   }
   int64_t encoded_bytes(int64_t n) const override { return 2 * n; }
   std::string name() const override { return "bf16"; }
@@ -104,54 +136,34 @@ class GridCodec : public Codec {
 
   std::string encode(const float* x, int64_t n, Rng& rng) const override {
     check_finite(x, n);
-    std::string out;
-    out.reserve(size_t(encoded_bytes(n)));
-    const float top = grid_.back();
-    for (int64_t b0 = 0; b0 < n; b0 += block_) {
-      const int64_t len = std::min<int64_t>(block_, n - b0);
-      float maxabs = 0;
-      for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
-      const int s = shared_exponent(maxabs / top);
-      put<uint8_t>(out, uint8_t(s + 127));
-      const float inv_scale = std::ldexp(1.0f, -s);
-      uint8_t pending = 0;
-      for (int64_t i = 0; i < len; ++i) {
-        const float v = x[b0 + i];
-        const uint8_t code = uint8_t(quantize(std::abs(v) * inv_scale, rng) | (std::signbit(v) ? sign_bit() : 0));
-        if (bits_ == 8) {
-          put<uint8_t>(out, code);
-        } else if (i % 2 == 0) {
-          pending = code;
-          if (i + 1 == len) put<uint8_t>(out, pending);
-        } else {
-          put<uint8_t>(out, uint8_t(pending | (code << 4)));
-        }
-      }
-    }
+    std::string out(size_t(encoded_bytes(n)), '\0');
+    auto* o = reinterpret_cast<uint8_t*>(out.data());
+    const int64_t per_block = block_bytes(block_);  // every block but the last is whole
+    for_chunks(blocks(n), block_grain(), !stochastic_, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k)
+        encode_block(x + k * block_, std::min<int64_t>(block_, n - k * block_), o + k * per_block, rng);
+    });
     return out;
   }
 
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != encoded_bytes(n)) malformed(name_, "size");
-    size_t at = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += block_) {
-      const int64_t len = std::min<int64_t>(block_, n - b0);
-      const float scale = std::ldexp(1.0f, int(get<uint8_t>(p, at, name_)) - 127);
-      for (int64_t i = 0; i < len; ++i) {
-        uint8_t code;
-        if (bits_ == 8) {
-          code = uint8_t(p[at++]);
-        } else {
-          const uint8_t byte = uint8_t(p[at + size_t(i / 2)]);
-          code = i % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+    const auto* in = reinterpret_cast<const uint8_t*>(p.data());
+    const int64_t per_block = block_bytes(block_);
+    for_chunks(blocks(n), block_grain(), true, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t* blk = in + k * per_block;
+        const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
+        const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
+        for (int64_t i = 0; i < len; ++i) {
+          const uint8_t code = bits_ == 8 ? blk[1 + i] : (i % 2 == 0 ? blk[1 + i / 2] & 0x0F : blk[1 + i / 2] >> 4);
+          const uint8_t mag = code & uint8_t(sign_bit() - 1);
+          if (mag >= grid_.size()) malformed(name_, "code out of range");
+          const float v = grid_[mag] * scale;
+          acc[b0 + i] += (code & sign_bit()) ? -v : v;
         }
-        const uint8_t mag = code & uint8_t(sign_bit() - 1);
-        if (mag >= grid_.size()) malformed(name_, "code out of range");
-        const float v = grid_[mag] * scale;
-        acc[b0 + i] += (code & sign_bit()) ? -v : v;
       }
-      if (bits_ == 4) at += size_t((len + 1) / 2);
-    }
+    });
   }
 
   void check_payload(const std::string& p, int64_t n) const override {
@@ -168,7 +180,6 @@ class GridCodec : public Codec {
 
   int64_t encoded_bytes(int64_t n) const override {
     const int64_t full = n / block_, rest = n % block_;
-    auto block_bytes = [&](int64_t len) { return 1 + (bits_ == 8 ? len : (len + 1) / 2); };
     return full * block_bytes(block_) + (rest ? block_bytes(rest) : 0);
   }
   std::string name() const override { return name_; }
@@ -181,6 +192,28 @@ class GridCodec : public Codec {
 
  private:
   uint8_t sign_bit() const { return uint8_t(1u << (bits_ - 1)); }
+  int64_t block_bytes(int64_t len) const { return 1 + (bits_ == 8 ? len : (len + 1) / 2); }
+  int64_t blocks(int64_t n) const { return (n + block_ - 1) / block_; }
+  int64_t block_grain() const { return std::max<int64_t>(1, kChunkValues / block_); }
+
+  // One block of len values into out (zeroed, block_bytes(len) long): its shared exponent, then
+  // the codes (4-bit ones two per byte, the first in the low nibble).
+  void encode_block(const float* x, int64_t len, uint8_t* out, Rng& rng) const {
+    float maxabs = 0;
+    for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[i]));
+    const int s = shared_exponent(maxabs / grid_.back());
+    out[0] = uint8_t(s + 127);
+    const float inv_scale = std::ldexp(1.0f, -s);
+    uint8_t* codes = out + 1;
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = x[i];
+      const uint8_t code = uint8_t(quantize(std::abs(v) * inv_scale, rng) | (std::signbit(v) ? sign_bit() : 0));
+      if (bits_ == 8)
+        codes[i] = code;
+      else
+        codes[i / 2] |= uint8_t(i % 2 == 0 ? code : code << 4);
+    }
+  }
 
   // Smallest s with 2^s >= t (t = max|x| / largest grid value), clamped to the E8M0 range.
   static int shared_exponent(float t) {
@@ -194,13 +227,19 @@ class GridCodec : public Codec {
   int quantize(float y, Rng& rng) const {
     const int last = int(grid_.size()) - 1;
     if (y >= grid_[size_t(last)]) return last;
-    // grid_[lo] <= y < grid_[lo + 1]
-    const int lo = int(std::upper_bound(grid_.begin(), grid_.end(), y) - grid_.begin()) - 1;
+    // grid_[lo] <= y < grid_[lo + 1], by a binary search without branches (grid_[0] = 0 <= y).
+    const float* base = grid_.data();
+    for (size_t len = grid_.size(); len > 1;) {
+      const size_t half = len / 2;
+      base = base[half] <= y ? base + half : base;
+      len -= half;
+    }
+    const int lo = int(base - grid_.data());
     const float a = grid_[size_t(lo)], b = grid_[size_t(lo) + 1];
     if (stochastic_) return rng.uniform() < double(y - a) / double(b - a) ? lo + 1 : lo;
-    if (y - a < b - y) return lo;
-    if (y - a > b - y) return lo + 1;
-    return lo % 2 == 0 ? lo : lo + 1;  // tie: even code
+    // The nearer grid value; a tie goes to the even code.
+    const float below = y - a, above = b - y;
+    return lo + int((below > above) | ((below == above) & (lo % 2 == 1)));
   }
 
   std::string name_;
@@ -229,31 +268,39 @@ class Int8 : public Codec {
   Int8(int block, bool stochastic) : block_(block), stochastic_(stochastic) {}
   std::string encode(const float* x, int64_t n, Rng& rng) const override {
     check_finite(x, n);
-    std::string out;
-    out.reserve(size_t(encoded_bytes(n)));
-    for (int64_t b0 = 0; b0 < n; b0 += block_) {
-      const int64_t len = std::min<int64_t>(block_, n - b0);
-      float maxabs = 0;
-      for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
-      const float scale = maxabs / 127.0f;
-      put<float>(out, scale);
-      for (int64_t i = 0; i < len; ++i) {
-        const float y = scale > 0 ? x[b0 + i] / scale : 0.0f;
-        float q = stochastic_ ? std::floor(y + float(rng.uniform())) : std::nearbyint(y);
-        q = std::clamp(q, -127.0f, 127.0f);
-        put<int8_t>(out, int8_t(q));
-      }
-    }
+    std::string out(size_t(encoded_bytes(n)), '\0');
+    char* o = out.data();
+    for_chunks((n + block_ - 1) / block_, std::max<int64_t>(1, kChunkValues / block_), !stochastic_,
+               [&](int64_t k0, int64_t k1) {
+                 for (int64_t k = k0; k < k1; ++k) {
+                   const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
+                   char* blk = o + k * (4 + block_);  // every block but the last is whole
+                   float maxabs = 0;
+                   for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
+                   const float scale = maxabs / 127.0f;
+                   std::memcpy(blk, &scale, 4);
+                   for (int64_t i = 0; i < len; ++i) {
+                     const float y = scale > 0 ? x[b0 + i] / scale : 0.0f;
+                     float q = stochastic_ ? std::floor(y + float(rng.uniform())) : std::nearbyint(y);
+                     q = std::clamp(q, -127.0f, 127.0f);
+                     blk[4 + i] = char(int8_t(q));
+                   }
+                 }
+               });
     return out;
   }
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != encoded_bytes(n)) malformed(name(), "size");
-    size_t at = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += block_) {
-      const int64_t len = std::min<int64_t>(block_, n - b0);
-      const float scale = get<float>(p, at, name());
-      for (int64_t i = 0; i < len; ++i) acc[b0 + i] += float(get<int8_t>(p, at, name())) * scale;
-    }
+    for_chunks((n + block_ - 1) / block_, std::max<int64_t>(1, kChunkValues / block_), true,
+               [&](int64_t k0, int64_t k1) {
+                 for (int64_t k = k0; k < k1; ++k) {
+                   const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
+                   const char* blk = p.data() + k * (4 + block_);
+                   float scale;
+                   std::memcpy(&scale, blk, 4);
+                   for (int64_t i = 0; i < len; ++i) acc[b0 + i] += float(int8_t(blk[4 + i])) * scale;
+                 }
+               });
   }
   int64_t encoded_bytes(int64_t n) const override { return n + 4 * ((n + block_ - 1) / block_); }
   std::string name() const override { return "int8"; }

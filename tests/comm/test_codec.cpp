@@ -3,10 +3,13 @@
 #include "../tolerance.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <thread>
 
 #include "comm/codec.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 
 using namespace loco;
@@ -137,6 +140,54 @@ TEST(Codec, NonFiniteInputIsRejected) {
       EXPECT_THROW(c->encode(x.data(), 3, rng), Error) << f;
     }
   }
+}
+
+// Encoding and decoding split the values over loco's compute threads where no random numbers are
+// drawn: the payload and the decoded sums must not depend on the thread count (members with other
+// thread counts exchange payloads; runs must be repeatable on other machines).
+TEST(Codec, ThreadCountLeavesPayloadsAndSumsUnchanged) {
+  const int64_t n = 3 * (int64_t(1) << 18) + 77;  // several chunks; the last block ragged
+  const auto x = randn(n, 11);
+  struct Run {
+    std::string bytes;
+    std::vector<float> sum;
+  };
+  auto run = [&](const Codec& c, int threads) {
+    set_compute_threads(threads);
+    Rng rng(12);
+    Run r;
+    r.bytes = c.encode(x.data(), n, rng);
+    r.sum.assign(size_t(n), 0.25f);
+    c.decode_add(r.bytes, r.sum.data(), n);
+    return r;
+  };
+  for (const char* f : kAll)
+    for (const char* rounding : {"nearest", "stochastic"})
+      for (int block : {128, 99}) {  // 99: odd blocks, whose last 4-bit code has a byte of its own
+        const auto c = codec(f, rounding, block);
+        const Run one = run(*c, 1), four = run(*c, 4);
+        EXPECT_EQ(one.bytes, four.bytes) << f << " " << rounding << " block " << block;
+        EXPECT_EQ(0, std::memcmp(one.sum.data(), four.sum.data(), size_t(n) * sizeof(float)))
+            << f << " " << rounding << " block " << block;
+      }
+  // A non-finite value is named by its first index whatever the threads; a malformed payload is
+  // refused from any chunk.
+  auto bad = x;
+  bad[size_t(n - 5)] = std::numeric_limits<float>::infinity();
+  bad[size_t(n - 100)] = std::numeric_limits<float>::quiet_NaN();
+  Rng rng(13);
+  try {
+    codec("fp4-e3m0")->encode(bad.data(), n, rng);
+    ADD_FAILURE() << "a non-finite value was encoded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at index " + std::to_string(n - 100)), std::string::npos) << e.what();
+  }
+  const auto fp8 = codec("fp8");
+  std::string payload = fp8->encode(x.data(), n, rng);
+  payload[payload.size() - 3] = char(0x7F);  // a NaN code in the last block
+  std::vector<float> acc(size_t(n), 0.0f);
+  EXPECT_THROW(fp8->decode_add(payload, acc.data(), n), Error);
+  set_compute_threads(int(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 TEST(Codec, TopKKeepsTheLargestAndDecodeChecksPayloads) {
