@@ -132,7 +132,15 @@ class Bf16 : public Codec {
 class GridCodec : public Codec {
  public:
   GridCodec(std::string name, std::vector<float> grid, int bits, int block, bool stochastic)
-      : name_(std::move(name)), grid_(std::move(grid)), bits_(bits), block_(block), stochastic_(stochastic) {}
+      : name_(std::move(name)), grid_(std::move(grid)), bits_(bits), block_(block), stochastic_(stochastic) {
+    check(grid_.size() <= size_t(sign_bit()) && (bits_ == 8 || grid_.size() == size_t(sign_bit())),
+          "internal: codec " + name_ + "'s grid does not fit its codes");
+    signed_.assign(size_t(1) << bits_, 0.0f);
+    for (size_t code = 0; code < signed_.size(); ++code) {
+      const size_t mag = code & (sign_bit() - 1u);
+      if (mag < grid_.size()) signed_[code] = (code & sign_bit()) ? -grid_[mag] : grid_[mag];
+    }
+  }
 
   std::string encode(const float* x, int64_t n, Rng& rng) const override {
     check_finite(x, n);
@@ -155,12 +163,21 @@ class GridCodec : public Codec {
         const uint8_t* blk = in + k * per_block;
         const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
         const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
-        for (int64_t i = 0; i < len; ++i) {
-          const uint8_t code = bits_ == 8 ? blk[1 + i] : (i % 2 == 0 ? blk[1 + i / 2] & 0x0F : blk[1 + i / 2] >> 4);
-          const uint8_t mag = code & uint8_t(sign_bit() - 1);
-          if (mag >= grid_.size()) malformed(name_, "code out of range");
-          const float v = grid_[mag] * scale;
-          acc[b0 + i] += (code & sign_bit()) ? -v : v;
+        const uint8_t* codes = blk + 1;
+        float* out = acc + b0;
+        // signed_[code] * scale is the value, to the bit: -(g s) = (-g) s.
+        if (bits_ == 8) {
+          for (int64_t i = 0; i < len; ++i) {
+            if ((codes[i] & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
+            out[i] += signed_[codes[i]] * scale;
+          }
+        } else {  // every 4-bit code has a value (grids of 8)
+          for (int64_t i = 0; i + 1 < len; i += 2) {
+            const uint8_t byte = codes[i / 2];
+            out[i] += signed_[byte & 0x0F] * scale;
+            out[i + 1] += signed_[byte >> 4] * scale;
+          }
+          if (len % 2 == 1) out[len - 1] += signed_[codes[len / 2] & 0x0F] * scale;
         }
       }
     });
@@ -244,6 +261,7 @@ class GridCodec : public Codec {
 
   std::string name_;
   std::vector<float> grid_;
+  std::vector<float> signed_;  // by code: the grid value with the code's sign (unused codes: 0)
   int bits_, block_;
   bool stochastic_;
 };
