@@ -32,6 +32,14 @@ void for_chunks(int64_t items, int64_t grain, bool split, const std::function<vo
   }
 }
 
+// fn(k, begin, len) for every block k of `block` values of [0, n) (the last may be shorter), in
+// chunks of whole blocks as for_chunks splits them.
+void for_blocks(int64_t n, int block, bool split, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  for_chunks((n + block - 1) / block, std::max<int64_t>(1, kChunkValues / block), split, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) fn(k, k * block, std::min<int64_t>(block, n - k * block));
+  });
+}
+
 void check_finite(const float* x, int64_t n) {
   std::atomic<bool> finite{true};
   parallel_for(n, kChunkValues, [&](int64_t b, int64_t e) {
@@ -74,7 +82,7 @@ class Fp32 : public Codec {
   }
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != 4 * n) malformed(name(), "size");
-    for_chunks(n, kChunkValues, true, [&](int64_t b, int64_t e) {
+    parallel_for(n, kChunkValues, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         float v;
         std::memcpy(&v, p.data() + 4 * i, 4);
@@ -111,7 +119,7 @@ class Bf16 : public Codec {
   }
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != 2 * n) malformed(name(), "size");
-    for_chunks(n, kChunkValues, true, [&](int64_t b, int64_t e) {
+    parallel_for(n, kChunkValues, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         uint16_t h;
         std::memcpy(&h, p.data() + 2 * i, 2);
@@ -147,9 +155,8 @@ class GridCodec : public Codec {
     std::string out(size_t(encoded_bytes(n)), '\0');
     auto* o = reinterpret_cast<uint8_t*>(out.data());
     const int64_t per_block = block_bytes(block_);  // every block but the last is whole
-    for_chunks(blocks(n), block_grain(), !stochastic_, [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k)
-        encode_block(x + k * block_, std::min<int64_t>(block_, n - k * block_), o + k * per_block, rng);
+    for_blocks(n, block_, !stochastic_, [&](int64_t k, int64_t b0, int64_t len) {
+      encode_block(x + b0, len, o + k * per_block, rng);
     });
     return out;
   }
@@ -158,27 +165,24 @@ class GridCodec : public Codec {
     if (int64_t(p.size()) != encoded_bytes(n)) malformed(name_, "size");
     const auto* in = reinterpret_cast<const uint8_t*>(p.data());
     const int64_t per_block = block_bytes(block_);
-    for_chunks(blocks(n), block_grain(), true, [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k) {
-        const uint8_t* blk = in + k * per_block;
-        const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
-        const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
-        const uint8_t* codes = blk + 1;
-        float* out = acc + b0;
-        // signed_[code] * scale is the value, to the bit: -(g s) = (-g) s.
-        if (bits_ == 8) {
-          for (int64_t i = 0; i < len; ++i) {
-            if ((codes[i] & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
-            out[i] += signed_[codes[i]] * scale;
-          }
-        } else {  // every 4-bit code has a value (grids of 8)
-          for (int64_t i = 0; i + 1 < len; i += 2) {
-            const uint8_t byte = codes[i / 2];
-            out[i] += signed_[byte & 0x0F] * scale;
-            out[i + 1] += signed_[byte >> 4] * scale;
-          }
-          if (len % 2 == 1) out[len - 1] += signed_[codes[len / 2] & 0x0F] * scale;
+    for_blocks(n, block_, true, [&](int64_t k, int64_t b0, int64_t len) {
+      const uint8_t* blk = in + k * per_block;
+      const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
+      const uint8_t* codes = blk + 1;
+      float* out = acc + b0;
+      // signed_[code] * scale is the value, to the bit: -(g s) = (-g) s.
+      if (bits_ == 8) {
+        for (int64_t i = 0; i < len; ++i) {
+          if ((codes[i] & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
+          out[i] += signed_[codes[i]] * scale;
         }
+      } else {  // every 4-bit code has a value (grids of 8)
+        for (int64_t i = 0; i + 1 < len; i += 2) {
+          const uint8_t byte = codes[i / 2];
+          out[i] += signed_[byte & 0x0F] * scale;
+          out[i + 1] += signed_[byte >> 4] * scale;
+        }
+        if (len % 2 == 1) out[len - 1] += signed_[codes[len / 2] & 0x0F] * scale;
       }
     });
   }
@@ -210,8 +214,6 @@ class GridCodec : public Codec {
  private:
   uint8_t sign_bit() const { return uint8_t(1u << (bits_ - 1)); }
   int64_t block_bytes(int64_t len) const { return 1 + (bits_ == 8 ? len : (len + 1) / 2); }
-  int64_t blocks(int64_t n) const { return (n + block_ - 1) / block_; }
-  int64_t block_grain() const { return std::max<int64_t>(1, kChunkValues / block_); }
 
   // One block of len values into out (zeroed, block_bytes(len) long): its shared exponent, then
   // the codes (4-bit ones two per byte, the first in the low nibble).
@@ -288,37 +290,29 @@ class Int8 : public Codec {
     check_finite(x, n);
     std::string out(size_t(encoded_bytes(n)), '\0');
     char* o = out.data();
-    for_chunks((n + block_ - 1) / block_, std::max<int64_t>(1, kChunkValues / block_), !stochastic_,
-               [&](int64_t k0, int64_t k1) {
-                 for (int64_t k = k0; k < k1; ++k) {
-                   const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
-                   char* blk = o + k * (4 + block_);  // every block but the last is whole
-                   float maxabs = 0;
-                   for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
-                   const float scale = maxabs / 127.0f;
-                   std::memcpy(blk, &scale, 4);
-                   for (int64_t i = 0; i < len; ++i) {
-                     const float y = scale > 0 ? x[b0 + i] / scale : 0.0f;
-                     float q = stochastic_ ? std::floor(y + float(rng.uniform())) : std::nearbyint(y);
-                     q = std::clamp(q, -127.0f, 127.0f);
-                     blk[4 + i] = char(int8_t(q));
-                   }
-                 }
-               });
+    for_blocks(n, block_, !stochastic_, [&](int64_t k, int64_t b0, int64_t len) {
+      char* blk = o + k * (4 + block_);  // every block but the last is whole
+      float maxabs = 0;
+      for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[b0 + i]));
+      const float scale = maxabs / 127.0f;
+      std::memcpy(blk, &scale, 4);
+      for (int64_t i = 0; i < len; ++i) {
+        const float y = scale > 0 ? x[b0 + i] / scale : 0.0f;
+        float q = stochastic_ ? std::floor(y + float(rng.uniform())) : std::nearbyint(y);
+        q = std::clamp(q, -127.0f, 127.0f);
+        blk[4 + i] = char(int8_t(q));
+      }
+    });
     return out;
   }
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != encoded_bytes(n)) malformed(name(), "size");
-    for_chunks((n + block_ - 1) / block_, std::max<int64_t>(1, kChunkValues / block_), true,
-               [&](int64_t k0, int64_t k1) {
-                 for (int64_t k = k0; k < k1; ++k) {
-                   const int64_t b0 = k * block_, len = std::min<int64_t>(block_, n - b0);
-                   const char* blk = p.data() + k * (4 + block_);
-                   float scale;
-                   std::memcpy(&scale, blk, 4);
-                   for (int64_t i = 0; i < len; ++i) acc[b0 + i] += float(int8_t(blk[4 + i])) * scale;
-                 }
-               });
+    for_blocks(n, block_, true, [&](int64_t k, int64_t b0, int64_t len) {
+      const char* blk = p.data() + k * (4 + block_);
+      float scale;
+      std::memcpy(&scale, blk, 4);
+      for (int64_t i = 0; i < len; ++i) acc[b0 + i] += float(int8_t(blk[4 + i])) * scale;
+    });
   }
   int64_t encoded_bytes(int64_t n) const override { return n + 4 * ((n + block_ - 1) / block_); }
   std::string name() const override { return "int8"; }
