@@ -167,6 +167,7 @@ class GridCodec : public Codec {
     const int64_t per_block = block_bytes(block_);
     for_blocks(n, block_, true, [&](int64_t k, int64_t b0, int64_t len) {
       const uint8_t* blk = in + k * per_block;
+      if (blk[0] == 255) malformed(name_, "scale out of range");  // as check_payload
       const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
       const uint8_t* codes = blk + 1;
       float* out = acc + b0;
@@ -187,16 +188,19 @@ class GridCodec : public Codec {
     });
   }
 
+  // The shared exponent's byte is at most 254 (s <= 127: 255 would scale by 2^128, infinity), and
+  // fp8's codes 0x7F and 0xFF (NaN) are never produced; every 4-bit code has a value.
   void check_payload(const std::string& p, int64_t n) const override {
     Codec::check_payload(p, n);
-    if (bits_ != 8 || grid_.size() >= 128) return;  // every 4-bit code has a value
-    size_t at = 0;  // fp8: the codes 0x7F and 0xFF (NaN) are never produced
-    for (int64_t b0 = 0; b0 < n; b0 += block_) {
-      const int64_t len = std::min<int64_t>(block_, n - b0);
-      ++at;
-      for (int64_t i = 0; i < len; ++i, ++at)
-        if ((uint8_t(p[at]) & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
-    }
+    const auto* in = reinterpret_cast<const uint8_t*>(p.data());
+    const int64_t per_block = block_bytes(block_);
+    for_blocks(n, block_, true, [&](int64_t k, int64_t, int64_t len) {
+      const uint8_t* blk = in + k * per_block;
+      if (blk[0] == 255) malformed(name_, "scale out of range");
+      if (bits_ == 8)
+        for (int64_t i = 1; i <= len; ++i)
+          if ((blk[i] & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
+    });
   }
 
   int64_t encoded_bytes(int64_t n) const override {
@@ -309,13 +313,23 @@ class Int8 : public Codec {
     if (int64_t(p.size()) != encoded_bytes(n)) malformed(name(), "size");
     for_blocks(n, block_, true, [&](int64_t k, int64_t b0, int64_t len) {
       const char* blk = p.data() + k * (4 + block_);
-      float scale;
-      std::memcpy(&scale, blk, 4);
+      const float scale = scale_of(blk);
       for (int64_t i = 0; i < len; ++i) acc[b0 + i] += float(int8_t(blk[4 + i])) * scale;
     });
   }
+  void check_payload(const std::string& p, int64_t n) const override {
+    Codec::check_payload(p, n);
+    for_blocks(n, block_, true, [&](int64_t k, int64_t, int64_t) { scale_of(p.data() + k * (4 + block_)); });
+  }
   int64_t encoded_bytes(int64_t n) const override { return n + 4 * ((n + block_ - 1) / block_); }
   std::string name() const override { return "int8"; }
+  // A block's scale: max |x| / 127 when encoded, so finite and >= 0; anything else is malformed.
+  float scale_of(const char* blk) const {
+    float scale;
+    std::memcpy(&scale, blk, 4);
+    if (!(scale >= 0 && scale <= std::numeric_limits<float>::max())) malformed(name(), "scale out of range");
+    return scale;
+  }
   double error_bound() const override { return (stochastic_ ? 1.0 : 0.5) / 127.0; }
 
  private:

@@ -190,6 +190,39 @@ TEST(Codec, ThreadCountLeavesPayloadsAndSumsUnchanged) {
   set_compute_threads(int(std::max(1u, std::thread::hardware_concurrency())));
 }
 
+// A peer's payload whose scales no encoder writes (a shared exponent byte of 255, which would
+// scale by 2^128; an int8 block scale that is negative, infinite or NaN) is refused by decode_add
+// and by check_payload (what loco.torch runs before decoding on a GPU), in any block.
+TEST(Codec, ScalesNoEncoderWritesAreRefused) {
+  const int64_t n = 1000;
+  const auto x = randn(n, 14);
+  std::vector<float> acc(static_cast<size_t>(n), 0.0f);
+  for (const char* f : {"fp8", "fp4-e3m0", "fp4-e2m1", "int8"}) {
+    auto c = codec(f);
+    Rng rng(15);
+    const std::string good = c->encode(x.data(), n, rng);
+    EXPECT_NO_THROW(c->check_payload(good, n)) << f;
+    const bool int8 = std::string(f) == "int8";
+    const size_t last_block = size_t(c->encoded_bytes(7 * 128));  // block 7 of 8 (n = 1000: 7 whole, 1 short)
+    std::vector<std::string> bad;
+    if (int8) {
+      for (float s : {-1.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+        std::string p = good;
+        std::memcpy(p.data() + last_block, &s, 4);
+        bad.push_back(p);
+      }
+    } else {
+      std::string p = good;
+      p[last_block] = char(255);
+      bad.push_back(p);
+    }
+    for (const auto& p : bad) {
+      EXPECT_THROW(c->check_payload(p, n), Error) << f;
+      EXPECT_THROW(c->decode_add(p, acc.data(), n), Error) << f;
+    }
+  }
+}
+
 TEST(Codec, TopKKeepsTheLargestAndDecodeChecksPayloads) {
   Rng rng(8);
   const std::vector<float> x = {0.1f, -5.0f, 0.2f, 3.0f, -0.3f, 0.0f, 4.0f, 0.05f, 0.0f, 0.01f};
