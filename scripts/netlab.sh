@@ -184,6 +184,15 @@ cmd_stats() {
   done
 }
 
+# Stops mpirun (pid $1, if any): TERM, up to 10 s for it to end, then KILL.
+stop_mpi() {
+  [ -n "${1:-}" ] || return 0
+  kill -TERM "$1" 2> /dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$1" 2> /dev/null || break; sleep 0.1; done
+  kill -KILL "$1" 2> /dev/null || true
+  wait "$1" 2> /dev/null || true
+}
+
 cmd_run() {
   local n=${1:-} rate=${2:-} delay=0ms
   shift 2 || die "usage: netlab.sh run N RATE [DELAY] -- COMMAND..."
@@ -194,9 +203,12 @@ cmd_run() {
   # mpirun runs in the background so that a signal to this script is handled at once: it stops
   # mpirun (which stops its ranks), then the EXIT trap (set by cmd_up once it owns the lab)
   # removes the lab.
+  # The wait is bounded: an mpirun caught in its own abort (a Ctrl-C reaches it too) can wait for
+  # its daemons indefinitely; after 10 s it is killed, and the EXIT trap's cmd_down stops
+  # whatever is left in the namespaces.
   local mpi=""
-  trap '[ -n "$mpi" ] && kill -TERM "$mpi" 2> /dev/null; [ -n "$mpi" ] && wait "$mpi"; exit 130' INT
-  trap '[ -n "$mpi" ] && kill -TERM "$mpi" 2> /dev/null; [ -n "$mpi" ] && wait "$mpi"; exit 143' TERM
+  trap 'stop_mpi "$mpi"; exit 130' INT
+  trap 'stop_mpi "$mpi"; exit 143' TERM
   cmd_up "$n" "$rate" "$delay"
   local hosts="" i rc=0
   for ((i = 0; i < n; i++)); do hosts+="${hosts:+,}$(host_ip "$i")"; done
