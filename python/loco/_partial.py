@@ -78,6 +78,10 @@ class _Sliced:
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         destination.pop(prefix + "weight_slice", None)  # `weight` holds it, in the original shape
+        # A down projection's weight is a transposed view of loco's buffer: saved as a copy laid
+        # out as nn.Linear's (safetensors and Hugging Face's save_pretrained refuse other strides).
+        if not destination[prefix + "weight"].is_contiguous():
+            destination[prefix + "weight"] = destination[prefix + "weight"].contiguous()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

@@ -660,7 +660,8 @@ class Sync:
         else:
             self._whole_to_host()
             flat = _torch.from_numpy(self._core.eval_params())
-        out = {n: self._as_param(flat, i).clone() for i, n in enumerate(self._names)}
+        out = {n: self._as_param(flat, i).clone(memory_format=_torch.contiguous_format)
+               for i, n in enumerate(self._names)}
         return {n: out[n] for n in self._model_order}
 
     def metrics(self):

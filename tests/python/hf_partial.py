@@ -56,7 +56,7 @@ def member(r, endpoint):
 
 got = run_members(2, member)
 model, outer, sliced = got[0]
-check(sliced == 2 * cfg.num_hidden_layers * 6, f"wrap() sliced {sliced} projections (gate, up, down, q, k, v per layer)")
+check(sliced == cfg.num_hidden_layers * 6, f"wrap() sliced {sliced} projections (gate, up, down, q, k, v per layer)")
 plain = LlamaForCausalLM(cfg).state_dict()
 sd = model.state_dict()
 check(list(sd) == list(plain) and all(sd[k].shape == plain[k].shape for k in sd),

@@ -192,7 +192,11 @@ def resumed(device):
         opt = make_opt(model)
         sync = loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, **kw)
         train(model, opt, sync, r, range(6))
-        saved = ({k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict(), sync.state_dict())
+        sd, outer = model.state_dict(), sync.eval_parameters()
+        # Laid out as nn.Linear's (a down projection is a transposed view of loco's buffer):
+        # safetensors and Hugging Face's save_pretrained take no other strides.
+        laid = all(v.is_contiguous() for v in list(sd.values()) + list(outer.values()))
+        saved = ({k: v.clone() for k, v in sd.items()}, opt.state_dict(), sync.state_dict(), laid)
         sync.close()
         return saved
 
@@ -214,6 +218,8 @@ def resumed(device):
         os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
     try:
         saved = run_members(2, first)
+        check(all(s[3] for s in saved), f"{'device' if device else 'CPU'} path, partial: the model's state_dict and "
+              "eval_parameters() are contiguous tensors")
         return run_members(2, second)
     finally:
         os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
