@@ -56,16 +56,21 @@ p.add_argument("--batch", type=int, default=4)
 p.add_argument("--seq", type=int, default=64)
 p.add_argument("--inner-steps", type=int, default=30, help="H of DiLoCo and Streaming DiLoCo")
 p.add_argument("--steps", type=int, default=60, help="timed steps per row (whole rounds: a multiple of H)")
-p.add_argument("--warmup", type=int, default=5)
+p.add_argument("--warmup", type=int, default=-1,
+               help="untimed steps first (default: H, so that the timed steps see Streaming DiLoCo's steady "
+                    "state: its fragment j first syncs after H + j floor(H / fragments) steps)")
 p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
 p.add_argument("--methods", default="plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial4,partial2h")
 p.add_argument("--out", default="")
 p.add_argument("--profile-wrap", default="", metavar="METHOD",
                help="only profile one member's wrap() of METHOD (cProfile, the 15 costliest calls), then exit")
 p.add_argument("--profile-steps", default="", metavar="METHOD",
-               help="only profile one member's steps of METHOD, a round included (torch.profiler: the 25 "
-                    "costliest operations by their own time on the host and on the device), then exit")
+               help="only profile one member's --steps steps of METHOD after --warmup (torch.profiler: the 25 "
+                    "costliest operations by their own time on the host and on the device), then exit; "
+                    "e.g. --warmup 25 --steps 6 holds DiLoCo's round at step 30 of H = 30")
 args = p.parse_args()
+if args.warmup < 0:
+    args.warmup = args.inner_steps
 device = torch.device(args.device)
 cuda = device.type == "cuda"
 if not cuda:
@@ -229,7 +234,7 @@ def run(method, members):
     per_step = [max(o["times"][i] for o in out) for i in range(args.steps)]
     row = dict(out[0])
     row.update(method=method, members=members, median_s=statistics.median(per_step),
-               mean_s=statistics.fmean(per_step), max_s=max(per_step))
+               mean_s=statistics.fmean(per_step), max_s=max(per_step), step_s=[round(t, 5) for t in per_step])
     del row["times"]
     if "peak_device_bytes" in row:  # above what was allocated before the run (a leak would show here)
         row["peak_device_bytes"] -= before
@@ -279,8 +284,8 @@ if args.profile_steps:
     for _ in range(args.warmup):
         train_step(model, opt, sync, data)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:  # a round (DiLoCo) or every fragment's sync
-        times = [train_step(model, opt, sync, data) for _ in range(args.inner_steps + 1)]
+    with profile(activities=activities) as prof:  # pick --warmup and --steps to hold a round or the syncs
+        times = [train_step(model, opt, sync, data) for _ in range(args.steps)]
     print(f"{method}, 1 member, {len(times)} steps profiled: " + " ".join(f"{t:.3f}" for t in times))
     table = prof.key_averages().table
     if cuda:  # the device's own time first (torch 2.4 renamed the key)
@@ -294,7 +299,7 @@ if args.profile_steps:
     sync.close()
     raise SystemExit(0)
 saved = args.steps
-args.steps = max(1, args.warmup)
+args.steps = max(1, min(args.warmup, 5))
 run("plain", 1)  # the first loop of a process pays for kernel selection and allocator growth: not timed
 args.steps = saved
 rows = []

@@ -3,9 +3,10 @@
 # Here, first: scripts/build.sh && bash ../shared/gpu/make-kit.sh (the extension's kit in .gpukit/),
 # and a dry run on CPU tensors: LOCO_GPU_DRY=1 bash scripts/gpu-session.sh.
 # On the device (the `device` tool's run, carry [".gpukit"], kind nvidia-h200: 2 members of the
-# 0.85B model with their outer state on the GPU need about 2 x 40 GB), at most about 8.3 minutes
-# (build 40 s, tests 2 x 50 s, from_pretrained 40 s, a profile 45 s, the model 150 + 160 s; a row
-# that runs out of memory is reported as FAILED and the rest go on):
+# 0.85B model with their outer state on the GPU need about 2 x 40 GB), at most about 10 minutes
+# (build 40 s, tests 2 x 50 s, from_pretrained 40 s, the model 170 + 180 s, profiles 2 x 75 s; give
+# the run what the device has left: what a step leaves when cut off still comes back; a row that
+# runs out of memory is reported as FAILED and the rest go on):
 #   bash scripts/gpu-session.sh
 # Writes under $OUT: build.log; test_partial_cuda.log (partial updates on CUDA against the
 # plain-torch reference on CUDA, deterministic kernels); test_outer_cuda.log (the outer state on
@@ -30,7 +31,7 @@ else
   export PYTHONPATH=/tmp/pkg:tests/python:examples CUBLAS_WORKSPACE_CONFIG=:4096:8
   py=python3
   model=(--hf --hidden 2048 --layers 16 --heads 16 --kv-heads 4 --mlp 5632 --vocab 32000 --batch 8 --seq 1024)
-  hf1=("${model[@]}" --steps 30 --warmup 3 --inner-steps 30)
+  hf1=("${model[@]}" --steps 30 --warmup 30 --inner-steps 30)
   hf2=("${hf1[@]}")
   dev=cuda
 fi
@@ -43,14 +44,17 @@ done
 # A partial run's model through save_pretrained and from_pretrained (needs transformers).
 LOCO_TEST_DEVICE=$dev timeout 40 $py tests/python/hf_partial.py > "$out/hf_partial_$dev.log" 2>&1
 echo "hf_partial on $dev: exit $?"; tail -n 6 "$out/hf_partial_$dev.log"
-# Where one member's Streaming DiLoCo steps spend their time, a round included (torch.profiler).
-timeout 45 $py bench/torch_gpu.py "${model[@]}" --profile-steps streaming 2>&1 | head -70 > "$out/steps.log"
-grep "steps profiled" "$out/steps.log"
 # The 0.85B model, one member then two (rows measured before: docs/results/torch-gpu.md); each
 # JSON is rewritten after each row, so a row cut off by the time limit leaves the others.
-timeout 150 $py bench/torch_gpu.py "${hf1[@]}" --members 1 --methods plain,diloco,streaming,diloco-host,streaming-host \
+timeout 170 $py bench/torch_gpu.py "${hf1[@]}" --members 1 --methods plain,diloco,streaming,diloco-host,streaming-host \
   --out "$out/hf1.json" > "$out/hf1.log" 2>&1
 echo "0.85B model, 1 member: exit $?"; tail -n 12 "$out/hf1.log"
-timeout 160 $py bench/torch_gpu.py "${hf2[@]}" --members 2 --methods plain,diloco,partial2 \
+timeout 180 $py bench/torch_gpu.py "${hf2[@]}" --members 2 --methods plain,diloco,partial2 \
   --out "$out/hf2.json" > "$out/hf2.log" 2>&1
 echo "0.85B model, 2 members: exit $?"; tail -n 12 "$out/hf2.log"
+# Where one member's steps spend their time (torch.profiler): DiLoCo's round at step 30, and
+# Streaming DiLoCo's 17 fragment syncs (steps 30 to 46) with their merges.
+for m in "diloco --warmup 27 --steps 4" "streaming --warmup 29 --steps 19"; do
+  timeout 75 $py bench/torch_gpu.py "${model[@]}" --inner-steps 30 --profile-steps $m 2>&1 | head -70
+done > "$out/steps.log"
+grep "steps profiled" "$out/steps.log"

@@ -524,6 +524,7 @@ class Sync:
             self._done = done
             return
         self._bg.join()
+        self._merge_first()
         if self._outer is not None:
             self._held_step(done)
             return
@@ -537,6 +538,7 @@ class Sync:
                 if ready is not None:
                     ready.synchronize()
                 core.after_step()
+                core.prepare_merges()  # its reduction waited for and its outer step, here too
 
             self._bg.submit(start_sync)
             self._background_syncs += 1
@@ -551,6 +553,31 @@ class Sync:
         else:
             self._core.after_step()
         self._done = self._core.step
+
+    def _merge_first(self):
+        """The syncs merged at this step (Streaming DiLoCo, tau >= 1 steps after they started),
+        applied before the rest of the step, so that a sync starting at the same step can run in
+        the background like any other."""
+        _, reads, writes = self._core.merge_access()
+        if not writes:
+            return
+        if self._outer is not None:
+            self._core.merge_step()
+            self._apply_outer_results()
+            return
+        self._copier.to_host(self._ranges(reads))
+        self._copier.host_free()
+        self._core.merge_step()
+        self._copier.to_device(self._ranges(writes))
+
+    def _apply_outer_results(self):
+        """The syncs the core completed, applied to the outer state on the device."""
+        for r in self._core.take_outer_results():
+            if r["in_params"]:  # DiLoCo in fp32 with others: the average in the (page-locked) host buffer
+                avg = _torch.empty_like(self._dflat)
+                self._copier.to_device([(self._flat, avg)])
+                r["avg"] = avg
+            self._outer.apply(r, self._dflat)
 
     def _held_step(self, done):
         """_device_step with the outer state on the device: a sync's start encodes the fragment's
@@ -579,8 +606,11 @@ class Sync:
                 if finite is not None:
                     core.provide_outer(j, [b.numpy() for b in bufs])
             core.after_step()
+            if background:
+                core.prepare_merges()  # its reduction waited for (and the payloads checked) here too
 
-        if starts and not writes:  # applied tau >= 1 steps later: the communication starts in the background
+        background = bool(starts) and not writes
+        if background:  # applied tau >= 1 steps later: the communication starts in the background
             quiet = core.quiet_until()
             self._bg.submit(begin)
             self._background_syncs += 1
@@ -588,12 +618,7 @@ class Sync:
             self._done = done
             return
         begin()
-        for r in core.take_outer_results():
-            if r["in_params"]:  # DiLoCo in fp32 with others: the average in the (page-locked) host buffer
-                avg = _torch.empty_like(self._dflat)
-                self._copier.to_device([(self._flat, avg)])
-                r["avg"] = avg
-            outer.apply(r, self._dflat)
+        self._apply_outer_results()
         self._done = core.step
 
     def _host_bytes(self, n):

@@ -71,6 +71,17 @@ class Algorithm {
   // whose access may use anything (the steps between use nothing, whatever the hooks do). A caller
   // may run after_step(done) and the hooks of those steps in the background meanwhile.
   virtual int64_t quiet_until(const Worker& w, int64_t done, bool last) const { return done + 1; }
+  // A step in two parts, for a caller that overlaps a sync's start with training (loco.torch on a
+  // device): merge_step(w, done, last) applies the syncs due at `done` (merge_access says what it
+  // uses), then after_step(w, done, last) does the rest (access() asked after merge_step says what:
+  // the syncs starting). A method that does not split its steps does nothing in merge_step.
+  virtual StepAccess merge_access(const Worker& w, int64_t done, bool last) const { return StepAccess::nothing(); }
+  virtual void merge_step(Worker& w, int64_t done, bool last) {}
+  // The work of the syncs in flight that uses nothing of the worker's buffers (waiting for their
+  // communication, decoding, their outer step), done ahead of their merge by a caller with a
+  // thread to spare (loco.torch's background thread, while the loop runs the steps before it);
+  // the merge then only applies it. Doing it or not leaves every result the same.
+  virtual void prepare_merges() {}
   // False: on_gradients never reads w.grads in this run (the caller need not provide them).
   virtual bool uses_gradients(const Worker& w) const { return true; }
   // Parameters to evaluate and to save as the model, identical on every worker. Called by all

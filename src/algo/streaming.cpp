@@ -245,17 +245,58 @@ bool Streaming::starts_sync(size_t j, int64_t done, bool last) const {
   return due || final;
 }
 
-StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
-  // A sync that starts reads its fragment; one applied writes it, and reads the entries merged
-  // with alpha (after_step below, in the same order).
+// A sync applied writes its fragment, and reads the entries merged with alpha (apply()).
+void Streaming::add_applied(StepAccess& a, size_t j, bool replace) const {
+  a.writes.insert(a.writes.end(), ranges_[j].begin(), ranges_[j].end());
+  if (!replace && cfg_.alpha != 0)
+    for (const auto& s : segments_[j])
+      if (s.trained) a.reads.push_back({s.begin, s.end});
+}
+
+StepAccess Streaming::merge_access(const Worker& w, int64_t done, bool last) const {
   StepAccess a = StepAccess::nothing();
-  const bool merges = cfg_.alpha != 0;
-  auto applied = [&](size_t j, bool replace) {
-    a.writes.insert(a.writes.end(), ranges_[j].begin(), ranges_[j].end());
-    if (!replace && merges)
-      for (const auto& s : segments_[j])
-        if (s.trained) a.reads.push_back({s.begin, s.end});
-  };
+  if (last || elastic_) return a;  // after_step applies them (the last step replaces; a round takes everything)
+  for (const auto& p : pending_) {
+    if (p.apply_at > done) break;
+    add_applied(a, p.fragment, false);
+  }
+  a.reads = merge_ranges(a.reads);
+  a.writes = merge_ranges(a.writes);
+  if (held_) a.reads.clear();  // the caller applies the result to its own outer state
+  return a;
+}
+
+// Ahead of the merge: p.theta and p.momentum were read from the store when the sync began, and
+// nothing else writes the fragment's outer state before its merge (tau < H), so stepping them
+// here and writing them back at the merge is what apply() would do then. A checkpoint taken in
+// between saves the average (p.avg) and the store's values, as before the step.
+void Streaming::prepare_merges() {
+  if (elastic_) return;
+  for (auto& p : pending_) {
+    complete(comm_, p);
+    if (!held_) step_outer(p);
+  }
+}
+
+void Streaming::step_outer(Pending& p) {
+  if (p.stepped) return;
+  outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
+  p.stepped = true;
+}
+
+void Streaming::merge_step(Worker& w, int64_t done, bool last) {
+  if (last || elastic_) return;
+  while (!pending_.empty() && pending_.front().apply_at <= done) {
+    apply(w, pending_.front(), false);
+    pending_.pop_front();
+  }
+}
+
+StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
+  // A sync that starts reads its fragment; one applied writes it (after_step below, in the same
+  // order).
+  StepAccess a = StepAccess::nothing();
+  auto applied = [&](size_t j, bool replace) { add_applied(a, j, replace); };
   for (const auto& p : pending_) {
     if (!(p.apply_at <= done || last)) break;
     applied(p.fragment, last);
@@ -674,7 +715,7 @@ void Streaming::apply(Worker& w, Pending& p, bool replace) {
     results_.push_back(std::move(r));
     return;
   }
-  outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
+  step_outer(p);
   store().write(p.fragment, p.theta, p.momentum);
   const float a = float(cfg_.alpha);
   for (const auto& s : segments_[p.fragment]) {

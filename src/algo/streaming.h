@@ -47,6 +47,9 @@ class Streaming : public Algorithm {
   void start(Worker& w, bool resumed) override;
   void after_step(Worker& w, int64_t done, bool last) override;
   StepAccess access(const Worker& w, int64_t done, bool last) const override;
+  StepAccess merge_access(const Worker& w, int64_t done, bool last) const override;
+  void merge_step(Worker& w, int64_t done, bool last) override;
+  void prepare_merges() override;
   int64_t quiet_until(const Worker& w, int64_t done, bool last) const override;
   bool uses_gradients(const Worker&) const override { return false; }
   const std::vector<float>& eval_params(Worker& w) override;
@@ -82,6 +85,7 @@ class Streaming : public Algorithm {
     std::vector<float> avg;              // the replicas' average parameters, once completed
     std::vector<float> theta, momentum;  // the fragment's outer state, packed
     bool completed = false;
+    bool stepped = false;                // theta and momentum hold the outer step (prepare_merges)
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
     // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
@@ -89,6 +93,10 @@ class Streaming : public Algorithm {
     Screening screening;
   };
 
+  // The outer step of a completed sync into p.theta and p.momentum, once.
+  void step_outer(Pending& p);
+  // What applying fragment j adds to a step's access (writes; reads merged with alpha).
+  void add_applied(StepAccess& a, size_t j, bool replace) const;
   // Starts fragment j's sync after `step` (pushed onto pending_). A fixed world reduces over the
   // worker's communicator and returns at once; when members come and go the sync is a round,
   // completed within it; false when the worker was dropped and taken in again instead (nothing

@@ -158,6 +158,13 @@ Endpoint mpi_world(const std::string& bandwidth, const std::string& latency, boo
 }
 
 // A training method around a foreign model's flat parameter and gradient buffers.
+// Ranges as (begin, end) pairs.
+static std::vector<std::pair<int64_t, int64_t>> pairs(const std::vector<Range>& rs) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& r : rs) out.emplace_back(r.begin, r.end);
+  return out;
+}
+
 class Method {
  public:
   // `inner`: for an elastic endpoint, the object whose save_inner() -> bytes and
@@ -266,12 +273,29 @@ class Method {
       w_.step = step_;
       a = algo().access(w_, done, done == cfg_.train.steps);
     });
-    auto pairs = [](const std::vector<Range>& rs) {
-      std::vector<std::pair<int64_t, int64_t>> out;
-      for (const auto& r : rs) out.emplace_back(r.begin, r.end);
-      return out;
-    };
     return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
+  }
+  // The first part of the coming step (algo/algorithm.h: merge_step): what it uses, as access(),
+  // then the part itself; after_step does the rest.
+  py::tuple merge_access() {
+    StepAccess a;
+    guard([&] {
+      const int64_t done = step_ + 1;
+      w_.step = step_;
+      a = algo().merge_access(w_, done, done == cfg_.train.steps);
+    });
+    return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
+  }
+  void merge_step() {
+    guard([&] {
+      const int64_t done = step_ + 1;
+      w_.step = step_;
+      algo().merge_step(w_, done, done == cfg_.train.steps);
+    });
+  }
+  // The syncs in flight prepared ahead of their merge (algo/algorithm.h), on loco.torch's thread.
+  void prepare_merges() {
+    guard([&] { algo().prepare_merges(); });
   }
   // The first step after the coming one whose access() may use anything (algo/algorithm.h).
   int64_t quiet_until() {
@@ -723,6 +747,9 @@ PYBIND11_MODULE(_loco, m) {
       .def("on_gradients", &Method::on_gradients)
       .def("after_step", &Method::after_step)
       .def("access", &Method::access)
+      .def("merge_access", &Method::merge_access)
+      .def("merge_step", &Method::merge_step)
+      .def("prepare_merges", &Method::prepare_merges)
       .def("quiet_until", &Method::quiet_until)
       .def_property_readonly("uses_gradients", &Method::uses_gradients)
       .def("hold_outer", &Method::hold_outer)

@@ -159,6 +159,10 @@ for what, method, M, steps, kw in cases:
         d = same(host, mixed)
         check(d == 0, f"{what}: members with the outer state on the device and on the host train together "
                       f"(equal to all on the host; max diff {d:.1e})")
+    if "tau 2" in what:  # H 6, fragments at offsets 0, 2, 4: each sync from step 8 on starts as one merges
+        n = dev[0][3]["syncs_in_background"]
+        check(n == 4, f"{what}: the 4 syncs before the last step start in the background, those starting at "
+                      f"the step that merges another too ({n})")
     if method == "diloco":
         a, b = host[0][3], dev[0][3]
         check(abs(a["outer_delta_norm"] - b["outer_delta_norm"]) <= 1e-6 * a["outer_delta_norm"] and

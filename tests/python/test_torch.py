@@ -61,9 +61,11 @@ try:
                    alpha=0.5)
     compare("device path streaming fp32 tau 1", got, reference_streaming(2, 18, 6, 0.7, 0.9, frag, 1, 0.5))
     # Streaming fp4: each sync starts on loco's thread while the next steps run (with H = 12 and
-    # tau 2, the step between a start and its merge queues its hooks behind it); the same bits as
-    # the CPU path, whose parameters are the method's own buffer.
-    for H, tau, steps, background in ((6, 1, 20, 7), (12, 2, 30, 5)):
+    # tau 2, the step between a start and its merge queues its hooks behind it; with H = 6 and tau
+    # 2, each sync from step 8 on starts at the step that merges the one before: the merge is
+    # applied first, the start still goes to the background); the same bits as the CPU path,
+    # whose parameters are the method's own buffer.
+    for H, tau, steps, background in ((6, 1, 20, 7), (12, 2, 30, 5), (6, 2, 20, 7)):
         kw = dict(inner_steps=H, fragment_blocks=1, codec="fp4-e3m0", tau=tau, alpha=0.5, train_steps=steps)
         got = run_loco("streaming", 2, steps, **kw)
         del os.environ["LOCO_TORCH_AS_DEVICE"]
