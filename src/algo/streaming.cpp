@@ -50,6 +50,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/lists.h"
+#include "core/parallel.h"
 #include "core/fs.h"
 
 namespace loco {
@@ -270,6 +271,57 @@ StepAccess Streaming::merge_access(const Worker& w, int64_t done, bool last) con
 // nothing else writes the fragment's outer state before its merge (tau < H), so stepping them
 // here and writing them back at the merge is what apply() would do then. A checkpoint taken in
 // between saves the average (p.avg) and the store's values, as before the step.
+namespace {
+
+// f(i) for every i in [0, n) on loco's compute threads: each element on its own, so the same bits
+// whatever the threads.
+template <class F>
+void each_index(int64_t n, F f) {
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(i);
+  });
+}
+
+}  // namespace
+
+std::vector<float> Streaming::take_spare(int64_t n) {
+  std::vector<float> v;
+  size_t best = spare_.size();
+  for (size_t k = 0; k < spare_.size(); ++k) {
+    const bool fits = int64_t(spare_[k].capacity()) >= n;
+    if (best == spare_.size()) {
+      best = k;
+      continue;
+    }
+    const bool best_fits = int64_t(spare_[best].capacity()) >= n;
+    if ((fits && (!best_fits || spare_[k].capacity() < spare_[best].capacity())) ||
+        (!fits && !best_fits && spare_[k].capacity() > spare_[best].capacity()))
+      best = k;
+  }
+  if (best < spare_.size()) {
+    v = std::move(spare_[best]);
+    spare_.erase(spare_.begin() + std::ptrdiff_t(best));
+  }
+  v.resize(size_t(n));
+  return v;
+}
+
+void Streaming::give_spare(std::vector<float>& v) {
+  if (v.capacity() == 0) return;
+  constexpr size_t kMostSpare = 6;  // about what the syncs in flight with tau 1 to 2 hold
+  if (spare_.size() >= kMostSpare) {
+    auto smallest = std::min_element(spare_.begin(), spare_.end(),
+                                     [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+    if (smallest->capacity() >= v.capacity()) {
+      v = std::vector<float>();
+      return;
+    }
+    spare_.erase(smallest);
+  }
+  spare_.push_back(std::move(v));
+  v = std::vector<float>();
+}
+
 void Streaming::prepare_merges() {
   if (elastic_) return;
   for (auto& p : pending_) {
@@ -421,7 +473,8 @@ void Streaming::decode_mean(const Pending& p, std::vector<float>& delta) const {
   if (p.reduce == EncodedReduce::AllGather) {
     for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
     const float M = float(p.gathered.size());
-    for (auto& x : delta) x /= M;
+    float* d = delta.data();
+    each_index(n, [=](int64_t k) { d[k] /= M; });
     return;
   }
   const int M = int(p.gathered.size());
@@ -522,8 +575,11 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
     begin_held_sync(comm, rank, replicas, params, uint64_t(step) * 1024 + j, p);
     return;
   }
-  store().read(j, p.theta, p.momentum);
   const auto& ranges = ranges_[j];
+  const int64_t size = total_size(ranges);
+  p.theta = take_spare(size);
+  p.momentum = take_spare(size);
+  store().read(j, p.theta, p.momentum);
   const uint64_t stream = uint64_t(step) * 1024 + j;
   const uint64_t fault_seed = mix_seed(seed_ ^ 0xfa17, uint64_t(rank), stream);
   if (robust_) {
@@ -542,9 +598,12 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
     average_.start(comm, faulty_params_.data(), ranges, p.op);
     return;
   }
+  p.buffer = take_spare(size);
   pack_ranges(params.data(), ranges, p.buffer);
   apply_fault(fault_, p.apply_at - tau_, p.theta, p.buffer, fault_seed);
-  for (size_t k = 0; k < p.buffer.size(); ++k) p.buffer[k] = p.theta[k] - p.buffer[k];  // Delta_{m,j}
+  float* delta = p.buffer.data();
+  const float* theta = p.theta.data();
+  each_index(size, [=](int64_t k) { delta[k] = theta[k] - delta[k]; });  // Delta_{m,j}
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
   const int64_t n = int64_t(p.buffer.size());
   p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
@@ -692,12 +751,17 @@ void Streaming::complete(Communicator& comm, Pending& p) {
   } else {
     comm.wait(p.handle);
     const int64_t n = int64_t(p.buffer.size());
-    std::vector<float> delta(size_t(n), 0.0f);
+    std::vector<float> delta = take_spare(n);
+    float* d = delta.data();
+    each_index(n, [=](int64_t k) { d[k] = 0.0f; });
     decode_mean(p, delta);
-    p.avg.resize(size_t(n));
-    for (int64_t k = 0; k < n; ++k) p.avg[size_t(k)] = p.theta[size_t(k)] - delta[size_t(k)];
+    p.avg = take_spare(n);
+    float* avg = p.avg.data();
+    const float* theta = p.theta.data();
+    each_index(n, [=](int64_t k) { avg[k] = theta[k] - d[k]; });
+    give_spare(delta);
   }
-  p.buffer.clear();
+  give_spare(p.buffer);
   p.gathered.clear();
   p.completed = true;
 }
@@ -722,10 +786,13 @@ void Streaming::apply(Worker& w, Pending& p, bool replace) {
     float* local = w.params.data() + s.begin;
     const float* synced = p.theta.data() + s.packed;
     if (replace || !s.trained || a == 0.0f)  // alpha 0 replaces: the local values are not read
-      std::copy(synced, synced + (s.end - s.begin), local);
+      each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
     else
-      for (int64_t i = 0; i < s.end - s.begin; ++i) local[i] = a * local[i] + (1.0f - a) * synced[i];
+      each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
   }
+  give_spare(p.theta);
+  give_spare(p.momentum);
+  give_spare(p.avg);
 }
 
 void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra) {
@@ -736,6 +803,7 @@ void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>
   for (Pending* q : all) {
     Pending& p = *q;
     complete(comm_, p);
+    check(!p.stepped, "internal: an elastic run's sync was stepped ahead of its merge");
     std::vector<float> t = p.theta, m = p.momentum;
     outer_sgd_step(t.data(), m.data(), p.avg.data(), int64_t(t.size()), outer_);
     int64_t at = 0;

@@ -93,6 +93,12 @@ class Streaming : public Algorithm {
     Screening screening;
   };
 
+  // Buffers of finished syncs kept for the next ones (a large fragment's buffers, made anew
+  // for every sync, cost the kernel a page fault per 4 KiB each time): a vector of n values
+  // (its contents undefined), and one given back (left empty).
+  std::vector<float> take_spare(int64_t n);
+  void give_spare(std::vector<float>& v);
+  std::vector<std::vector<float>> spare_;
   // The outer step of a completed sync into p.theta and p.momentum, once.
   void step_outer(Pending& p);
   // What applying fragment j adds to a step's access (writes; reads merged with alpha).

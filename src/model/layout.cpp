@@ -1,9 +1,11 @@
 #include "model/layout.h"
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace loco {
 
@@ -179,17 +181,33 @@ std::vector<Range> ParamLayout::slice_ranges(int n, int num_slices, SliceStrateg
   return merge_ranges(out);
 }
 
+namespace {
+
+// fn(at, begin, count) for each run of packed positions [at, at + count) and the flat positions
+// [begin, begin + count) they hold, split over loco's compute threads (a large fragment's copy
+// is bound by memory bandwidth, which one thread does not fill).
+void for_packed(const std::vector<Range>& ranges, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  std::vector<int64_t> start(ranges.size() + 1, 0);
+  for (size_t k = 0; k < ranges.size(); ++k) start[k + 1] = start[k] + ranges[k].size();
+  parallel_for(start.back(), 1 << 18, [&](int64_t b, int64_t e) {
+    size_t k = size_t(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
+    for (; k < ranges.size() && start[k] < e; ++k) {
+      const int64_t lo = std::max(b, start[k]), hi = std::min(e, start[k + 1]);
+      if (hi > lo) fn(lo, ranges[k].begin + (lo - start[k]), hi - lo);
+    }
+  });
+}
+
+}  // namespace
+
 void pack_ranges(const float* params, const std::vector<Range>& ranges, std::vector<float>& packed) {
   packed.resize(size_t(total_size(ranges)));
   float* out = packed.data();
-  for (const auto& r : ranges) out = std::copy(params + r.begin, params + r.end, out);
+  for_packed(ranges, [&](int64_t at, int64_t begin, int64_t count) { std::copy_n(params + begin, count, out + at); });
 }
 
 void unpack_ranges(const float* packed, const std::vector<Range>& ranges, float* params) {
-  for (const auto& r : ranges) {
-    std::copy_n(packed, r.size(), params + r.begin);
-    packed += r.size();
-  }
+  for_packed(ranges, [&](int64_t at, int64_t begin, int64_t count) { std::copy_n(packed + at, count, params + begin); });
 }
 
 std::vector<Range> intersect_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {
