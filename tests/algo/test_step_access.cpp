@@ -5,7 +5,9 @@
 // loco.torch does with a device copy (w.params filled with NaN outside the ranges read before the
 // hooks, only the ranges written taken back after them). The two must end bitwise equal, and the
 // hooks must write nothing outside the ranges they declare, nor use anything in the steps that
-// quiet_until said would use nothing.
+// quiet_until said would use nothing. The device run is made twice more as loco.torch runs a step
+// on a device: the merge first (merge_access, merge_step), then the rest (access, after_step),
+// then the syncs in flight prepared ahead of their merge (prepare_merges, on loco.torch's thread).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,7 +65,10 @@ struct Outcome {
   std::string violation;                          // a write outside the declared ranges
 };
 
-Outcome run(const RunConfig& cfg, bool device) {
+enum class Mode { Host, Device, DeviceSplit };
+
+Outcome run(const RunConfig& cfg, Mode mode) {
+  const bool device = mode != Mode::Host;
   auto transports = make_inprocess_transports(2);
   auto tokens = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1));
   Outcome out;
@@ -85,8 +90,12 @@ Outcome run(const RunConfig& cfg, bool device) {
         const int64_t done = t + 1;
         const bool last = done == cfg.train.steps;
         w.step = t;
-        const StepAccess a = algo->access(w, done, last);
-        const bool uses = !a.reads.empty() || !a.writes.empty() || a.gradients;
+        // With the merge first, its hooks run after the inner step (below); what they use is
+        // asked now, with the rest's, as loco.torch asks before either.
+        const StepAccess ma = mode == Mode::DeviceSplit ? algo->merge_access(w, done, last) : StepAccess::nothing();
+        StepAccess a = algo->access(w, done, last);
+        const bool merges_first = !ma.writes.empty();
+        const bool uses = !a.reads.empty() || !a.writes.empty() || a.gradients || merges_first;
         if (uses && done < quiet[size_t(m)] && violation[size_t(m)].empty())
           violation[size_t(m)] = "step " + std::to_string(done) + " uses buffers inside a quiet window";
         const int64_t q = algo->quiet_until(w, done, last);
@@ -99,19 +108,34 @@ Outcome run(const RunConfig& cfg, bool device) {
         algo->on_gradients(w);
         if (device && a.gradients) dgrads = w.grads;
         apply_grads(p, g);
+        auto take_back = [&](const std::vector<float>& before, const std::vector<Range>& writes) {
+          for (int64_t i = 0; i < int64_t(dev.size()); ++i) {
+            const float b = before[size_t(i)], now = w.params[size_t(i)];
+            const bool same = (std::isnan(b) && std::isnan(now)) || b == now;
+            if (!same && !inside(writes, i) && violation[size_t(m)].empty())
+              violation[size_t(m)] = "step " + std::to_string(done) + " wrote entry " + std::to_string(i) + " outside its writes";
+            if (device && inside(writes, i)) dev[size_t(i)] = now;
+          }
+        };
+        if (merges_first) {
+          for (int64_t i = 0; i < int64_t(dev.size()); ++i) w.params[size_t(i)] = inside(ma.reads, i) ? dev[size_t(i)] : nan;
+          const std::vector<float> before = w.params;
+          algo->merge_step(w, done, last);
+          take_back(before, ma.writes);
+          const StepAccess rest = algo->access(w, done, last);  // what is left of the step
+          for (const auto& r : rest.writes)
+            if (!inside(a.writes, r.begin) && violation[size_t(m)].empty())
+              violation[size_t(m)] = "step " + std::to_string(done) + ": the rest writes what access() did not declare";
+          a = rest;
+        }
         if (device) {
           for (int64_t i = 0; i < int64_t(dev.size()); ++i) w.params[size_t(i)] = inside(a.reads, i) ? dev[size_t(i)] : nan;
         }
         const std::vector<float> before = w.params;
         algo->after_step(w, done, last);
         if (uses && ++touching[size_t(m)] == 1) first[size_t(m)] = done;
-        for (int64_t i = 0; i < int64_t(dev.size()); ++i) {
-          const float b = before[size_t(i)], now = w.params[size_t(i)];
-          const bool same = (std::isnan(b) && std::isnan(now)) || b == now;
-          if (!same && !inside(a.writes, i) && violation[size_t(m)].empty())
-            violation[size_t(m)] = "step " + std::to_string(done) + " wrote entry " + std::to_string(i) + " outside its writes";
-          if (device && inside(a.writes, i)) dev[size_t(i)] = now;
-        }
+        take_back(before, a.writes);
+        if (mode == Mode::DeviceSplit) algo->prepare_merges();
       }
       if (device) w.params = dev;  // what loco.torch copies to the host before an evaluation
       out.eval[size_t(m)] = algo->eval_params(w);
@@ -126,16 +150,20 @@ Outcome run(const RunConfig& cfg, bool device) {
 
 // touching: how many steps copy anything, first: the first of them.
 void expect_contract(const RunConfig& cfg, const std::string& what, int64_t touching, int64_t first) {
-  const Outcome host = run(cfg, false), device = run(cfg, true);
+  const Outcome host = run(cfg, Mode::Host);
   EXPECT_EQ(host.violation, "") << what;
-  EXPECT_EQ(device.violation, "") << what;
-  for (int m = 0; m < 2; ++m) {
-    EXPECT_TRUE(host.params[size_t(m)] == device.params[size_t(m)]) << what << ": replica " << m << "'s parameters";
-    EXPECT_TRUE(host.eval[size_t(m)] == device.eval[size_t(m)]) << what << ": replica " << m << "'s evaluated ones";
-    for (float x : device.params[size_t(m)]) ASSERT_TRUE(std::isfinite(x)) << what << ": a stale entry was read";
+  for (Mode mode : {Mode::Device, Mode::DeviceSplit}) {
+    const Outcome device = run(cfg, mode);
+    const std::string how = what + (mode == Mode::Device ? "" : ", merge first");
+    EXPECT_EQ(device.violation, "") << how;
+    for (int m = 0; m < 2; ++m) {
+      EXPECT_TRUE(host.params[size_t(m)] == device.params[size_t(m)]) << how << ": replica " << m << "'s parameters";
+      EXPECT_TRUE(host.eval[size_t(m)] == device.eval[size_t(m)]) << how << ": replica " << m << "'s evaluated ones";
+      for (float x : device.params[size_t(m)]) ASSERT_TRUE(std::isfinite(x)) << how << ": a stale entry was read";
+    }
+    EXPECT_EQ(device.steps_touching, touching) << how << ": steps that copy anything";
+    EXPECT_EQ(device.first_touching, first) << how << ": the first step that copies anything";
   }
-  EXPECT_EQ(device.steps_touching, touching) << what << ": steps that copy anything";
-  EXPECT_EQ(device.first_touching, first) << what << ": the first step that copies anything";
 }
 
 }  // namespace
