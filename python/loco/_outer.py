@@ -294,15 +294,20 @@ class DeviceOuter:
             if sq:
                 self.norms = tuple(_torch.stack(sq).sum(0).sqrt())
 
-    def _to_device(self, array):
-        """A host array's values on the device (through page-locked memory on CUDA, so that the
-        copy waits for nothing on the training stream)."""
-        host = _torch.from_numpy(array)
-        self.bytes += host.numel() * host.element_size()
+    def _to_device(self, arrays):
+        """A host array's values on the device, or a list's laid end to end (through page-locked
+        memory on CUDA, so that the copy waits for nothing on the training stream)."""
+        hosts = [_torch.from_numpy(a) for a in (arrays if isinstance(arrays, list) else [arrays])]
+        self.bytes += sum(h.numel() * h.element_size() for h in hosts)
+        if not hosts:
+            return _torch.empty(0, dtype=_torch.uint8, device=self.device)
         if self.device.type != "cuda":
-            return host.to(self.device)
-        staged = _torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
-        staged.copy_(host)
+            return (hosts[0] if len(hosts) == 1 else _torch.cat(hosts)).to(self.device)
+        staged = _torch.empty(sum(h.numel() for h in hosts), dtype=hosts[0].dtype, pin_memory=True)
+        at = 0
+        for h in hosts:
+            staged[at:at + h.numel()].copy_(h)
+            at += h.numel()
         return staged.to(self.device, non_blocking=True)
 
     def _decode_mean(self, r, n):

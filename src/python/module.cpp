@@ -51,6 +51,14 @@ py::array_t<float> take_array(std::vector<float>&& v) {
   return py::array_t<float>({py::ssize_t(owned->size())}, {py::ssize_t(sizeof(float))}, owned->data(), free);
 }
 
+// s's bytes as a numpy array that owns them (no copy: a fragment's encoded outer gradients).
+py::array_t<uint8_t> take_bytes(std::string&& s) {
+  auto* owned = new std::string(std::move(s));
+  py::capsule free(owned, [](void* p) { delete static_cast<std::string*>(p); });
+  return py::array_t<uint8_t>({py::ssize_t(owned->size())}, {py::ssize_t(1)},
+                              reinterpret_cast<const uint8_t*>(owned->data()), free);
+}
+
 // One member of a world of processes or threads: its transport (with the link model, if any).
 // A member of an elastic run (join_url set) has a transport of its own only (a world of one):
 // its method's rounds connect to the members of their moment (elastic/session.h).
@@ -348,19 +356,20 @@ class Method {
       algo().provide_outer(fragment, std::move(payloads));
     });
   }
-  // The syncs completed by the last after_step, each a dict; a codec's payloads come as one
-  // uint8 array and their sizes.
+  // The syncs completed by the last after_step (or merge_step), each a dict; a codec's payloads
+  // come as a list of uint8 arrays (each member's or shard's, owning the bytes received) and
+  // their sizes.
   py::list take_outer_results() {
     std::vector<OuterResult> results;
     guard([&] { results = algo().take_outer_results(); });
     py::list out;
     for (auto& r : results) {
       std::vector<int64_t> sizes;
-      int64_t total = 0;
-      for (const auto& x : r.payloads) sizes.push_back(int64_t(x.size())), total += int64_t(x.size());
-      py::array_t<uint8_t> bytes(total);
-      uint8_t* at = bytes.mutable_data();
-      for (const auto& x : r.payloads) at = std::copy(x.begin(), x.end(), at);
+      py::list bytes;  // each member's (or shard's) payload, as received: no copy on the loop's thread
+      for (auto& x : r.payloads) {
+        sizes.push_back(int64_t(x.size()));
+        bytes.append(take_bytes(std::move(x)));
+      }
       out.append(py::dict(py::arg("fragment") = r.fragment, py::arg("take") = r.take, py::arg("replace") = r.replace,
                           py::arg("own") = r.own, py::arg("avg") = r.avg.empty() ? py::object(py::none()) : take_array(std::move(r.avg)),
                           py::arg("payloads") = bytes, py::arg("sizes") = sizes,
