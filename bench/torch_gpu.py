@@ -57,8 +57,9 @@ p.add_argument("--seq", type=int, default=64)
 p.add_argument("--inner-steps", type=int, default=30, help="H of DiLoCo and Streaming DiLoCo")
 p.add_argument("--steps", type=int, default=60, help="timed steps per row (whole rounds: a multiple of H)")
 p.add_argument("--warmup", type=int, default=-1,
-               help="untimed steps first (default: H, so that the timed steps see Streaming DiLoCo's steady "
-                    "state: its fragment j first syncs after H + j floor(H / fragments) steps)")
+               help="untimed steps first (default: 2 H, so that the timed steps see Streaming DiLoCo's steady "
+                    "state: its fragment j first syncs after H + j floor(H / fragments) steps, and a first sync "
+                    "makes its page-locked buffers)")
 p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
 p.add_argument("--methods", default="plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial4,partial2h")
 p.add_argument("--out", default="")
@@ -70,7 +71,7 @@ p.add_argument("--profile-steps", default="", metavar="METHOD",
                     "e.g. --warmup 25 --steps 6 holds DiLoCo's round at step 30 of H = 30")
 args = p.parse_args()
 if args.warmup < 0:
-    args.warmup = args.inner_steps
+    args.warmup = 2 * args.inner_steps
 device = torch.device(args.device)
 cuda = device.type == "cuda"
 if not cuda:

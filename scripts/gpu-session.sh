@@ -31,7 +31,7 @@ else
   export PYTHONPATH=/tmp/pkg:tests/python:examples CUBLAS_WORKSPACE_CONFIG=:4096:8
   py=python3
   model=(--hf --hidden 2048 --layers 16 --heads 16 --kv-heads 4 --mlp 5632 --vocab 32000 --batch 8 --seq 1024)
-  hf1=("${model[@]}" --steps 30 --warmup 30 --inner-steps 30)
+  hf1=("${model[@]}" --steps 30 --warmup 60 --inner-steps 30)
   hf2=("${hf1[@]}")
   dev=cuda
 fi
