@@ -14,13 +14,15 @@ namespace {
 // is packed over `region`.
 void place(const std::vector<Range>& region, const std::vector<Range>& part, const float* values,
            std::vector<float>& avg) {
+  std::vector<CopyRun> runs;
   size_t i = 0;
-  int64_t base = 0;  // packed offset of region[i]
+  int64_t base = 0, at = 0;  // packed offsets of region[i] in avg and of r in values
   for (const auto& r : part) {
     while (region[i].end <= r.begin) base += region[i++].size();
-    std::copy_n(values, r.size(), avg.begin() + base + (r.begin - region[i].begin));
-    values += r.size();
+    runs.push_back({at, base + (r.begin - region[i].begin), r.size()});
+    at += r.size();
   }
+  copy_runs(values, avg.data(), runs);
 }
 
 }  // namespace
@@ -61,7 +63,7 @@ void CountVectorAverage::start(Communicator& comm, const float* params, const st
 
 void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Range>& region,
                                 std::vector<float>& avg) const {
-  avg.assign(size_t(total_size(region)), 0.0f);
+  avg.resize(size_t(total_size(region)));  // every entry is written below: shared, or some slice's
   comm.wait(op.shared_handle);
   place(region, op.shared, op.shared_values.data(), avg);
   if (slices_ == 1) return;

@@ -1,7 +1,6 @@
 #include "model/layout.h"
 
 #include <algorithm>
-#include <functional>
 #include <set>
 
 #include "core/error.h"
@@ -181,33 +180,40 @@ std::vector<Range> ParamLayout::slice_ranges(int n, int num_slices, SliceStrateg
   return merge_ranges(out);
 }
 
-namespace {
-
-// fn(at, begin, count) for each run of packed positions [at, at + count) and the flat positions
-// [begin, begin + count) they hold, split over loco's compute threads (a large fragment's copy
-// is bound by memory bandwidth, which one thread does not fill).
-void for_packed(const std::vector<Range>& ranges, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
-  std::vector<int64_t> start(ranges.size() + 1, 0);
-  for (size_t k = 0; k < ranges.size(); ++k) start[k + 1] = start[k] + ranges[k].size();
+void copy_runs(const float* src, float* dst, const std::vector<CopyRun>& runs) {
+  std::vector<int64_t> start(runs.size() + 1, 0);  // each run's first position in the split order
+  for (size_t k = 0; k < runs.size(); ++k) start[k + 1] = start[k] + runs[k].count;
   parallel_for(start.back(), 1 << 18, [&](int64_t b, int64_t e) {
     size_t k = size_t(std::upper_bound(start.begin(), start.end(), b) - start.begin()) - 1;
-    for (; k < ranges.size() && start[k] < e; ++k) {
-      const int64_t lo = std::max(b, start[k]), hi = std::min(e, start[k + 1]);
-      if (hi > lo) fn(lo, ranges[k].begin + (lo - start[k]), hi - lo);
+    for (; k < runs.size() && start[k] < e; ++k) {
+      const int64_t lo = std::max(b, start[k]) - start[k], hi = std::min(e, start[k + 1]) - start[k];
+      if (hi > lo) std::copy_n(src + runs[k].from + lo, hi - lo, dst + runs[k].to + lo);
     }
   });
+}
+
+namespace {
+
+// Each range's run between the flat buffer and the packed values (from_flat: packing).
+std::vector<CopyRun> packed_runs(const std::vector<Range>& ranges, bool from_flat) {
+  std::vector<CopyRun> runs;
+  int64_t at = 0;
+  for (const auto& r : ranges) {
+    runs.push_back(from_flat ? CopyRun{r.begin, at, r.size()} : CopyRun{at, r.begin, r.size()});
+    at += r.size();
+  }
+  return runs;
 }
 
 }  // namespace
 
 void pack_ranges(const float* params, const std::vector<Range>& ranges, std::vector<float>& packed) {
   packed.resize(size_t(total_size(ranges)));
-  float* out = packed.data();
-  for_packed(ranges, [&](int64_t at, int64_t begin, int64_t count) { std::copy_n(params + begin, count, out + at); });
+  copy_runs(params, packed.data(), packed_runs(ranges, true));
 }
 
 void unpack_ranges(const float* packed, const std::vector<Range>& ranges, float* params) {
-  for_packed(ranges, [&](int64_t at, int64_t begin, int64_t count) { std::copy_n(packed + at, count, params + begin); });
+  copy_runs(packed, params, packed_runs(ranges, false));
 }
 
 std::vector<Range> intersect_ranges(const std::vector<Range>& a, const std::vector<Range>& b) {

@@ -118,6 +118,13 @@ class ParamLayout {
 };
 
 std::vector<Range> merge_ranges(std::vector<Range> ranges);
+// Runs of values to copy: count values from src + from to dst + to (the runs' destinations
+// disjoint). copy_runs splits them over loco's compute threads (a large fragment's copy is bound
+// by memory bandwidth, which one thread does not fill).
+struct CopyRun {
+  int64_t from, to, count;
+};
+void copy_runs(const float* src, float* dst, const std::vector<CopyRun>& runs);
 // Copies params[r.begin, r.end) of every range, in order, into `packed` (resized).
 void pack_ranges(const float* params, const std::vector<Range>& ranges, std::vector<float>& packed);
 // The inverse: packed values back into params at the ranges.
