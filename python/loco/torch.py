@@ -545,14 +545,17 @@ class Sync:
             self._quiet_until = quiet
             self._done = done
             return
+        self._on_host(reads, writes, self._core.after_step)
+        self._done = self._core.step
+
+    def _on_host(self, reads, writes, hook):
+        """hook() (the core's part of a step) over the host buffer: the ranges it reads copied
+        there first, those it writes copied back after."""
         if reads or writes:
             self._copier.to_host(self._ranges(reads))
             self._copier.host_free()
-            self._core.after_step()
-            self._copier.to_device(self._ranges(writes))
-        else:
-            self._core.after_step()
-        self._done = self._core.step
+        hook()
+        self._copier.to_device(self._ranges(writes))
 
     def _merge_first(self):
         """The syncs merged at this step (Streaming DiLoCo, tau >= 1 steps after they started),
@@ -565,10 +568,7 @@ class Sync:
             self._core.merge_step()
             self._apply_outer_results()
             return
-        self._copier.to_host(self._ranges(reads))
-        self._copier.host_free()
-        self._core.merge_step()
-        self._copier.to_device(self._ranges(writes))
+        self._on_host(reads, writes, self._core.merge_step)
 
     def _apply_outer_results(self):
         """The syncs the core completed, applied to the outer state on the device."""

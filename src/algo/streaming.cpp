@@ -267,10 +267,6 @@ StepAccess Streaming::merge_access(const Worker& w, int64_t done, bool last) con
   return a;
 }
 
-// Ahead of the merge: p.theta and p.momentum were read from the store when the sync began, and
-// nothing else writes the fragment's outer state before its merge (tau < H), so stepping them
-// here and writing them back at the merge is what apply() would do then. A checkpoint taken in
-// between saves the average (p.avg) and the store's values, as before the step.
 namespace {
 
 // f(i) for every i in [0, n) on loco's compute threads: each element on its own, so the same bits
@@ -285,22 +281,17 @@ void each_index(int64_t n, F f) {
 }  // namespace
 
 std::vector<float> Streaming::take_spare(int64_t n) {
+  // The smallest vector that holds n values, else the largest (grown here).
+  auto better = [n](const std::vector<float>& a, const std::vector<float>& b) {
+    const bool a_fits = int64_t(a.capacity()) >= n, b_fits = int64_t(b.capacity()) >= n;
+    if (a_fits != b_fits) return a_fits;
+    return a_fits ? a.capacity() < b.capacity() : a.capacity() > b.capacity();
+  };
   std::vector<float> v;
-  size_t best = spare_.size();
-  for (size_t k = 0; k < spare_.size(); ++k) {
-    const bool fits = int64_t(spare_[k].capacity()) >= n;
-    if (best == spare_.size()) {
-      best = k;
-      continue;
-    }
-    const bool best_fits = int64_t(spare_[best].capacity()) >= n;
-    if ((fits && (!best_fits || spare_[k].capacity() < spare_[best].capacity())) ||
-        (!fits && !best_fits && spare_[k].capacity() > spare_[best].capacity()))
-      best = k;
-  }
-  if (best < spare_.size()) {
-    v = std::move(spare_[best]);
-    spare_.erase(spare_.begin() + std::ptrdiff_t(best));
+  const auto best = std::min_element(spare_.begin(), spare_.end(), better);
+  if (best != spare_.end()) {
+    v = std::move(*best);
+    spare_.erase(best);
   }
   v.resize(size_t(n));
   return v;
@@ -322,6 +313,10 @@ void Streaming::give_spare(std::vector<float>& v) {
   v = std::vector<float>();
 }
 
+// Ahead of the merge: p.theta and p.momentum were read from the store when the sync began, and
+// nothing else writes the fragment's outer state before its merge (tau < H), so stepping them
+// here and writing them back at the merge is what apply() would do then. A checkpoint taken in
+// between saves the average (p.avg) and the store's values, as before the step.
 void Streaming::prepare_merges() {
   if (elastic_) return;
   for (auto& p : pending_) {
@@ -348,10 +343,9 @@ StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
   // A sync that starts reads its fragment; one applied writes it (after_step below, in the same
   // order).
   StepAccess a = StepAccess::nothing();
-  auto applied = [&](size_t j, bool replace) { add_applied(a, j, replace); };
   for (const auto& p : pending_) {
     if (!(p.apply_at <= done || last)) break;
-    applied(p.fragment, last);
+    add_applied(a, p.fragment, last);
   }
   // With partial updates the count-vector average reads only the entries this replica trains
   // (begin_sync); a codec, a fault or a robust rule packs the whole fragment.
@@ -361,7 +355,7 @@ StepAccess Streaming::access(const Worker& w, int64_t done, bool last) const {
     if (!starts_sync(j, done, last)) continue;
     const auto reads = trained_only ? intersect_ranges(ranges_[j], w.trainable.ranges()) : ranges_[j];
     a.reads.insert(a.reads.end(), reads.begin(), reads.end());
-    if (tau_ == 0 || last) applied(j, last);
+    if (tau_ == 0 || last) add_applied(a, j, last);
   }
   a.reads = merge_ranges(a.reads);
   a.writes = merge_ranges(a.writes);

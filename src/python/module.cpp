@@ -165,14 +165,18 @@ Endpoint mpi_world(const std::string& bandwidth, const std::string& latency, boo
   return {mpi_transport, comm_options(timeout)};
 }
 
-// A training method around a foreign model's flat parameter and gradient buffers.
-// Ranges as (begin, end) pairs.
-static std::vector<std::pair<int64_t, int64_t>> pairs(const std::vector<Range>& rs) {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (const auto& r : rs) out.emplace_back(r.begin, r.end);
-  return out;
+// A step's access (algo/algorithm.h) for Python: (gradients, ranges of the parameters read,
+// ranges written), as (begin, end) pairs.
+py::tuple access_tuple(const StepAccess& a) {
+  auto pairs = [](const std::vector<Range>& rs) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& r : rs) out.emplace_back(r.begin, r.end);
+    return out;
+  };
+  return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
 }
 
+// A training method around a foreign model's flat parameter and gradient buffers.
 class Method {
  public:
   // `inner`: for an elastic endpoint, the object whose save_inner() -> bytes and
@@ -262,44 +266,29 @@ class Method {
   }
   // After it: step_ + 1 inner steps are done.
   void after_step() {
-    guard([&] {
-      w_.step = step_;
-      const int64_t done = step_ + 1;
-      algo().after_step(w_, done, done == cfg_.train.steps);
+    at_coming_step([&](int64_t done, bool last) {
+      algo().after_step(w_, done, last);
       step_ = algo().continue_from(done);  // an elastic member that rejoined: the run's step
       check(w_.params.data() == params_at_ && w_.grads.data() == grads_at_,
             "internal: the method moved its parameter buffers");
     });
   }
 
-  // What the hooks of the step that ends with `step_ + 1` steps done will use (algo/algorithm.h):
-  // (gradients, ranges of the parameters read, ranges written), as (begin, end) pairs.
+  // What the hooks of the step that ends with `step_ + 1` steps done will use (access_tuple).
   py::tuple access() {
     StepAccess a;
-    guard([&] {
-      const int64_t done = step_ + 1;
-      w_.step = step_;
-      a = algo().access(w_, done, done == cfg_.train.steps);
-    });
-    return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
+    at_coming_step([&](int64_t done, bool last) { a = algo().access(w_, done, last); });
+    return access_tuple(a);
   }
   // The first part of the coming step (algo/algorithm.h: merge_step): what it uses, as access(),
   // then the part itself; after_step does the rest.
   py::tuple merge_access() {
     StepAccess a;
-    guard([&] {
-      const int64_t done = step_ + 1;
-      w_.step = step_;
-      a = algo().merge_access(w_, done, done == cfg_.train.steps);
-    });
-    return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
+    at_coming_step([&](int64_t done, bool last) { a = algo().merge_access(w_, done, last); });
+    return access_tuple(a);
   }
   void merge_step() {
-    guard([&] {
-      const int64_t done = step_ + 1;
-      w_.step = step_;
-      algo().merge_step(w_, done, done == cfg_.train.steps);
-    });
+    at_coming_step([&](int64_t done, bool last) { algo().merge_step(w_, done, last); });
   }
   // The syncs in flight prepared ahead of their merge (algo/algorithm.h), on loco.torch's thread.
   void prepare_merges() {
@@ -308,11 +297,7 @@ class Method {
   // The first step after the coming one whose access() may use anything (algo/algorithm.h).
   int64_t quiet_until() {
     int64_t out = 0;
-    guard([&] {
-      const int64_t done = step_ + 1;
-      w_.step = step_;
-      out = algo().quiet_until(w_, done, done == cfg_.train.steps);
-    });
+    at_coming_step([&](int64_t done, bool last) { out = algo().quiet_until(w_, done, last); });
     return out;
   }
   bool uses_gradients() const { return algo().uses_gradients(w_); }
@@ -335,11 +320,7 @@ class Method {
   }
   std::vector<size_t> outer_starts() {
     std::vector<size_t> out;
-    guard([&] {
-      const int64_t done = step_ + 1;
-      w_.step = step_;
-      out = algo().outer_starts(w_, done, done == cfg_.train.steps);
-    });
+    at_coming_step([&](int64_t done, bool last) { out = algo().outer_starts(w_, done, last); });
     return out;
   }
   int outer_shards() const { return algo().outer_shards(w_); }
@@ -591,6 +572,17 @@ class Method {
 
   py::array view(std::vector<float>& v, py::object self) {
     return py::array_t<float>({py::ssize_t(v.size())}, {py::ssize_t(4)}, v.data(), self);
+  }
+
+  // f(done, last) for the coming step (the one that ends with step_ + 1 steps done), under guard,
+  // with the worker at that step.
+  template <class F>
+  void at_coming_step(F&& f) {
+    guard([&] {
+      w_.step = step_;
+      const int64_t done = step_ + 1;
+      f(done, done == cfg_.train.steps);
+    });
   }
 
   template <class F>
