@@ -51,12 +51,12 @@ class Diloco : public Algorithm {
       : outer_(cfg.outer),
         start_step_(cfg.outer.start_step),
         n_(int64_t(w.params.size())),
-        average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
+        average_(count_vector_average(cfg, w, group->members_change())),
         whole_{{0, int64_t(w.params.size())}},
         group_(std::move(group)),
         elastic_(group_->members_change()),
         fault_(fault) {
-    aggregate_ = aggregate_options(cfg.outer, elastic_);
+    aggregate_ = aggregate_options(cfg.outer, elastic_ && cfg.partial.slices == 1);  // partial: see outer.screen
     robust_ = aggregate_.screen || aggregate_.rule != "mean" || fault_.kind != Fault::Kind::None;
     group_->set_norm_histories(1);
   }
@@ -319,11 +319,9 @@ std::unique_ptr<Algorithm> make_diloco(const RunConfig& cfg, const Worker& w, st
   return std::make_unique<Diloco>(cfg, w, std::move(group), fault);
 }
 
-// The data-parallel steps need every replica at every step; the count-vector average of partial
-// updates needs each slice's members fixed.
+// The data-parallel steps need every replica at every step.
 std::string diloco_elastic_refusal(const RunConfig& cfg) {
   if (cfg.outer.start_step > 0) return "outer.start_step is not supported with distributed.backend = \"elastic\"";
-  if (cfg.partial.slices > 1) return "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)";
   return "";
 }
 
@@ -360,7 +358,8 @@ void add_outer_keys(ConfigSchema& s, OuterConfig& o2) {
         0.0, 0.49);
   s.add("outer.screen", &o2.screen,
         "diloco, streaming, noloco: reject a contribution that is not finite or whose outer-gradient norm exceeds outer.reject_norm "
-        "times the round's median; auto: on for the elastic backend and for the aggregates other than mean",
+        "times the round's median; auto: on for the elastic backend (but not with partial updates) and for the "
+        "aggregates other than mean",
         {"auto", "on", "off"});
   s.add("outer.reject_norm", &o2.reject_norm,
         "screening: the factor over the round's median outer-gradient norm beyond which a contribution is "

@@ -1,6 +1,7 @@
 #include "algo/partial.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "algo/partial_config.h"
 #include "algo/run_config.h"
@@ -27,13 +28,9 @@ void place(const std::vector<Range>& region, const std::vector<Range>& part, con
 
 }  // namespace
 
-CountVectorAverage::CountVectorAverage(const ParamLayout& layout, int slices, const std::string& strategy, int rank,
-                                       int replicas)
-    : slices_(slices), rank_(rank) {
+CountVectorAverage::CountVectorAverage(const ParamLayout& layout, int slices, const std::string& strategy)
+    : slices_(slices), rank_(0) {
   check(slices >= 1, "partial.slices must be >= 1");
-  if (replicas % slices != 0)
-    fail("partial.slices (" + std::to_string(slices) + ") must divide the number of replicas (" +
-         std::to_string(replicas) + ")");
   if (slices == 1) return;
   const SliceStrategy s = parse_slice_strategy(strategy);
   for (int n = 0; n < slices; ++n) {
@@ -41,12 +38,111 @@ CountVectorAverage::CountVectorAverage(const ParamLayout& layout, int slices, co
     for (const auto& r : slice_ranges_.back()) all_sliced_.push_back(r);
   }
   all_sliced_ = merge_ranges(all_sliced_);
+}
+
+CountVectorAverage::CountVectorAverage(const ParamLayout& layout, int slices, const std::string& strategy, int rank,
+                                       int replicas)
+    : CountVectorAverage(layout, slices, strategy) {
+  if (replicas % slices != 0)
+    fail("partial.slices (" + std::to_string(slices) + ") must divide the number of replicas (" +
+         std::to_string(replicas) + ")");
+  rank_ = rank;
+  if (slices == 1) return;
   for (int r = rank % slices; r < replicas; r += slices) group_.push_back(r);
   for (int n = 0; n < slices; ++n) column_.push_back(rank / slices * slices + n);
 }
 
+CountVectorAverage CountVectorAverage::among_members(const ParamLayout& layout, int slices, const std::string& strategy,
+                                                     int slice) {
+  CountVectorAverage a(layout, slices, strategy);
+  check(slice >= 0 && slice < slices, "internal: slice out of range");
+  a.rank_ = slice;
+  a.among_ = slices > 1;
+  return a;
+}
+
+void CountVectorAverage::start_among(Communicator& comm, const float* params, const std::vector<Range>& region,
+                                     Op& op) const {
+  // Every member's slice: checked before use (a peer's bytes).
+  const int M = comm.size(), me = comm.rank();
+  std::vector<std::string> slices;
+  auto h = comm.all_gather_direct_start(std::string(reinterpret_cast<const char*>(&rank_), sizeof rank_), &slices,
+                                        "partial_slices");
+  comm.wait(h);
+  op.slice_of.assign(size_t(M), -1);
+  for (int m = 0; m < M; ++m) {
+    int32_t n = -1;
+    if (slices[size_t(m)].size() == sizeof n) std::memcpy(&n, slices[size_t(m)].data(), sizeof n);
+    if (n < 0 || n >= slices_)
+      throw PeerError("partial sync: member " + std::to_string(m) + " sent no valid slice (of " +
+                          std::to_string(slices_) + ")",
+                      {m});
+    op.slice_of[size_t(m)] = n;
+  }
+  op.shared = subtract_ranges(region, all_sliced_);
+  pack_ranges(params, op.shared, op.shared_values);
+  op.shared_handle = comm.all_reduce_start(op.shared_values.data(), int64_t(op.shared_values.size()), ReduceOp::Mean,
+                                           "outer_gradients");
+  std::vector<int> group;  // the members training this member's slice
+  for (int m = 0; m < M; ++m)
+    if (op.slice_of[size_t(m)] == rank_) group.push_back(m);
+  op.own = intersect_ranges(region, slice_ranges_[size_t(rank_)]);
+  pack_ranges(params, op.own, op.own_values);
+  if (group.size() > 1)
+    op.group_handle = comm.all_reduce_group_start(op.own_values.data(), int64_t(op.own_values.size()), ReduceOp::Mean,
+                                                  group, "outer_gradients");
+  // Runs after the group reduction: the leaders forward its result, the others send nothing.
+  const bool leads = group.front() == me;
+  std::vector<int> everyone(static_cast<size_t>(M));
+  for (int m = 0; m < M; ++m) everyone[size_t(m)] = m;
+  op.gather_handle = comm.all_gather_floats_group_start(
+      op.own_values.data(), leads ? int64_t(op.own_values.size()) : 0, &op.gathered, everyone, "outer_gradients");
+  // The slices nobody in the round trains keep their entries (frozen everywhere since the round began).
+  std::vector<Range> untrained;
+  for (int n = 0; n < slices_; ++n)
+    if (std::find(op.slice_of.begin(), op.slice_of.end(), n) == op.slice_of.end())
+      for (const auto& r : intersect_ranges(region, slice_ranges_[size_t(n)])) untrained.push_back(r);
+  pack_ranges(params, merge_ranges(untrained), op.kept);
+}
+
+void CountVectorAverage::finish_among(Communicator& comm, Op& op, const std::vector<Range>& region,
+                                      std::vector<float>& avg) const {
+  avg.resize(size_t(total_size(region)));  // every entry is written below
+  comm.wait(op.shared_handle);
+  place(region, op.shared, op.shared_values.data(), avg);
+  if (op.group_handle.valid()) comm.wait(op.group_handle);
+  comm.wait(op.gather_handle);
+  const int M = int(op.slice_of.size());
+  check(int(op.gathered.size()) == M, "partial sync: expected one payload per member");
+  std::vector<Range> untrained;
+  for (int n = 0; n < slices_; ++n) {
+    const auto part = intersect_ranges(region, slice_ranges_[size_t(n)]);
+    const auto leader = std::find(op.slice_of.begin(), op.slice_of.end(), n);
+    if (leader == op.slice_of.end()) {
+      for (const auto& r : part) untrained.push_back(r);
+      continue;
+    }
+    const int m = int(leader - op.slice_of.begin());
+    const std::string& payload = op.gathered[size_t(m)];
+    if (int64_t(payload.size()) != total_size(part) * int64_t(sizeof(float)))
+      throw PeerError("partial sync: member " + std::to_string(m) + " sent slice " + std::to_string(n) +
+                          "'s average of the wrong size",
+                      {m});
+    place(region, part, reinterpret_cast<const float*>(payload.data()), avg);
+  }
+  place(region, merge_ranges(untrained), op.kept.data(), avg);
+  op.shared_values.clear();
+  op.own_values.clear();
+  op.gathered.clear();
+  op.kept.clear();
+}
+
 void CountVectorAverage::start(Communicator& comm, const float* params, const std::vector<Range>& region,
                                Op& op) const {
+  if (among_) {
+    start_among(comm, params, region, op);
+    return;
+  }
   op.shared = slices_ == 1 ? region : subtract_ranges(region, all_sliced_);
   pack_ranges(params, op.shared, op.shared_values);
   op.shared_handle = comm.all_reduce_start(op.shared_values.data(), int64_t(op.shared_values.size()), ReduceOp::Mean,
@@ -63,6 +159,10 @@ void CountVectorAverage::start(Communicator& comm, const float* params, const st
 
 void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Range>& region,
                                 std::vector<float>& avg) const {
+  if (among_) {
+    finish_among(comm, op, region, avg);
+    return;
+  }
   avg.resize(size_t(total_size(region)));  // every entry is written below: shared, or some slice's
   comm.wait(op.shared_handle);
   place(region, op.shared, op.shared_values.data(), avg);
@@ -93,8 +193,14 @@ void CountVectorAverage::average_in_place(Communicator& comm, std::vector<float>
   finish(comm, op, whole, params);  // the same size: params stays where it is
 }
 
+CountVectorAverage count_vector_average(const RunConfig& cfg, const Worker& w, bool members_change) {
+  if (members_change && cfg.partial.slices > 1)
+    return CountVectorAverage::among_members(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.slice);
+  return CountVectorAverage(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas);
+}
+
 void add_partial_keys(ConfigSchema& s, PartialConfig& pa) {
-  s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (1: everything)", 1);
+  s.add("partial.slices", &pa.slices, "N: partial updates, node k trains slice k mod N (elastic: slice (member id - 1) mod N; 1: everything)", 1);
   s.add("partial.strategy", &pa.strategy, "sliced matrices: mlp (gate/up/down) or mlp+heads (also q/k/v)",
         {"mlp", "mlp+heads"});
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/worker.h"
 #include "comm/communicator.h"
 #include "model/layout.h"
 
@@ -18,6 +19,15 @@ class CountVectorAverage {
  public:
   // slices = 1: everything is shared, a plain all-reduce.
   CountVectorAverage(const ParamLayout& layout, int slices, const std::string& strategy, int rank, int replicas);
+  // Members that come and go (the elastic backend): this member trains `slice`, and each
+  // average first learns the slice of every member of its communicator (one small all-gather).
+  // Slice n's entries are averaged over the members that train it (a ring all-reduce among
+  // them), and its lowest-ranked trainer sends the average to every member (a ring all-gather of
+  // those averages); a slice nobody in the round trains keeps its entries (no member moved
+  // them). Bytes per member: 2 (M-1)/M of the shared entries, 2 (G-1)/G of its slice among its
+  // G trainers, and about the slices present once.
+  static CountVectorAverage among_members(const ParamLayout& layout, int slices, const std::string& strategy,
+                                          int slice);
 
   struct Op {
     std::vector<Range> shared, own;           // parts of the region (sorted)
@@ -25,6 +35,8 @@ class CountVectorAverage {
     std::vector<float> own_values;            // this node's slice, averaged within its group
     std::vector<std::string> gathered;        // every slice's average, from this node's column
     Communicator::Handle shared_handle, group_handle, gather_handle;
+    std::vector<int> slice_of;                // among_members: each member's slice
+    std::vector<float> kept;                  // among_members: the slices nobody trains, as they are
   };
   // Starts averaging params over `region` (sorted, merged ranges). `op` must stay in place
   // until finish: the communication thread writes into it.
@@ -36,10 +48,20 @@ class CountVectorAverage {
   void average_in_place(Communicator& comm, std::vector<float>& params) const;
 
  private:
+  CountVectorAverage(const ParamLayout& layout, int slices, const std::string& strategy);
+  // among_members: the round's slices (op.slice_of), then the reductions.
+  void start_among(Communicator& comm, const float* params, const std::vector<Range>& region, Op& op) const;
+  void finish_among(Communicator& comm, Op& op, const std::vector<Range>& region, std::vector<float>& avg) const;
+
   int slices_, rank_;
+  bool among_ = false;  // among_members: rank_ holds this member's slice
   std::vector<std::vector<Range>> slice_ranges_;  // per slice n
   std::vector<Range> all_sliced_;
   std::vector<int> group_, column_;  // ranks training this node's slice; this node's column
 };
+
+// The method's count-vector average: over the fixed replicas (rank mod N trains slice n), or,
+// when members come and go, among each round's members (their slices learnt in the round).
+CountVectorAverage count_vector_average(const RunConfig& cfg, const Worker& w, bool members_change);
 
 }  // namespace loco

@@ -107,7 +107,7 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<Sync
       tau_(worker_tau(cfg.streaming.tau, cfg.streaming.worker_tau, w.rank, w.replicas)),
       seed_(uint64_t(cfg.train.seed)),
       run_steps_(cfg.train.steps),
-      average_(w.layout(), cfg.partial.slices, cfg.partial.strategy, w.rank, w.replicas),
+      average_(count_vector_average(cfg, w, group->members_change())),
       comm_(w.comm),
       num_params_(w.params.size()),
       group_(std::move(group)),
@@ -118,7 +118,7 @@ Streaming::Streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<Sync
   if (elastic_ && scattered && cfg.outer.screen == "auto" && cfg.outer.aggregate == "mean")
     std::cerr << "loco: warning: outer.reduce = \"reduce-scatter\": the members' contributions are not screened "
                  "(no member sees another's); outer.reduce = \"auto\" or \"all-gather\" screens them\n";
-  set_robustness(aggregate_options(cfg.outer, elastic_ && !scattered), fault, elastic_ ? "round member" : "replica");
+  set_robustness(aggregate_options(cfg.outer, elastic_ && !scattered && cfg.partial.slices == 1), fault, elastic_ ? "round member" : "replica");
   norm_history_.resize(plan_.size());
   group_->set_norm_histories(plan_.size());
   const auto& layout = w.layout();
@@ -819,14 +819,12 @@ std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w,
   return std::make_unique<Streaming>(cfg, w, std::move(group), fault);
 }
 
-// Each member's own tau, and evaluation over the replicas' communicator, need a fixed world; so
-// does the count-vector average of partial updates.
+// Each member's own tau, and evaluation over the replicas' communicator, need a fixed world.
 std::string streaming_elastic_refusal(const RunConfig& cfg) {
   if (!cfg.streaming.worker_tau.empty())
     return "distributed.backend = \"elastic\" takes one streaming.tau for all members (streaming.worker_tau = \"\")";
   if (cfg.streaming.eval != "outer")
     return "distributed.backend = \"elastic\" evaluates the outer parameters (streaming.eval = \"outer\")";
-  if (cfg.partial.slices > 1) return "distributed.backend = \"elastic\" does not run partial updates (partial.slices = 1)";
   return "";
 }
 

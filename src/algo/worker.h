@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/error.h"
 #include "data/loader.h"
 #include "algo/run_config.h"
 #include "model/layout.h"
@@ -29,9 +30,8 @@ struct Worker {
         replicas(comm.size()),
         world_rank(world_rank < 0 ? comm.rank() : world_rank),
         layout_(cfg.model, stage),
-        trainable(cfg.partial.slices > 1 ? TrainableSet(layout_, rank % cfg.partial.slices,
-                                                        cfg.partial.slices, cfg.partial.strategy)
-                                         : TrainableSet(layout_)),
+        slice(rank % cfg.partial.slices),
+        trainable(trainable_set(cfg, layout_, slice)),
         params(size_t(layout_.size())),
         grads(size_t(trainable.size())),
         adamw(std::in_place, cfg.optim.adamw, layout_, &trainable,
@@ -51,13 +51,23 @@ struct Worker {
         replicas(comm.size()),
         world_rank(comm.rank()),
         layout_(std::move(foreign_layout)),
-        trainable(cfg.partial.slices > 1 ? TrainableSet(layout_, rank % cfg.partial.slices, cfg.partial.slices,
-                                                        cfg.partial.strategy)
-                                         : TrainableSet(layout_)),
+        slice(rank % cfg.partial.slices),
+        trainable(trainable_set(cfg, layout_, slice)),
         params(size_t(layout_.size())),
         grads(with_grads ? size_t(trainable.size()) : 0) {}
 
   const ParamLayout& layout() const { return layout_; }
+
+  // Partial updates in an elastic run: the slice this worker trains, chosen when it first
+  // registers (elastic/session.h), before it trains or its method is made. Rebuilds what depends
+  // on it (the trainable set, the gradient buffer if sized, loco's AdamW state, empty again).
+  void set_slice(int s) {
+    check(s >= 0 && s < cfg.partial.slices, "internal: slice out of range");
+    slice = s;
+    trainable = trainable_set(cfg, layout_, slice);
+    if (!grads.empty()) grads.assign(size_t(trainable.size()), 0.0f);
+    if (adamw) adamw.emplace(cfg.optim.adamw, layout_, &trainable, cfg.protocol.constraint == "subspace-adamw");
+  }
 
   const RunConfig& cfg;
   Communicator& comm;
@@ -66,8 +76,13 @@ struct Worker {
 
  private:
   const ParamLayout layout_;  // loco's model stage (cfg.model, stage), or a foreign model's
+  static TrainableSet trainable_set(const RunConfig& cfg, const ParamLayout& layout, int slice) {
+    return cfg.partial.slices > 1 ? TrainableSet(layout, slice, cfg.partial.slices, cfg.partial.strategy)
+                                  : TrainableSet(layout);
+  }
 
  public:
+  int slice;                       // partial updates: the slice trained (rank mod partial.slices; elastic: set_slice)
   TrainableSet trainable;          // what this replica trains (partial.slices); grads are compact
   std::vector<float> params, grads;
   std::optional<AdamW> adamw;      // loco's inner optimizer (absent for a foreign model)

@@ -17,7 +17,9 @@ std::string encode_join_state(const JoinState& s) {
                                {"epoch", s.epoch},
                                {"floats", s.outer.theta.size()},
                                {"inner_bytes", s.inner.size()},
-                               {"norm_history", norm_history_text(s.outer.norm_history)}};
+                               {"norm_history", norm_history_text(s.outer.norm_history)},
+                               {"slice", s.slice},
+                               {"has_optimizer", s.has_optimizer}};
   const std::string h = head.dump();
   std::string out;
   const uint64_t hn = h.size();
@@ -53,9 +55,14 @@ JoinState decode_join_state(const std::string& bytes, size_t n_params, size_t n_
                                         "elastic: the state received from a peer");
     if (head.at("floats").get<size_t>() != n_params) bad("another model size");
     inner = head.at("inner_bytes").get<size_t>();
+    s.slice = head.value("slice", -1);
+    s.has_optimizer = head.value("has_optimizer", true);
+    if (s.slice < -1) bad("slice");
+    if (!s.has_optimizer) n_trainable = 0;
   } catch (const nlohmann::json::exception& e) {
     bad(std::string("header: ") + e.what());
   }
+  if (!s.has_optimizer && inner != 0) bad("optimizer state without has_optimizer");
   const size_t floats = 8 + hn + (2 * n_params + 2 * n_trainable) * sizeof(float) + 4;
   if (floats > bytes.size() || bytes.size() - floats != inner) bad("size");
   const char* p = bytes.data() + 8 + hn;

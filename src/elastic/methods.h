@@ -10,8 +10,9 @@
 
 namespace loco {
 
-// The method of cfg.algorithm (the config's checks admit only these three in elastic mode).
-std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+// The method of cfg.algorithm (the config's checks admit only these three in elastic mode). The
+// worker registers here (with partial updates its slice is then set: Worker::set_slice).
+std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, Worker& w, const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace);
 

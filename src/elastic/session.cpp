@@ -23,6 +23,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// A slice named by a peer (4 bytes): the slice, or -1 when it is not one of the N.
+int parse_slice(const std::string& bytes, int N) {
+  int32_t n = -1;
+  if (bytes.size() == sizeof n) std::memcpy(&n, bytes.data(), sizeof n);
+  return n >= 0 && n < N ? n : -1;
+}
+
 }  // namespace
 
 ElasticSession::ElasticSession(const RunConfig& cfg, const ElasticOptions& options,
@@ -36,9 +43,14 @@ ElasticSession::ElasticSession(const RunConfig& cfg, const ElasticOptions& optio
 
 // Before the run's clock starts: waiting here for the first quorum or to be taken in is not
 // part of the training loop's wall time.
-void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
+void ElasticSession::register_worker(Worker& w) {
   membership_.register_member();
   ids_.push_back(membership_.id());
+  if (cfg_.partial.slices > 1) w.set_slice(int((membership_.id() - 1) % cfg_.partial.slices));
+}
+
+void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
+  if (ids_.empty()) register_worker(w);
   if (resumed) {
     // A resumed worker is a new member: the run went on without it. If every worker of the run
     // died, one restored from a checkpoint restarts the run from it instead (Membership).
@@ -142,6 +154,7 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
     {
       // Declared before the communicators, which write into it and are shut down first.
       std::string state;
+      std::vector<std::string> inbox, asked;  // partial updates: slices' optimizer states; joiners' slices
       bool joining = false;
       std::shared_ptr<Transport> transport, join_transport;
       std::unique_ptr<Communicator> comm, join_comm;
@@ -149,26 +162,48 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
         transport = connect(roster.transport_name(), me, C);
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
         round.reduce(*comm, me, C);
+        const bool sliced = cfg_.partial.slices > 1;
+        slice_state_crc_ = -1;
+        std::vector<std::string> by_slice;
+        if (sliced && !roster.joiners.empty()) {
+          inbox.assign(size_t(C), std::string());
+          by_slice = slice_states(w, *comm, me, C, inbox);
+        }
         // The joiners' transport: the first contributor (rank 0) and the joiners (1, 2, ...).
         if (me == 0 && !roster.joiners.empty()) {
           JoinState s{round.step, next_data.epoch, next_data.offset, 0, next_epoch, {}, {}, {}, {}};
-          if (w.adamw) {
-            s.optimizer_steps = w.adamw->steps();
-            s.m = w.adamw->m();
-            s.v = w.adamw->v();
-          } else {
-            s.inner = membership_.options().foreign->save_inner();
-          }
           const auto t_outer = std::chrono::steady_clock::now();
           round.outer_state(s.outer);
           round_compute_s_ += seconds_since(t_outer);
-          state = encode_join_state(s);
           const int J = int(roster.joiners.size());
           joining = true;
           join_transport = connect(roster.transport_name() + ":join", 0, 1 + J);
           join_comm = std::make_unique<Communicator>(join_transport, comm_options(), trace_, kDataChannel, traffic_);
+          std::vector<int> slice_of(size_t(J), -1);
+          if (sliced) {  // each joiner first says which slice it trains
+            asked.assign(size_t(J), std::string());
+            std::vector<Communicator::Handle> recvs;
+            for (int j = 1; j <= J; ++j) recvs.push_back(join_comm->recv_start(j, &asked[size_t(j - 1)], "join_slice"));
+            for (auto& h : recvs) join_comm->wait(h);
+            for (int j = 1; j <= J; ++j) {
+              slice_of[size_t(j - 1)] = parse_slice(asked[size_t(j - 1)], cfg_.partial.slices);
+              if (slice_of[size_t(j - 1)] < 0)
+                throw PeerError("elastic: joiner " + std::to_string(roster.joiners[size_t(j - 1)]) +
+                                    " named no valid slice",
+                                {j});
+            }
+          }
+          std::vector<std::string> encoded(size_t(sliced ? cfg_.partial.slices : 1));
           std::vector<Communicator::Handle> sends;
-          for (int j = 1; j <= J; ++j) sends.push_back(join_comm->send_start(j, state, "join_state"));
+          for (int j = 1; j <= J; ++j) {
+            const int n = slice_of[size_t(j - 1)];
+            std::string& e = encoded[size_t(std::max(n, 0))];
+            if (e.empty()) {
+              set_optimizer_state(w, s, n, by_slice);
+              e = encode_join_state(s);
+            }
+            sends.push_back(join_comm->send_start(j, e, "join_state"));
+          }
           for (auto& h : sends) join_comm->wait(h);
         }
       } catch (const PeerError& e) {
@@ -203,6 +238,8 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
     rounds_.push_back({{"round", round.id}, {"step", round.step}, {"attempt", attempt},
                        {"contributors", roster.contributors}, {"joiners", roster.joiners},
                        {"params_crc32c", crc}, {"time", unix_time()}});
+    if (cfg_.partial.slices > 1) rounds_.back()["slice"] = w.slice;
+    if (slice_state_crc_ >= 0) rounds_.back()["slice_state_crc32c"] = slice_state_crc_;  // handed to a joiner
     pending_rounds_.push_back(rounds_.back());
     if (me == 0)
       for (const int64_t j : roster.joiners)
@@ -300,11 +337,19 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
       try {
         transport = connect(roster.transport_name() + ":join", rank, 1 + int(js.size()));
         comm = std::make_unique<Communicator>(transport, comm_options(), trace_, kDataChannel, traffic_);
+        if (cfg_.partial.slices > 1) {  // the slice this worker trains, for the optimizer state of it
+          const int32_t n = w.slice;
+          auto hs = comm->send_start(0, std::string(reinterpret_cast<const char*>(&n), sizeof n), "join_slice");
+          comm->wait(hs);
+        }
         auto h = comm->recv_start(0, &bytes, "join_state");
         comm->wait(h);
         s = decode_join_state(bytes, num_params_, w.adamw ? w.adamw->m().size() : 0, norm_histories_);
         if (std::find(s.epoch.begin(), s.epoch.end(), membership_.id()) == s.epoch.end())
           fail("elastic: the state received does not list this member");
+        if (s.has_optimizer && s.slice != (cfg_.partial.slices > 1 ? w.slice : -1))
+          fail("elastic: the state received carries the optimizer state of slice " + std::to_string(s.slice) +
+               "; this worker trains " + (cfg_.partial.slices > 1 ? "slice " + std::to_string(w.slice) : "no slices"));
       } catch (const std::exception& e) {
         error = e.what();
         if (transport) transport->abort(error);
@@ -317,11 +362,13 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
         continue;
       }
     }
-    if (w.adamw) {
+    // Without the state of its slice (nobody in the round trains it) a worker keeps its own:
+    // fresh moments for a new one.
+    if (s.has_optimizer && w.adamw) {
       w.adamw->m() = std::move(s.m);
       w.adamw->v() = std::move(s.v);
       w.adamw->set_steps(s.optimizer_steps);
-    } else {
+    } else if (s.has_optimizer) {
       membership_.options().foreign->load_inner(s.inner);
     }
     install(w, s.outer);
@@ -333,15 +380,102 @@ void ElasticSession::join(Worker& w, const std::string& why, const Install& inst
     jump_to_ = s.step;
     rounds_.push_back({{"round", roster.round}, {"step", s.step}, {"attempt", roster.attempt}, {"joined", why},
                        {"params_crc32c", crc}, {"time", unix_time()}});
+    if (cfg_.partial.slices > 1) {  // the optimizer state of this worker's slice: received, or its own kept
+      rounds_.back()["slice"] = w.slice;
+      rounds_.back()["optimizer"] = s.has_optimizer ? "received" : "kept";
+      const std::string state = w.adamw ? inner_state(w) : s.inner;  // as the member that handed it over computed it
+      if (w.adamw || s.has_optimizer) rounds_.back()["optimizer_crc32c"] = crc32c(state.data(), state.size());
+    }
     pending_rounds_.push_back(rounds_.back());
     return;
   }
 }
 
-std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, const Worker& w, const ElasticOptions& options,
+std::vector<std::string> ElasticSession::slice_states(Worker& w, Communicator& comm, int me, int C,
+                                                     std::vector<std::string>& inbox) {
+  std::vector<std::string> got;
+  const int32_t mine = w.slice;
+  auto h = comm.all_gather_direct_start(std::string(reinterpret_cast<const char*>(&mine), sizeof mine), &got,
+                                        "partial_slices");
+  comm.wait(h);
+  const int N = cfg_.partial.slices;
+  std::vector<int> holder(size_t(N), -1);  // each slice's first trainer among the contributors
+  for (int m = 0; m < C; ++m) {
+    const int n = parse_slice(got[size_t(m)], N);
+    if (n < 0) throw PeerError("elastic: contributor " + std::to_string(m) + " named no valid slice", {m});
+    if (holder[size_t(n)] < 0) holder[size_t(n)] = m;
+  }
+  std::vector<std::string> by_slice(static_cast<size_t>(N));
+  std::vector<Communicator::Handle> ops;
+  for (int n = 0; n < N; ++n) {
+    const int k = holder[size_t(n)];
+    if (k == me) {  // the state this member hands over, and its checksum for the round's record
+      std::string state = std::string(1, 'S').append(inner_state(w));
+      slice_state_crc_ = crc32c(state.data() + 1, state.size() - 1);
+      if (me == 0) by_slice[size_t(n)] = std::move(state);
+      else ops.push_back(comm.send_start(0, std::move(state), "slice_state"));
+    } else if (k > 0 && me == 0) {
+      ops.push_back(comm.recv_start(k, &inbox[size_t(k)], "slice_state"));
+    }
+  }
+  for (auto& op : ops) comm.wait(op);
+  if (me != 0) return {};
+  for (int n = 0; n < N; ++n) {
+    const int k = holder[size_t(n)];
+    if (k <= 0) continue;
+    if (inbox[size_t(k)].empty() || inbox[size_t(k)][0] != 'S')
+      throw PeerError("elastic: contributor " + std::to_string(k) + " sent a malformed optimizer state", {k});
+    by_slice[size_t(n)] = std::move(inbox[size_t(k)]);
+  }
+  return by_slice;
+}
+
+std::string ElasticSession::inner_state(Worker& w) {
+  if (!w.adamw) return membership_.options().foreign->save_inner();
+  const auto& m = w.adamw->m();
+  const auto& v = w.adamw->v();
+  const int64_t steps = w.adamw->steps();
+  std::string out(reinterpret_cast<const char*>(&steps), sizeof steps);
+  out.append(reinterpret_cast<const char*>(m.data()), m.size() * sizeof(float));
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  return out;
+}
+
+void ElasticSession::set_optimizer_state(Worker& w, JoinState& s, int slice, const std::vector<std::string>& by_slice) {
+  s.m.clear();
+  s.v.clear();
+  s.inner.clear();
+  s.optimizer_steps = 0;
+  s.slice = slice;
+  s.has_optimizer = true;
+  std::string bytes;
+  if (slice < 0) {
+    bytes = inner_state(w);
+  } else {
+    s.has_optimizer = !by_slice[size_t(slice)].empty();
+    if (!s.has_optimizer) return;
+    bytes = by_slice[size_t(slice)].substr(1);
+  }
+  if (!w.adamw) {
+    s.inner = std::move(bytes);
+    return;
+  }
+  const size_t n = w.adamw->m().size();
+  if (bytes.size() != sizeof(int64_t) + 2 * n * sizeof(float))
+    fail("elastic: a contributor's optimizer state for slice " + std::to_string(slice) + " holds " +
+         std::to_string(bytes.size()) + " bytes, expected " + std::to_string(sizeof(int64_t) + 2 * n * sizeof(float)));
+  std::memcpy(&s.optimizer_steps, bytes.data(), sizeof(int64_t));
+  s.m.resize(n);
+  s.v.resize(n);
+  std::memcpy(s.m.data(), bytes.data() + sizeof(int64_t), n * sizeof(float));
+  std::memcpy(s.v.data(), bytes.data() + sizeof(int64_t) + n * sizeof(float), n * sizeof(float));
+}
+
+std::unique_ptr<Algorithm> make_elastic_algorithm(const RunConfig& cfg, Worker& w, const ElasticOptions& options,
                                                   std::shared_ptr<TrafficStats> traffic,
                                                   std::shared_ptr<TraceRecorder> trace) {
   auto session = std::make_unique<ElasticSession>(cfg, options, std::move(traffic), std::move(trace), w.params.size());
+  session->register_worker(w);  // with partial updates, the slice the method is made for
   switch (cfg.method()) {
     case MethodId::Diloco: return make_diloco(cfg, w, std::move(session), options.fault);
     case MethodId::Streaming: return make_streaming(cfg, w, std::move(session), options.fault);

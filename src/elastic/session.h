@@ -39,10 +39,15 @@ class ElasticSession : public SyncGroup {
   ElasticSession(const RunConfig& cfg, const ElasticOptions& options, std::shared_ptr<TrafficStats> traffic,
                  std::shared_ptr<TraceRecorder> trace, size_t num_params);
 
-  // Registers; a worker that starts with the run gets its data slot, one that comes later (or
-  // is resumed) joins and installs the state it receives (the outer state into the method, the
-  // AdamW state or the caller's inner optimizer state into the worker; the session then sets
-  // the data and the step to continue from).
+  // Registers as a member, before the method is made: with partial updates the worker then
+  // trains slice (id - 1) mod partial.slices of its first id, for the whole of its life (a
+  // rejoin keeps it; in a run whose members all start together, member k of the start trains
+  // slice k mod N, as replica k of an in-process run).
+  void register_worker(Worker& w);
+  // A worker that starts with the run gets its data slot, one that comes later (or is resumed)
+  // joins and installs the state it receives (the outer state into the method, the AdamW state
+  // or the caller's inner optimizer state into the worker, with partial updates that of a member
+  // training its slice; the session then sets the data and the step to continue from).
   void start(Worker& w, bool resumed, const Install& install) override;
   // Runs the round's attempts until one commits (true). If this worker was dropped it rejoins
   // instead (as a new member, installing the state it receives; false).
@@ -77,6 +82,16 @@ class ElasticSession : public SyncGroup {
   void assign_data(Worker& w, const DataLoader::Position& at);
   // A foreign model's starting members take the first one's parameters (ForeignWorker).
   void equalize_start(Worker& w, const Roster& r, const Install& install);
+  // Partial updates, a round with joiners, after its reduction: the contributors learn each
+  // other's slices, and the first trainer of each slice sends its inner optimizer state to
+  // rank 0, which returns them by slice (empty where nobody trains it; elsewhere, nothing).
+  // `inbox` (one entry per contributor) outlives the communicator, which writes into it.
+  std::vector<std::string> slice_states(Worker& w, Communicator& comm, int me, int C, std::vector<std::string>& inbox);
+  // This worker's inner optimizer state as bytes (loco's AdamW: steps, m, v; else the caller's).
+  std::string inner_state(Worker& w);
+  // The state sent to a joiner that trains `slice` (partial updates; -1 without): the optimizer
+  // state of that slice's trainer among the contributors, or none.
+  void set_optimizer_state(Worker& w, JoinState& s, int slice, const std::vector<std::string>& by_slice);
 
   const RunConfig& cfg_;
   Membership membership_;
@@ -87,6 +102,7 @@ class ElasticSession : public SyncGroup {
   std::vector<int64_t> epoch_;  // this round's members (ids ascending); data slot = index
   std::vector<int64_t> ids_;    // every id this worker has held
   int64_t last_round_step_ = 0, jump_to_ = -1, steps_trained_ = 0, aborted_ = 0;
+  int64_t slice_state_crc_ = -1;  // partial updates: the optimizer state this member handed over in the attempt
   bool missed_end_ = false;
   double wait_s_ = 0, round_compute_s_ = 0;
   nlohmann::json rounds_ = nlohmann::json::array(), pending_rounds_ = nlohmann::json::array();

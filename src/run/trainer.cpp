@@ -141,7 +141,7 @@ void check_memory(const RunSetup& s, int local_workers) {
                  "lower distributed.replicas, pipeline.stages, data.batch_size or the model size");
 }
 
-std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, const Worker& w, std::shared_ptr<TrafficStats> traffic,
+std::unique_ptr<Algorithm> make_run_algorithm(const RunSetup& s, Worker& w, std::shared_ptr<TrafficStats> traffic,
                                               std::shared_ptr<TraceRecorder> trace) {
   if (s.backend == "elastic") return make_elastic_algorithm(s.cfg, w, s.elastic, std::move(traffic), std::move(trace));
   return make_algorithm(s.cfg, w);

@@ -4,6 +4,7 @@
 
 #include "../tolerance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -258,4 +259,98 @@ TEST(Partial, AverageInPlaceEqualsStartAndFinish) {
     else  // each slice averaged over its trainers differs from the plain mean: slicing was exercised
       EXPECT_NE(0, std::memcmp(plain.data(), packed[0].data(), size_t(n) * sizeof(float)));
   }
+}
+
+// Members that come and go (the elastic backend): each average learns the round's slices. With
+// the fixed run's assignment (member k trains slice k mod N) it equals the fixed replicas'
+// average bit for bit; with any other (a slice trained by one member, by three, by nobody) each
+// entry is the mean over the members that train it, and a slice nobody trains keeps its values.
+// A member naming a slice that does not exist is refused, and blamed.
+TEST(Partial, AverageAmongMembersCountsTheRoundsSlices) {
+  const ModelConfig model = model_config();
+  const ParamLayout layout(model);
+  const int64_t n = layout.size();
+  const int N = 3;
+  const std::vector<Range> whole{{0, n}};
+  auto run = [&](const std::vector<int>& slice_of, bool fixed, std::vector<std::vector<float>>& in,
+                 std::vector<std::vector<float>>& out, std::vector<std::string>* errors = nullptr) {
+    const int M = int(slice_of.size());
+    auto transports = make_inprocess_transports(M);
+    in.assign(size_t(M), {});
+    out.assign(size_t(M), {});
+    if (errors) errors->assign(size_t(M), "");
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < M; ++rank)
+      threads.emplace_back([&, rank] {
+        Communicator comm(std::move(transports[size_t(rank)]), {2.0, 1.0}, nullptr);
+        std::vector<float> params(static_cast<size_t>(n));
+        Rng rng(uint64_t(11 + rank));
+        for (auto& x : params) x = float(rng.normal());
+        in[size_t(rank)] = params;
+        try {
+          const CountVectorAverage average =
+              fixed ? CountVectorAverage(layout, N, "mlp", rank, M)
+                    : CountVectorAverage::among_members(layout, N, "mlp", std::max(0, slice_of[size_t(rank)]));
+          if (slice_of[size_t(rank)] < 0) {  // a hostile member: names slice 7 of 3
+            std::vector<std::string> got;
+            const int32_t bad = 7;
+            auto h = comm.all_gather_direct_start(std::string(reinterpret_cast<const char*>(&bad), 4), &got,
+                                                  "partial_slices");
+            comm.wait(h);
+            return;
+          }
+          CountVectorAverage::Op op;
+          average.start(comm, params.data(), whole, op);
+          average.finish(comm, op, whole, out[size_t(rank)]);
+        } catch (const PeerError& e) {
+          if (errors) (*errors)[size_t(rank)] = e.what() + std::string(" peers ") + std::to_string(e.peers().at(0));
+          comm.abort(e.what());
+        }
+      });
+    for (auto& t : threads) t.join();
+  };
+  std::vector<std::vector<float>> in, fixed_out, among_out;
+  run({0, 1, 2, 0, 1, 2}, true, in, fixed_out);
+  run({0, 1, 2, 0, 1, 2}, false, in, among_out);
+  for (int r = 0; r < 6; ++r)
+    EXPECT_EQ(0, std::memcmp(fixed_out[size_t(r)].data(), among_out[size_t(r)].data(), size_t(n) * sizeof(float)))
+        << "member " << r;
+  std::vector<std::vector<Range>> slice(N);
+  for (int s = 0; s < N; ++s) slice[size_t(s)] = layout.slice_ranges(s, N, SliceStrategy::Mlp);
+  for (const std::vector<int>& assignment : {std::vector<int>{2, 0, 2, 2}, std::vector<int>{1, 1}, std::vector<int>{0}}) {
+    run(assignment, false, in, among_out);
+    const int M = int(assignment.size());
+    double worst = 0;
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int owner = -1;
+      for (int s = 0; s < N; ++s)
+        if (in_ranges(slice[size_t(s)], i)) owner = s;
+      double sum = 0;
+      int count = 0;
+      for (int m = 0; m < M; ++m)
+        if (owner < 0 || assignment[size_t(m)] == owner) {
+          sum += in[size_t(m)][size_t(i)];
+          ++count;
+        }
+      for (int m = 0; m < M; ++m) {
+        // Nobody trains the entry: each member keeps its own value.
+        const double expect = count ? sum / count : in[size_t(m)][size_t(i)];
+        kept += count == 0 && m == 0;
+        worst = std::max(worst, std::abs(among_out[size_t(m)][size_t(i)] - expect));  // values of about 1
+      }
+    }
+    LOCO_EXPECT_BELOW(worst, 1e-6);
+    for (int m = 1; m < M; ++m)  // the entries some member trains are the same everywhere
+      for (int s = 0; s < N; ++s)
+        if (std::count(assignment.begin(), assignment.end(), s))
+          for (const auto& r : slice[size_t(s)])
+            EXPECT_EQ(0, std::memcmp(among_out[size_t(m)].data() + r.begin, among_out[0].data() + r.begin,
+                                     size_t(r.size()) * sizeof(float)));
+    EXPECT_GT(kept, 0) << "an assignment leaving a slice untrained was exercised";
+  }
+  std::vector<std::string> errors;
+  run({0, -1, 1}, false, in, among_out, &errors);
+  EXPECT_NE(errors[0].find("member 1 sent no valid slice"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("peers 1"), std::string::npos) << errors[0];
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""What the elastic tests share (imported by elastic_test.py and elastic_security.py): tiny token
+"""What the elastic tests share (imported by elastic_test.py and elastic_partial.py): tiny token
 files in WORK_DIR, a Redis server on a free loopback port (password-protected, given through
 LOCO_REDIS_PASSWORD), a run secret in LOCO_RUN_SECRET, and helpers that start workers with
 `loco train --join`, wait for them and read what they wrote.

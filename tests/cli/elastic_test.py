@@ -664,7 +664,8 @@ try:
     refuse(["--join", f"redis://127.0.0.1:{port}/r", "--worker", "a", "--set", "algorithm=streaming",
             "--set", "streaming.worker_tau=1,2"], ENV, "one streaming.tau for all members")
     # What elastic runs cannot do, said by the methods (algo/*_elastic_refusal) and the session.
-    for extra, expect in ((["--set", "partial.slices=2"], "does not run partial updates"),
+    for extra, expect in ((["--set", "partial.slices=2", "--set", "outer.screen=on"],
+                           "outer.screen = \"on\" with partial.slices > 1 is not supported"),
                           (["--set", "outer.start_step=10"], "outer.start_step is not supported"),
                           (["--set", "algorithm=streaming", "--set", "streaming.eval=average"],
                            "evaluates the outer parameters"),

@@ -93,3 +93,46 @@ TEST(JoinState, BadBytesAreRefused) {
   head["norm_history"] = "[[1.5], [2.5]]";
   EXPECT_EQ(decode_join_state(with_header(good, head.dump()), 3, 2, 2).outer.norm_history[1].recent, std::vector<double>{2.5});
 }
+
+// Partial updates: the slice whose optimizer state the joiner receives survives the wire, and a
+// state without one (nobody in the round trains the joiner's slice) holds no moments and no
+// inner bytes; a header claiming a negative slice, or no optimizer state while bytes of one
+// follow, is refused.
+TEST(JoinState, SliceAndMissingOptimizerState) {
+  JoinState s = sample();
+  s.slice = 1;
+  JoinState back = decode_join_state(encode_join_state(s), 3, 2, 2);
+  EXPECT_EQ(back.slice, 1);
+  EXPECT_TRUE(back.has_optimizer);
+  EXPECT_EQ(back.m, s.m);
+  s.has_optimizer = false;
+  s.m.clear();
+  s.v.clear();
+  back = decode_join_state(encode_join_state(s), 3, 2, 2);
+  EXPECT_FALSE(back.has_optimizer);
+  EXPECT_TRUE(back.m.empty() && back.v.empty() && back.inner.empty());
+  EXPECT_EQ(back.outer.theta, s.outer.theta);
+  const std::string good = encode_join_state(sample());
+  uint64_t hn;
+  std::memcpy(&hn, good.data(), 8);
+  auto head = nlohmann::json::parse(good.substr(8, hn));
+  head["slice"] = -3;
+  EXPECT_NE(error_of(with_header(good, head.dump())).find("(slice)"), std::string::npos);
+  head["slice"] = 1;
+  head["has_optimizer"] = false;  // while m and v follow: the sizes do not add up
+  EXPECT_NE(error_of(with_header(good, head.dump())).find("(size)"), std::string::npos);
+  JoinState inner = sample();
+  inner.m.clear();
+  inner.v.clear();
+  inner.inner = "bytes";
+  const std::string with_inner = encode_join_state(inner);
+  std::memcpy(&hn, with_inner.data(), 8);
+  head = nlohmann::json::parse(with_inner.substr(8, hn));
+  head["has_optimizer"] = false;
+  try {
+    decode_join_state(with_header(with_inner, head.dump()), 3, 0, 2);
+    ADD_FAILURE() << "an inner state without has_optimizer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer state without has_optimizer"), std::string::npos) << e.what();
+  }
+}

@@ -3,7 +3,7 @@ trained with loco.torch joined to redis://... (password and run secret from the 
 Reads the batch of its data share: batch(slot, step). Writes OUT/NAME.pt: final parameters,
 eval parameters, the inner optimizer's state, the step it started from, its first data share,
 and the bytes copied between its model and loco's host buffers in each step.
-  elastic_worker.py URL NAME SEED OUT METHOD STEPS [--die-after N] [--gate FILE:STEP]"""
+  elastic_worker.py URL NAME SEED OUT METHOD STEPS [--die-after N] [--gate FILE:STEP] [--partial N]"""
 import argparse
 import os
 import signal
@@ -23,6 +23,7 @@ p.add_argument("--gate", default="", help="FILE:STEP: before step STEP, wait (at
 p.add_argument("--min-workers", type=int, default=2)
 p.add_argument("--heads", type=int, default=0, help="another head count (the same shapes)")
 p.add_argument("--sgd", action="store_true", help="SGD with momentum as the inner optimizer")
+p.add_argument("--partial", type=int, default=1, help="partial_slices (partial updates)")
 a = p.parse_args()
 torch.set_num_threads(1)
 steps = int(a.steps)
@@ -36,7 +37,7 @@ if a.heads:
 opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9) if a.sgd else make_opt(model)
 sync = loco.torch.wrap(model, opt, a.method, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, train_steps=steps,
                        min_workers=a.min_workers, elastic_address="127.0.0.1", elastic_timeout="2s",
-                       out_dir=a.out)
+                       out_dir=a.out, **({"partial_slices": a.partial} if a.partial > 1 else {}))
 started, share = sync.steps_done, sync.data_share
 print(f"{a.name}: started at step {started}, data share {share}, device path {sync._on_device}", flush=True)
 gate_file, gate_step = a.gate.rsplit(":", 1) if a.gate else ("", -1)

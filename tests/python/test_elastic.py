@@ -5,6 +5,8 @@
     receives the run's state and its inner optimizer's state (AdamW's step count equals the
     others'), and ends with the same parameters;
   - Streaming DiLoCo and NoLoCo run elastically (two workers end equal);
+  - partial updates: two workers equal the masked reference; a joiner trains its slice with the
+    optimizer state of that slice's trainer;
   - bad calls fail with clear errors.
 Run by ctest as python.elastic: test_elastic.py WORK_DIR (PYTHONPATH with the package)."""
 import json
@@ -18,7 +20,7 @@ import torch
 
 import loco
 import loco.torch
-from llama_torch import make_model, make_opt, max_diff, params_of, reference_diloco
+from llama_torch import make_model, make_opt, max_diff, params_of, reference_diloco, reference_partial
 
 work = os.path.abspath(sys.argv[1])
 here = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +41,7 @@ from redis_server import start_redis  # noqa: E402
 
 redis, port, password = start_redis()
 procs = []
+cli = ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password]
 env = dict(os.environ, LOCO_REDIS_PASSWORD=password, LOCO_RUN_SECRET="secret-" + os.urandom(12).hex())
 
 
@@ -68,6 +71,23 @@ def wait(p, run, name, expect=0, limit=240):
     if rc != expect:
         cleanup()
         sys.exit(f"FAIL: {run}/{name} exited {rc} (expected {expect}):\n" + open(f"{run}/{name}.log").read())
+
+
+def release_joiner(run, d, gate, others):
+    """Once worker d of `run` waits to be taken in (the run's set of joiners holds it) or already
+    was, opens the gate the others (a, b) wait at, then waits for a, b and d to finish."""
+    deadline = time.time() + 120
+    while True:
+        out = subprocess.run(cli + ["SCARD", f"loco:{run}:joiners"], capture_output=True, text=True).stdout.strip()
+        if out.isdigit() and int(out) >= 1 or "started at step" in open(f"{run}/d.log").read():
+            break
+        if time.time() > deadline or d.poll() is not None:
+            cleanup()
+            sys.exit("FAIL: d did not wait to join within 120 s:\n" + open(f"{run}/d.log").read())
+        time.sleep(0.1)
+    open(gate, "w").close()
+    for p, n in zip(tuple(others) + (d,), ("a", "b", "d")):
+        wait(p, run, n)
 
 
 def result(run, name):
@@ -110,19 +130,7 @@ try:
     c = start("churn", "c", 3, 32, "--min-workers", "3", "--die-after", "6")
     wait(c, "churn", "c", expect=-9)
     d = start("churn", "d", 4, 32, "--min-workers", "3", device=True)
-    deadline = time.time() + 120
-    cli = ["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password]
-    while True:  # d waits to be taken in (the run's set of joiners holds it), or already was
-        out = subprocess.run(cli + ["SCARD", "loco:churn:joiners"], capture_output=True, text=True).stdout.strip()
-        if out.isdigit() and int(out) >= 1 or "started at step" in open("churn/d.log").read():
-            break
-        if time.time() > deadline or d.poll() is not None:
-            cleanup()
-            sys.exit("FAIL: d did not wait to join within 120 s:\n" + open("churn/d.log").read())
-        time.sleep(0.1)
-    open(gate, "w").close()
-    for p, n in ((a, "a"), (b, "b"), (d, "d")):
-        wait(p, "churn", n)
+    release_joiner("churn", d, gate, (a, b))
     ra, rb, rd = result("churn", "a"), result("churn", "b"), result("churn", "d")
     check("device path True" in open("churn/d.log").read() and "device path False" in open("churn/a.log").read(),
           "churn: d's model took the path of a GPU model, a's the CPU one")
@@ -161,6 +169,53 @@ try:
         check(worst <= 1e-6 and moved > 0 and len(rounds) >= 3,
               f"{method}: both workers end with the same outer parameters (max diff {worst:.2e}), "
               f"{len(rounds)} rounds")
+
+    # 3a. Partial updates (2 slices): two workers from one initialization equal the masked
+    # plain-torch reference (the member in data slot k trains slice k, as replica k); then three
+    # start (slices 0, 1, 0), the third dies, and a fourth joins: it trains slice 1 with the
+    # optimizer state of b, which trains slice 1, relayed by a (the checksums of both sides agree),
+    # and a, b and d end with the same outer parameters.
+    a = start("partial", "a", 0, 12, "--partial", "2")
+    b = start("partial", "b", 0, 12, "--partial", "2", device=True)
+    wait(a, "partial", "a")
+    wait(b, "partial", "b")
+    ra, rb = result("partial", "a"), result("partial", "b")
+    ref, ref_outer = reference_partial(2, 12, 4, 0.7, 0.9, 2)
+    worst = max(max_diff(ra["params"], ref[ra["share"][0]]), max_diff(rb["params"], ref[rb["share"][0]]),
+                max_diff(ra["eval"], ref_outer), max_diff(rb["eval"], ref_outer))
+    check(worst <= 1e-6, f"partial: two elastic workers within 1e-6 of the masked plain-torch reference, parameters "
+                         f"and outer parameters (max diff {worst:.2e})")
+    gate = os.path.abspath("partial-churn/d-registered")
+
+    def registered(member):  # started one after the other: a is member 1 (slice 0), b 2 (slice 1), c 3 (slice 0)
+        deadline = time.time() + 60
+        while subprocess.run(cli + ["EXISTS", f"loco:partial-churn:member:{member}"], capture_output=True,
+                             text=True).stdout.strip() != "1":
+            if time.time() > deadline:
+                cleanup()
+                sys.exit(f"FAIL: member {member} of partial-churn did not register within 60 s")
+            time.sleep(0.05)
+    a = start("partial-churn", "a", 1, 32, "--min-workers", "3", "--gate", f"{gate}:14", "--partial", "2")
+    registered(1)
+    b = start("partial-churn", "b", 1, 32, "--min-workers", "3", "--gate", f"{gate}:14", "--partial", "2")
+    registered(2)
+    c = start("partial-churn", "c", 1, 32, "--min-workers", "3", "--die-after", "6", "--partial", "2")
+    wait(c, "partial-churn", "c", expect=-9)
+    d = start("partial-churn", "d", 4, 32, "--min-workers", "3", "--partial", "2", device=True)
+    release_joiner("partial-churn", d, gate, (a, b))
+    ra, rd = result("partial-churn", "a"), result("partial-churn", "d")
+    worst = max(max_diff(ra["eval"], result("partial-churn", "b")["eval"]), max_diff(ra["eval"], rd["eval"]))
+    check(worst == 0, f"partial churn: a, b and d end with the same outer parameters (max diff {worst:.2e})")
+    el = {n: json.load(open(f"partial-churn/{n}/summary.json"))["workers"][0]["elastic"] for n in "abd"}
+    joined = el["d"]["rounds"][0]
+    handed = {r["slice"]: r["slice_state_crc32c"] for n in "ab" for r in el[n]["rounds"]
+              if r.get("round") == joined.get("round") and "slice_state_crc32c" in r}
+    check(joined.get("slice") == 1 and joined.get("optimizer") == "received" and
+          handed.get(1) == joined.get("optimizer_crc32c") and handed.get(0) != joined.get("optimizer_crc32c"),
+          f"partial churn: d (member {el['d']['member_ids'][0]}) trains slice 1 with slice 1's optimizer state "
+          f"(received {joined.get('optimizer_crc32c')}, handed over by slice {handed})")
+    steps_of = lambda r: sorted({int(s["step"]) for s in r["opt"]["state"].values()})
+    check(steps_of(rd) == [32], f"partial churn: d's AdamW counted the run's 32 steps ({steps_of(rd)})")
 
     # 3b. A worker whose model has other heads (every shape the same) or whose inner optimizer is
     # another is refused when it registers, the difference named (the run's configuration entry

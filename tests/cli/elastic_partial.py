@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""Partial parameter updates in elastic runs (`loco train --join`, partial.slices = 2), with the
+Redis server of elastic_env.py:
+  - a fixed membership of 4 workers == the in-process DiLoCo run with 4 replicas, bitwise (member
+    k of the start trains slice k mod 2, as replica k), each round's record naming the slices;
+    the same for Streaming DiLoCo (fp32) with 2 workers;
+  - 3 workers start (slices 0, 1, 0) and a fourth joins mid-run: it trains slice 1 and installs
+    the optimizer state of the member that trains slice 1 (the second contributor, relayed by the
+    first: the checksums recorded on both sides agree, and differ from slice 0's), then takes
+    part in every later round;
+  - one worker alone (slice 0) and a second that joins it (slice 1, which nobody trained): it
+    keeps its own (fresh) optimizer state, and both finish with a finite model.
+Usage: elastic_partial.py LOCO WORK_DIR"""
+import json, math, os, subprocess, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic_env import *  # noqa: E402,F401,F403
+
+PARTIAL = ["--set", "partial.slices=2"]
+
+try:
+    # 1. Fixed membership == in-process, bitwise: DiLoCo with 4, Streaming DiLoCo (fp32) with 2.
+    for label, method, M in (("diloco", [], 4), ("streaming", ["--set", "algorithm=streaming"], 2)):
+        common = PARTIAL + method + ["--set", "train.steps=12", "--set", "outer.inner_steps=4"]
+        subprocess.run(BASE + common + ["--set", f"distributed.replicas={M}", "--set", f"train.out_dir=inproc-{label}",
+                                        "--set", "distributed.backend=inprocess"], check=True, stdout=subprocess.DEVNULL)
+        names = [f"w{k}" for k in range(M)]
+        out = f"fixed-{label}"
+        ps = [start(out, n, out, common + ["--set", f"elastic.min_workers={M}"]) for n in names]
+        wait_all(ps, names, out)
+        if writer_model(out, names)[0] != model_bytes(f"inproc-{label}/checkpoints/step_00000012/model.safetensors"):
+            fail(f"{out}: the elastic model differs from the in-process one")
+        rounds = rounds_by_number(out, names)
+        if not rounds or any(len(c) != M for c, _ in rounds.values()):
+            fail(f"{out}: expected every round with {M} contributors, got {rounds}")
+        for n in names:
+            e = elastic(out, n)[1]
+            slices = {r.get("slice") for r in e["rounds"]}
+            if slices != {(e["member_ids"][0] - 1) % 2}:
+                fail(f"{out}/{n}: member {e['member_ids'][0]} should train slice (id - 1) mod 2, its rounds say {slices}")
+        print(f"partial {label}: fixed membership of {M} == in-process {M} replicas (bitwise model, {len(rounds)} "
+              f"rounds of {M})")
+
+    # 2. A joiner gets the optimizer state of its slice, from the member that trains it.
+    long = PARTIAL + ["--set", "train.steps=1000", "--set", "outer.inner_steps=5", "--set", "train.log_interval=5",
+                      "--set", "train.eval_interval=0", "--set", "elastic.timeout=2s"]
+    names = ["w0", "w1", "w2"]
+    ps = [start("join", n, "join", long + ["--set", "elastic.min_workers=3"]) for n in names]
+    wait_step("join/w0/metrics.jsonl", 30)
+    ps.append(start("join", "late", "join", long))
+    wait_all(ps, names + ["late"], "join")
+    late_summary, late = elastic("join", "late")
+    first = late["rounds"][0]
+    if first.get("joined") is None or first.get("slice") != 1 or first.get("optimizer") != "received":
+        fail(f"join: the joiner (member {late['member_ids'][0]}) should train slice 1 and receive its optimizer "
+             f"state: {first}")
+    handed = {}  # slice -> the checksum its first trainer recorded for the joiner's round
+    for n in names:
+        for r in elastic("join", n)[1]["rounds"]:
+            if r.get("round") == first["round"] and "slice_state_crc32c" in r:
+                handed[r["slice"]] = r["slice_state_crc32c"]
+    if handed.get(1) != first["optimizer_crc32c"] or handed.get(0) == first["optimizer_crc32c"]:
+        fail(f"join: the joiner installed optimizer state {first['optimizer_crc32c']}; the slices' trainers "
+             f"handed over {handed}")
+    rounds = rounds_by_number("join", names + ["late"])
+    later = [r for r in rounds if r > first["round"]]
+    if not later or any(late["member_ids"][0] not in rounds[r][0] for r in later):
+        fail(f"join: the joiner must take part in every round after {first['round']}: {rounds}")
+    if not math.isfinite(late_summary["final_val_loss"]):
+        fail(f"join: the joiner's final loss is {late_summary['final_val_loss']}")
+    print(f"join at round {first['round']}: the joiner trains slice 1 with the optimizer state of slice 1's "
+          f"trainer (crc {first['optimizer_crc32c']}; slice 0's was {handed.get(0)}), in all {len(later)} later rounds")
+
+    # 3. Nobody trains the joiner's slice: it keeps its own optimizer state.
+    ps = [start("alone", "w0", "alone", long + ["--set", "elastic.min_workers=1"])]
+    wait_step("alone/w0/metrics.jsonl", 30)
+    ps.append(start("alone", "late", "alone", long))
+    wait_all(ps, ["w0", "late"], "alone")
+    first = elastic("alone", "late")[1]["rounds"][0]
+    if first.get("slice") != 1 or first.get("optimizer") != "kept":
+        fail(f"alone: the joiner should train slice 1, which nobody trained, and keep its own state: {first}")
+    for n in ("w0", "late"):
+        if not math.isfinite(val_loss(f"alone/{n}/summary.json")):
+            fail(f"alone/{n}: the final loss is not finite")
+    print(f"a joiner whose slice nobody trained (round {first['round']}) kept its own optimizer state; both finished")
+finally:
+    cleanup()
+print("elastic partial updates: all passed")
