@@ -67,6 +67,7 @@ struct ElasticOptions {
   int exclude_after = 3;              // elastic.exclude_after
   LinkConfig link;                    // the link model (network.*) over the data plane
   std::shared_ptr<ForeignWorker> foreign;  // set for a model loco does not hold
+  int slice = -1;  // partial updates: the slice a worker resumed from its checkpoint trains (-1: from its id)
 };
 
 // "ROUND:ATTEMPT", or "gG.ROUND:ATTEMPT" in generation G > 0 (a run restarted after all its

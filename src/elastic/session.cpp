@@ -46,7 +46,8 @@ ElasticSession::ElasticSession(const RunConfig& cfg, const ElasticOptions& optio
 void ElasticSession::register_worker(Worker& w) {
   membership_.register_member();
   ids_.push_back(membership_.id());
-  if (cfg_.partial.slices > 1) w.set_slice(int((membership_.id() - 1) % cfg_.partial.slices));
+  const int resumed = membership_.options().slice;
+  if (cfg_.partial.slices > 1) w.set_slice(resumed >= 0 ? resumed : int((membership_.id() - 1) % cfg_.partial.slices));
 }
 
 void ElasticSession::start(Worker& w, bool resumed, const Install& install) {

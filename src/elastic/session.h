@@ -41,8 +41,9 @@ class ElasticSession : public SyncGroup {
 
   // Registers as a member, before the method is made: with partial updates the worker then
   // trains slice (id - 1) mod partial.slices of its first id, for the whole of its life (a
-  // rejoin keeps it; in a run whose members all start together, member k of the start trains
-  // slice k mod N, as replica k of an in-process run).
+  // rejoin keeps it, and so does a worker resumed from its checkpoint: ElasticOptions::slice;
+  // in a run whose members all start together, member k of the start trains slice k mod N, as
+  // replica k of an in-process run).
   void register_worker(Worker& w);
   // A worker that starts with the run gets its data slot, one that comes later (or is resumed)
   // joins and installs the state it receives (the outer state into the method, the AdamW state

@@ -156,6 +156,8 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
               {"data.epoch", std::to_string(pos.epoch)},
               {"data.taken", std::to_string(pos.taken)}};
   if (pos.offset != 0) rep.meta["data.offset"] = std::to_string(pos.offset);
+  // An elastic worker's slice is its own (not its replica index): resumed, it trains it again.
+  if (run.s.backend == "elastic" && run.cfg.partial.slices > 1) rep.meta["partial.slice"] = std::to_string(w.slice);
   run.algo->save_state(rep);
   protocol_save(run, rep);
   write_state_file(worker_state_path(tmp, run.stage, run.replica, run.grid.stages), rep);

@@ -495,6 +495,15 @@ TrainSummary run_training(const TrainOptions& opt) {
     validate_run_config(s->cfg, config_source(s->config_path, opt.overrides));
     s->elastic = elastic_options(cfg, opt.join_url, opt.worker_name);
     if (!s->resuming) s->run_dir = cfg.train.out_dir + "/" + opt.worker_name;
+    if (s->restoring && cfg.partial.slices > 1) {  // the slice whose optimizer state the checkpoint holds
+      const std::string path = worker_state_path(latest_checkpoint(opt.resume_dir), 0, 0, 1);
+      const auto rep = read_state_file(path);
+      const int64_t slice = rep.meta.count("partial.slice") ? rep.get_int("partial.slice") : -1;
+      if (slice < 0 || slice >= cfg.partial.slices)
+        fail(path + ": partial.slice missing or outside 0.." + std::to_string(cfg.partial.slices - 1) +
+             " (the slice this elastic worker trained)");
+      s->elastic.slice = int(slice);
+    }
   } else if (!opt.worker_name.empty()) {
     fail("--worker is for elastic workers (with --join)");
   }

@@ -9,9 +9,11 @@ Redis server of elastic_env.py:
     first: the checksums recorded on both sides agree, and differ from slice 0's), then takes
     part in every later round;
   - one worker alone (slice 0) and a second that joins it (slice 1, which nobody trained): it
-    keeps its own (fresh) optimizer state, and both finish with a finite model.
+    keeps its own (fresh) optimizer state, and both finish with a finite model;
+  - a worker killed and resumed from its checkpoint (--resume) trains the slice it trained, not
+    the one of its new member id.
 Usage: elastic_partial.py LOCO WORK_DIR"""
-import json, math, os, subprocess, sys
+import math, os, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from elastic_env import *  # noqa: E402,F401,F403
@@ -83,6 +85,34 @@ try:
         if not math.isfinite(val_loss(f"alone/{n}/summary.json")):
             fail(f"alone/{n}: the final loss is not finite")
     print(f"a joiner whose slice nobody trained (round {first['round']}) kept its own optimizer state; both finished")
+
+    # 4. A worker resumed from its checkpoint trains the slice it trained: the run's only worker
+    # (member 1, slice 0) is killed after its checkpoint and resumed with --resume; it registers
+    # as member 2, whose own slice would be 1, and restarts the run from the checkpoint on slice 0
+    # (its AdamW moments are slice 0's).
+    solo = long + ["--set", "elastic.min_workers=1", "--set", "train.checkpoint_interval=20"]
+    p = start("resume", "w0", "resume", solo)
+    deadline = time.time() + 60
+    while not os.path.exists("resume/w0/checkpoints/latest"):
+        if time.time() > deadline or p.poll() is not None:
+            fail("resume: no checkpoint within 60 s:\n" + open("resume-w0.log").read())
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    p = subprocess.Popen([loco, "train", "--resume", "resume/w0", "--quiet", "--join", f"redis://127.0.0.1:{port}/resume",
+                          "--worker", "w0"], env=ENV, stdout=open("resume-w0.log", "a"), stderr=subprocess.STDOUT)
+    procs.append(p)
+    wait_all([p], ["w0"], "resume")
+    e = elastic("resume", "w0")[1]
+    slices = {r["slice"] for r in e["rounds"] if "slice" in r}
+    restarted = [r for r in e["rounds"] if "restarted" in r]
+    if e["member_ids"] != [2] or len(restarted) != 1 or slices != {0}:
+        fail(f"resume: member {e['member_ids']} should restart the run once on slice 0: restarts {restarted}, "
+             f"slices {slices}")
+    if not math.isfinite(val_loss("resume/w0/summary.json")):
+        fail("resume: the final loss is not finite")
+    print(f"a worker resumed from its checkpoint (member 2) restarted the run at step {restarted[0]['step']} "
+          f"on its slice 0, {len(e['rounds'])} rounds")
 finally:
     cleanup()
 print("elastic partial updates: all passed")
