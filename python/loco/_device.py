@@ -16,6 +16,7 @@ class Copier:
         self.cuda = device.type == "cuda"
         self.bytes = 0
         self._from_host = None  # event: the last copies out of the host buffers are done
+        self._read = []         # the host address ranges those copies read
 
     def _event(self):
         ev = _torch.cuda.Event()
@@ -26,16 +27,24 @@ class Copier:
         """An event marking the work queued so far on the current stream (None off CUDA)."""
         return self._event() if self.cuda else None
 
-    def host_free(self):
-        """Before the host buffers are written (by the method or by copies into them)."""
-        if self._from_host is not None:
-            self._from_host.synchronize()
-            self._from_host = None
+    def host_free(self, pairs=None):
+        """Before the host buffers are written (by the method or by copies into them). With
+        pairs (host view, ...): before only those views are written, which waits only when a
+        copy out of the host buffers still in flight reads any of them (a copy of one range to
+        the device does not hold the loop back from fetching another: the wait would stop the
+        host at the GPU's queue)."""
+        if self._from_host is None:
+            return
+        if pairs is not None and not any(_overlaps(self._read, h) for h, _ in pairs):
+            return
+        self._from_host.synchronize()
+        self._from_host = None
+        self._read = []
 
     def to_host(self, pairs, wait=True):
         """pairs: (host view, device view); the host holds the values when this returns, or, with
         wait=False, once the event returned has completed (None: at once)."""
-        self.host_free()
+        self.host_free(pairs)
         with _torch.no_grad():
             for h, d in pairs:
                 if d is None:
@@ -58,7 +67,8 @@ class Copier:
                 d.copy_(h, non_blocking=True)
                 self.bytes += h.numel() * h.element_size()
         if self.cuda and pairs:
-            self._from_host = self._event()
+            self._from_host = self._event()  # after these copies and the earlier ones
+            self._read += [_extent(h) for h, _ in pairs]
 
     def wait(self):
         """Until every copy issued so far on the current stream (into the host buffers) is done."""
@@ -66,6 +76,16 @@ class Copier:
             ev = _torch.cuda.Event()
             ev.record()
             ev.synchronize()
+
+
+def _extent(t):
+    """The host addresses a contiguous view spans: [first byte, past its last)."""
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _overlaps(extents, t):
+    lo, hi = _extent(t)
+    return any(a < hi and lo < b for a, b in extents)
 
 
 class GradientCopies:

@@ -367,6 +367,38 @@ resumed = diloco_resumed()
 d = max_diff(full, resumed)
 check(d == 0, f"diloco: stopped at step 6 and resumed from state_dicts == uninterrupted (max diff {d:.1e})")
 
+# The device path's copies (loco._device.Copier) with CUDA's events stood in for: copying a range
+# to the host waits for the copies to the device still in flight only when they read a range it
+# writes (a fragment fetched while another is on its way to the device does not stop the host
+# at the GPU's queue); host_free() without ranges always waits.
+from loco._device import Copier  # noqa: E402
+
+
+class FakeEvent:
+    waits = 0
+
+    def synchronize(self):
+        FakeEvent.waits += 1
+
+
+copier = Copier(torch.device("cpu"))
+copier.cuda = True  # its events are FakeEvent's
+copier._event = FakeEvent
+host, dev = torch.zeros(100), torch.arange(100.0)
+copier.to_device([(host[0:40], dev[0:40])])
+copier.to_host([(host[40:100], dev[40:100])], wait=False)
+apart = FakeEvent.waits
+copier.to_host([(host[30:50], dev[30:50])], wait=False)
+overlapping = FakeEvent.waits - apart
+copier.to_host([(host[0:10], dev[0:10])], wait=False)
+after = FakeEvent.waits - apart - overlapping
+copier.to_device([(host[60:70], dev[60:70])])
+copier.host_free()
+check((apart, overlapping, after, FakeEvent.waits - apart - overlapping - after) == (0, 1, 0, 1),
+      f"device path: a copy to the host waits for copies to the device only where they read what it writes "
+      f"(waits: apart {apart}, overlapping {overlapping}, after the wait {after}, host_free() "
+      f"{FakeEvent.waits - apart - overlapping - after})")
+
 if failures:
     print(f"{len(failures)} failure(s)")
     sys.exit(1)
