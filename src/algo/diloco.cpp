@@ -39,6 +39,7 @@
 #include "comm/fault.h"
 #include "core/checksum.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/parallel.h"
 
 namespace loco {
@@ -65,8 +66,8 @@ class Diloco : public Algorithm {
   // (hold_outer_elsewhere) never has it allocated on the host.
   void start(Worker& w, bool resumed) override {
     if (!held_ && !w.restored) {
-      theta_ = w.params;
-      momentum_.assign(size_t(n_), 0.0f);
+      theta_ = copied_floats(w.params);
+      momentum_ = zeroed_floats(size_t(n_));
     }
     group_->start(w, resumed, install());  // a joiner replaces them
   }

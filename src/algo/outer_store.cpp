@@ -8,14 +8,15 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace loco {
 
 OuterStore::OuterStore(std::vector<std::vector<Range>> fragments, int64_t n, const std::string& file)
     : fragments_(std::move(fragments)), n_(n), file_(file) {
   if (file_.empty()) {
-    theta_.assign(size_t(n_), 0.0f);
-    momentum_.assign(size_t(n_), 0.0f);
+    theta_ = zeroed_floats(size_t(n_));
+    momentum_ = zeroed_floats(size_t(n_));
     return;
   }
   fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

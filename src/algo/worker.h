@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "data/loader.h"
 #include "algo/run_config.h"
 #include "model/layout.h"
@@ -32,8 +33,8 @@ struct Worker {
         layout_(cfg.model, stage),
         slice(rank % cfg.partial.slices),
         trainable(trainable_set(cfg, layout_, slice)),
-        params(size_t(layout_.size())),
-        grads(size_t(trainable.size())),
+        params(zeroed_floats(size_t(layout_.size()))),
+        grads(zeroed_floats(size_t(trainable.size()))),
         adamw(std::in_place, cfg.optim.adamw, layout_, &trainable,
               cfg.protocol.constraint == "subspace-adamw"),
         loader(std::in_place, std::move(train_tokens), cfg.data.seq_len, cfg.data.batch_size, rank, replicas,
@@ -53,8 +54,8 @@ struct Worker {
         layout_(std::move(foreign_layout)),
         slice(rank % cfg.partial.slices),
         trainable(trainable_set(cfg, layout_, slice)),
-        params(size_t(layout_.size())),
-        grads(with_grads ? size_t(trainable.size()) : 0) {}
+        params(zeroed_floats(size_t(layout_.size()))),
+        grads(zeroed_floats(with_grads ? size_t(trainable.size()) : 0)) {}
 
   const ParamLayout& layout() const { return layout_; }
 
@@ -65,7 +66,7 @@ struct Worker {
     check(s >= 0 && s < cfg.partial.slices, "internal: slice out of range");
     slice = s;
     trainable = trainable_set(cfg, layout_, slice);
-    if (!grads.empty()) grads.assign(size_t(trainable.size()), 0.0f);
+    if (!grads.empty()) grads = zeroed_floats(size_t(trainable.size()));
     if (adamw) adamw.emplace(cfg.optim.adamw, layout_, &trainable, cfg.protocol.constraint == "subspace-adamw");
   }
 

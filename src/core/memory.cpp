@@ -1,7 +1,10 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <cstdint>
 
 #include <cmath>
 #include <cstdio>
@@ -10,6 +13,35 @@
 #include "core/error.h"
 
 namespace loco {
+
+namespace {
+
+// Room for n floats in `v` (not yet touched: a large allocation is fresh pages from the
+// kernel), advised as huge-page memory when it is large.
+void reserve_huge(std::vector<float>& v, size_t n) {
+  v.reserve(n);
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  if (n * sizeof(float) < (size_t(32) << 20)) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(v.data() + n) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: may be ignored
+}
+
+}  // namespace
+
+std::vector<float> zeroed_floats(size_t n) {
+  std::vector<float> v;
+  reserve_huge(v, n);
+  v.resize(n, 0.0f);
+  return v;
+}
+
+std::vector<float> copied_floats(const std::vector<float>& from) {
+  std::vector<float> v;
+  reserve_huge(v, from.size());
+  v.assign(from.begin(), from.end());
+  return v;
+}
 
 double physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

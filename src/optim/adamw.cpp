@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace loco {
 
@@ -35,8 +36,8 @@ AdamW::AdamW(const AdamWConfig& config, const ParamLayout& layout, const Trainab
     else
       list.push_back(seg);
   }
-  m_.assign(size_t(compact_size), 0.0f);
-  v_.assign(size_t(compact_size), 0.0f);
+  m_ = zeroed_floats(size_t(compact_size));
+  v_ = zeroed_floats(size_t(compact_size));
 }
 
 void AdamW::step(float* params, const float* grads, double lr) {

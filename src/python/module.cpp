@@ -28,6 +28,7 @@
 #include "comm/link.h"
 #include "comm/mpi_transport.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "elastic/fingerprint.h"
 #include "elastic/methods.h"
@@ -204,7 +205,7 @@ class Method {
            std::to_string(comm_.size()) + "); leave it unset");
     params_at_ = w_.params.data();
     // 4 bytes per trained parameter that a method reading no gradients of a model on a GPU never touches.
-    if (host_gradients || algo().uses_gradients(w_)) w_.grads.assign(size_t(w_.trainable.size()), 0.0f);
+    if (host_gradients || algo().uses_gradients(w_)) w_.grads = zeroed_floats(size_t(w_.trainable.size()));
     grads_at_ = w_.grads.data();
     std::lock_guard<std::mutex> lock(mpi_mu);
     live_methods.insert(this);
