@@ -27,6 +27,17 @@ def outer_step(theta, momentum, avg, lr, momentum_coef, nesterov=True):
 config_keys = _loco.config_keys
 
 _endpoint = None
+_threads_chosen = True  # False after loco.init() without threads=: wrap() of a model on a device picks them
+
+
+def _threads_for_device():
+    """A model on a GPU leaves the host's cores to loco's host work (a sync's outer gradient,
+    codec, outer step and merge): unless loco.init() was given threads=, half of them (the loop's
+    own thread and the data loading keep the rest)."""
+    global _threads_chosen
+    if not _threads_chosen:
+        _loco.set_threads(max(1, (_os.cpu_count() or 2) // 2))
+        _threads_chosen = True
 
 
 def _under_mpirun():
@@ -45,7 +56,8 @@ def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms
     $LOCO_RUN_SECRET). The network_* arguments are loco's config keys network.bandwidth,
     network.latency, network.tcp and network.timeout: the link model every message crosses
     (e.g. "1Gbit", "20ms"), and how long any wait on a peer may last. threads: loco's compute
-    threads for its outer steps (default 1; the model's own threads are torch's).
+    threads for its outer steps (default 1, the model's own threads being torch's; half the
+    host's cores once a model on a GPU is wrapped, whose loop leaves them idle).
     Returns the Endpoint (rank, size)."""
     global _endpoint
     if _endpoint is not None:
@@ -65,7 +77,9 @@ def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms
         _endpoint = _loco.elastic_world(url, str(worker), **link)
     else:
         raise Error(f"loco.init: unknown world {url!r} (expected None, 'mpi', 'local' or 'redis://HOST:PORT/RUN')")
+    global _threads_chosen
     _loco.set_threads(int(threads) if threads else 1)
+    _threads_chosen = bool(threads)
     return _endpoint
 
 

@@ -249,6 +249,8 @@ class Sync:
         # On a device (or as if, LOCO_TORCH_AS_DEVICE=1) the parameters stay there; else they
         # become views of the method's buffer.
         self._on_device = self._device.type != "cpu" or _as_device()
+        if self._device.type != "cpu":
+            _loco_pkg._threads_for_device()
         held = self._outer_device(outer_device, method)
         # The method's gradient buffer: a CPU model's gradients live in it (but with partial
         # updates, torch's own, only for what this member trains); a device model's cross to it

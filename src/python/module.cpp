@@ -677,6 +677,7 @@ PYBIND11_MODULE(_loco, m) {
     if (n < 1 || n > 1024) fail("threads must be in [1, 1024], got " + std::to_string(n));
     set_compute_threads(n);
   });
+  m.def("threads", [] { return compute_threads(); }, "loco's compute threads");
   m.def("config_keys", &config_keys, "Every run-config key, in schema order");
   m.def("codec_bytes", [](const std::string& codec, int64_t n, int block) {
     if (n < 0) fail("a value count must be >= 0");

@@ -81,5 +81,17 @@ ok = d <= TOL
 print(f"rank {rank}: streaming over MPI vs torch.distributed: max diff {d:.2e} {'ok' if ok else 'FAIL'}", flush=True)
 failures += not ok
 
+# loco.init() without threads= gives loco 1 compute thread; wrap() of a model on a GPU (its
+# policy, called here: no GPU in CI) raises that to half the host's cores, once.
+before = loco._loco.threads()
+loco._threads_for_device()
+after = loco._loco.threads()
+loco._loco.set_threads(3)
+loco._threads_for_device()
+ok = before == 1 and after == max(1, (os.cpu_count() or 2) // 2) and loco._loco.threads() == 3
+print(f"rank {rank}: loco's threads after init {before}, for a GPU model {after}, then kept at "
+      f"{loco._loco.threads()} {'ok' if ok else 'FAIL'}", flush=True)
+failures += not ok
+
 dist.destroy_process_group()
 sys.exit(1 if failures else 0)
