@@ -41,8 +41,6 @@ ElasticSession::ElasticSession(const RunConfig& cfg, const ElasticOptions& optio
       trace_(std::move(trace)),
       num_params_(num_params) {}
 
-// Before the run's clock starts: waiting here for the first quorum or to be taken in is not
-// part of the training loop's wall time.
 void ElasticSession::register_worker(Worker& w) {
   membership_.register_member();
   ids_.push_back(membership_.id());
@@ -50,6 +48,8 @@ void ElasticSession::register_worker(Worker& w) {
   if (cfg_.partial.slices > 1) w.set_slice(resumed >= 0 ? resumed : int((membership_.id() - 1) % cfg_.partial.slices));
 }
 
+// Before the run's clock starts: waiting here for the first quorum or to be taken in is not
+// part of the training loop's wall time.
 void ElasticSession::start(Worker& w, bool resumed, const Install& install) {
   if (ids_.empty()) register_worker(w);
   if (resumed) {
@@ -194,18 +194,20 @@ bool ElasticSession::run_round(Worker& w, const Round& round, const Install& ins
                                 {j});
             }
           }
-          std::vector<std::string> encoded(size_t(sliced ? cfg_.partial.slices : 1));
-          std::vector<Communicator::Handle> sends;
-          for (int j = 1; j <= J; ++j) {
-            const int n = slice_of[size_t(j - 1)];
-            std::string& e = encoded[size_t(std::max(n, 0))];
-            if (e.empty()) {
-              set_optimizer_state(w, s, n, by_slice);
-              e = encode_join_state(s);
+          // One encoded state at a time (a model's outer state each): the joiners of one slice,
+          // then those of the next.
+          for (int n = sliced ? 0 : -1; n < (sliced ? cfg_.partial.slices : 0); ++n) {
+            std::vector<Communicator::Handle> sends;
+            for (int j = 1; j <= J; ++j) {
+              if (slice_of[size_t(j - 1)] != n) continue;
+              if (sends.empty()) {
+                set_optimizer_state(w, s, n, by_slice);
+                state = encode_join_state(s);
+              }
+              sends.push_back(join_comm->send_start(j, state, "join_state"));
             }
-            sends.push_back(join_comm->send_start(j, e, "join_state"));
+            for (auto& h : sends) join_comm->wait(h);
           }
-          for (auto& h : sends) join_comm->wait(h);
         }
       } catch (const PeerError& e) {
         error = e.what();

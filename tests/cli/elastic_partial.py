@@ -4,10 +4,10 @@ Redis server of elastic_env.py:
   - a fixed membership of 4 workers == the in-process DiLoCo run with 4 replicas, bitwise (member
     k of the start trains slice k mod 2, as replica k), each round's record naming the slices;
     the same for Streaming DiLoCo (fp32) with 2 workers;
-  - 3 workers start (slices 0, 1, 0) and a fourth joins mid-run: it trains slice 1 and installs
+  - 3 workers start (slices 0, 1, 0) and two join mid-run: the fourth trains slice 1 and installs
     the optimizer state of the member that trains slice 1 (the second contributor, relayed by the
-    first: the checksums recorded on both sides agree, and differ from slice 0's), then takes
-    part in every later round;
+    first: the checksums recorded on both sides agree, and differ from slice 0's), the fifth
+    slice 0's (the first contributor's own); both take part in every later round;
   - one worker alone (slice 0) and a second that joins it (slice 1, which nobody trained): it
     keeps its own (fresh) optimizer state, and both finish with a finite model;
   - a worker killed and resumed from its checkpoint (--resume) trains the slice it trained, not
@@ -49,29 +49,37 @@ try:
     names = ["w0", "w1", "w2"]
     ps = [start("join", n, "join", long + ["--set", "elastic.min_workers=3"]) for n in names]
     wait_step("join/w0/metrics.jsonl", 30)
-    ps.append(start("join", "late", "join", long))
-    wait_all(ps, names + ["late"], "join")
-    late_summary, late = elastic("join", "late")
-    first = late["rounds"][0]
-    if first.get("joined") is None or first.get("slice") != 1 or first.get("optimizer") != "received":
-        fail(f"join: the joiner (member {late['member_ids'][0]}) should train slice 1 and receive its optimizer "
-             f"state: {first}")
-    handed = {}  # slice -> the checksum its first trainer recorded for the joiner's round
-    for n in names:
-        for r in elastic("join", n)[1]["rounds"]:
-            if r.get("round") == first["round"] and "slice_state_crc32c" in r:
-                handed[r["slice"]] = r["slice_state_crc32c"]
-    if handed.get(1) != first["optimizer_crc32c"] or handed.get(0) == first["optimizer_crc32c"]:
-        fail(f"join: the joiner installed optimizer state {first['optimizer_crc32c']}; the slices' trainers "
-             f"handed over {handed}")
-    rounds = rounds_by_number("join", names + ["late"])
-    later = [r for r in rounds if r > first["round"]]
-    if not later or any(late["member_ids"][0] not in rounds[r][0] for r in later):
-        fail(f"join: the joiner must take part in every round after {first['round']}: {rounds}")
-    if not math.isfinite(late_summary["final_val_loss"]):
-        fail(f"join: the joiner's final loss is {late_summary['final_val_loss']}")
-    print(f"join at round {first['round']}: the joiner trains slice 1 with the optimizer state of slice 1's "
-          f"trainer (crc {first['optimizer_crc32c']}; slice 0's was {handed.get(0)}), in all {len(later)} later rounds")
+    ps.append(start("join", "late", "join", long))  # member 4: slice 1
+    deadline = time.time() + 60
+    while redis_cli("EXISTS", "loco:join:member:4").strip() != "1":
+        if time.time() > deadline:
+            fail("join: the first joiner did not register within 60 s")
+        time.sleep(0.01)
+    ps.append(start("join", "late2", "join", long))  # member 5: slice 0
+    wait_all(ps, names + ["late", "late2"], "join")
+    rounds = rounds_by_number("join", names + ["late", "late2"])
+    for joiner, slice_ in (("late", 1), ("late2", 0)):
+        summary, e = elastic("join", joiner)
+        first = e["rounds"][0]
+        if first.get("joined") is None or first.get("slice") != slice_ or first.get("optimizer") != "received":
+            fail(f"join: {joiner} (member {e['member_ids'][0]}) should train slice {slice_} and receive its "
+                 f"optimizer state: {first}")
+        handed = {}  # slice -> the checksum its first trainer recorded for the joiner's round
+        for n in names:
+            for r in elastic("join", n)[1]["rounds"]:
+                if r.get("round") == first["round"] and "slice_state_crc32c" in r:
+                    handed[r["slice"]] = r["slice_state_crc32c"]
+        if handed.get(slice_) != first["optimizer_crc32c"] or handed.get(1 - slice_) == first["optimizer_crc32c"]:
+            fail(f"join: {joiner} installed optimizer state {first['optimizer_crc32c']}; the slices' trainers "
+                 f"handed over {handed}")
+        later = [r for r in rounds if r > first["round"]]
+        if not later or any(e["member_ids"][0] not in rounds[r][0] for r in later):
+            fail(f"join: {joiner} must take part in every round after {first['round']}: {rounds}")
+        if not math.isfinite(summary["final_val_loss"]):
+            fail(f"join: {joiner}'s final loss is {summary['final_val_loss']}")
+        print(f"{joiner} joined at round {first['round']}: it trains slice {slice_} with the optimizer state of "
+              f"that slice's trainer (crc {first['optimizer_crc32c']}; handed over in its round: {handed}), in all "
+              f"{len(later)} later rounds")
 
     # 3. Nobody trains the joiner's slice: it keeps its own optimizer state.
     ps = [start("alone", "w0", "alone", long + ["--set", "elastic.min_workers=1"])]
