@@ -68,7 +68,7 @@ JoinState decode_join_state(const std::string& bytes, size_t n_params, size_t n_
   const char* p = bytes.data() + 8 + hn;
   for (auto [t, n] : {std::pair{&s.outer.theta, n_params}, {&s.outer.momentum, n_params}, {&s.m, n_trainable}, {&s.v, n_trainable}}) {
     t->resize(n);
-    std::memcpy(t->data(), p, n * sizeof(float));
+    if (n) std::memcpy(t->data(), p, n * sizeof(float));  // an empty vector's data() may be null
     p += n * sizeof(float);
   }
   s.inner.assign(p, inner);
