@@ -71,9 +71,8 @@ void CountVectorAverage::start_among(Communicator& comm, const float* params, co
   comm.wait(h);
   op.slice_of.assign(size_t(M), -1);
   for (int m = 0; m < M; ++m) {
-    int32_t n = -1;
-    if (slices[size_t(m)].size() == sizeof n) std::memcpy(&n, slices[size_t(m)].data(), sizeof n);
-    if (n < 0 || n >= slices_)
+    const int n = parse_slice(slices[size_t(m)], slices_);
+    if (n < 0)
       throw PeerError("partial sync: member " + std::to_string(m) + " sent no valid slice (of " +
                           std::to_string(slices_) + ")",
                       {m});
@@ -191,6 +190,12 @@ void CountVectorAverage::average_in_place(Communicator& comm, std::vector<float>
   Op op;
   start(comm, params.data(), whole, op);
   finish(comm, op, whole, params);  // the same size: params stays where it is
+}
+
+int parse_slice(const std::string& bytes, int N) {
+  int32_t n = -1;
+  if (bytes.size() == sizeof n) std::memcpy(&n, bytes.data(), sizeof n);
+  return n >= 0 && n < N ? n : -1;
 }
 
 CountVectorAverage count_vector_average(const RunConfig& cfg, const Worker& w, bool members_change) {

@@ -60,6 +60,9 @@ class CountVectorAverage {
   std::vector<int> group_, column_;  // ranks training this node's slice; this node's column
 };
 
+// A slice named by a peer (4 bytes): the slice, or -1 when it is not one of the N.
+int parse_slice(const std::string& bytes, int N);
+
 // The method's count-vector average: over the fixed replicas (rank mod N trains slice n), or,
 // when members come and go, among each round's members (their slices learnt in the round).
 CountVectorAverage count_vector_average(const RunConfig& cfg, const Worker& w, bool members_change);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "algo/partial.h"
 #include "comm/inprocess.h"
 #include "core/checksum.h"
 #include "core/error.h"
@@ -21,13 +22,6 @@ double unix_time() {
 }
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// A slice named by a peer (4 bytes): the slice, or -1 when it is not one of the N.
-int parse_slice(const std::string& bytes, int N) {
-  int32_t n = -1;
-  if (bytes.size() == sizeof n) std::memcpy(&n, bytes.data(), sizeof n);
-  return n >= 0 && n < N ? n : -1;
 }
 
 }  // namespace
