@@ -12,7 +12,11 @@ ends with loss.item(), as a loop that logs its loss does. Per row: median and me
 step over the timed steps (after --warmup steps), their ratio to the plain loop of the same
 member count, the slowest step against the median, wrap()'s seconds, peak device memory, the
 host memory loco holds (the resident-set growth across wrap() and the run), and host_device_bytes
-per step (metrics: bytes between the model's tensors and loco's host buffers). On a CPU the same
+per step (metrics: bytes between the model's tensors and loco's host buffers), and where loco's
+hooks spent their time per step (metrics' loop_seconds and background_seconds: waiting for the
+background, merges, starts, the C++ hooks, copies waited for). With --turns the members take
+turns for their steps' compute (each one's step time and peak memory its own, not raised by
+another member's steps on the same device) and then run sync.step() together. On a CPU the same
 code path runs with LOCO_TORCH_AS_DEVICE=1 (set it to check the script); its times say nothing
 about a GPU. --out FILE also writes the rows as JSON.
 
@@ -62,6 +66,11 @@ p.add_argument("--warmup", type=int, default=-1,
                     "makes its page-locked buffers)")
 p.add_argument("--members", default="1,2", help="member counts to run, e.g. 1 or 1,2")
 p.add_argument("--methods", default="plain,ddp,diloco,diloco-host,streaming,streaming-host,partial2,partial4,partial2h")
+p.add_argument("--turns", action="store_true",
+               help="members take turns for their steps' compute (forward, backward, optimizer step) on the shared "
+                    "device, then run sync.step() together: each member's step time and peak memory are its own, "
+                    "not raised by the other member's steps (rows of methods whose optimizer step communicates, "
+                    "data-parallel, are skipped)")
 p.add_argument("--out", default="")
 p.add_argument("--profile-wrap", default="", metavar="METHOD",
                help="only profile one member's wrap() of METHOD (cProfile, the 15 costliest calls), then exit")
@@ -165,7 +174,42 @@ def train_step(model, opt, sync, batch):
     return time.perf_counter() - start
 
 
-def member(method, endpoint, rank, out, barrier):
+def turn_step(model, opt, sync, batch, rank, shared):
+    """One step with --turns: this member's compute alone on the device (the others wait for the
+    lock), then every member's sync.step() at once. Returns its seconds (compute + sync) and the
+    device memory it allocated above what was allocated when its turn began (its own peak less
+    what every member holds between steps, which turn_step returns too)."""
+    with shared["lock"]:
+        if cuda:
+            torch.cuda.synchronize(device)
+            held = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        loss = loss_of(model, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        compute = time.perf_counter() - start
+        above = torch.cuda.max_memory_allocated(device) - held if cuda else 0
+    barrier = shared["barrier"]
+    if barrier.wait() == 0 and cuda:  # every member's compute done: the syncs' own peak next
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    barrier.wait()
+    start = time.perf_counter()
+    if sync:
+        sync.step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    took = compute + time.perf_counter() - start
+    if barrier.wait() == 0 and cuda and shared["timed"]:  # the members' syncs at once: an even share of their peak
+        shared["sync_peak"] = max(shared["sync_peak"], torch.cuda.max_memory_allocated(device) / barrier.parties)
+    barrier.wait()
+    return took, above, held if cuda else 0
+
+
+def member(method, endpoint, rank, out, barrier, shared):
     model = make_model(rank)
     opt = make_opt(model)
     g = torch.Generator().manual_seed(100 + rank)
@@ -177,26 +221,40 @@ def member(method, endpoint, rank, out, barrier):
     if cuda:
         torch.cuda.synchronize(device)
     wrap_s = time.perf_counter() - t0
-    times, bytes0 = [], 0
+    times, bytes0, m0, own_peak = [], 0, {}, 0
     for t in range(args.warmup + args.steps):
         if t == args.warmup:
             if cuda and rank == 0:
                 torch.cuda.reset_peak_memory_stats(device)
-            bytes0 = sync.metrics()["host_device_bytes"] if sync else 0
+            m0 = sync.metrics() if sync else {}
+            bytes0 = m0.get("host_device_bytes", 0)
             barrier.wait()
-        times.append(train_step(model, opt, sync, data[t % 8]))
+            shared["timed"], shared["sync_peak"] = True, 0
+        if args.turns:
+            took, above, held = turn_step(model, opt, sync, data[t % 8], rank, shared)
+            times.append(took)
+            if t >= args.warmup:  # what every member holds between steps is shared evenly (members alike)
+                own_peak = max(own_peak, held / len(out) + above)
+        else:
+            times.append(train_step(model, opt, sync, data[t % 8]))
     row = {"wrap_s": wrap_s, "times": times[args.warmup:], "host_bytes": rss_bytes() - rss0,
            "trainable_params": sum(q.numel() for q in model.parameters() if q.requires_grad),
            "opt_state_bytes": _partial.state_bytes(opt)}
     if sync:
         m = sync.metrics()
         row["host_device_bytes_per_step"] = (m["host_device_bytes"] - bytes0) / args.steps
+        # Where loco's hooks spent their time per timed step, on the loop's thread and the background's
+        for key in ("loop_seconds", "background_seconds"):
+            row[key + "_per_step"] = {k: (v - m0.get(key, {}).get(k, 0)) / args.steps for k, v in m[key].items()}
         row["syncs_in_background"] = m["syncs_in_background"]
         r = sync.report()
         row["outer_device"], row["outer_state_bytes"] = r.get("outer_device"), r.get("outer_state_bytes", 0)
         sync.close()
     if cuda and rank == 0:
         row["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
+        if args.turns:  # one member's: its own step's (above an even share of what all hold) or the syncs' share
+            row["peak_own_step_bytes"], row["peak_sync_share_bytes"] = own_peak, shared["sync_peak"]
+            row["peak_device_bytes"] = len(out) * max(own_peak, shared["sync_peak"])
     out[rank] = row
     del model, opt, sync
     if cuda:
@@ -213,13 +271,15 @@ def run(method, members):
     endpoints = loco.inprocess(members) if method != "plain" else [None] * members
     out, errors = [None] * members, []
     barrier = threading.Barrier(members)
+    shared = {"lock": threading.Lock(), "barrier": threading.Barrier(members), "timed": False}  # --turns
 
     def body(r):
         try:
-            member(method, endpoints[r], r, out, barrier)
+            member(method, endpoints[r], r, out, barrier, shared)
         except Exception as e:
             errors.append(f"member {r}: {e!r}")
             barrier.abort()
+            shared["barrier"].abort()
             if endpoints[r] is not None:
                 endpoints[r].abort(str(e))
 
@@ -319,6 +379,9 @@ for members in [int(x) for x in args.members.split(",")]:
     for method in args.methods.split(","):
         if members % slices_of(method):
             continue  # each slice needs its members
+        if args.turns and method == "ddp" and members > 1:
+            print(f"{method:>9} x{members}: skipped with --turns (its optimizer step communicates)")
+            continue
         row = run(method, members)
         if row is None:
             rows.append({"method": method, "members": members, "failed": True})
@@ -352,4 +415,9 @@ for members in [int(x) for x in args.members.split(",")]:
               f"background syncs {row.get('syncs_in_background', 0)}" +
               (f", outer state on {row['outer_device']} ({row['outer_state_bytes'] / 2**30:.2f} GiB)"
                if row.get("outer_device") else ""), flush=True)
+        if "loop_seconds_per_step" in row:
+            ms = lambda d: ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(d.items()) if k not in ("hooks", "busy"))
+            loop, bg = row["loop_seconds_per_step"], row["background_seconds_per_step"]
+            print(f"{'':>13}loco per step (ms): on the loop {loop.get('hooks', 0) * 1e3:.1f} ({ms(loop)}); "
+                  f"background {bg.get('busy', 0) * 1e3:.1f} ({ms(bg) or '-'})", flush=True)
         save()

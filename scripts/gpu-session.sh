@@ -14,7 +14,8 @@
 # partial run's model through save_pretrained/from_pretrained); steps.log (what one member's
 # Streaming DiLoCo steps spend their time on, a round included); hf1.json/.log and hf2.json/.log
 # (the 0.85B Hugging Face Llama, bf16 autocast, H = 30: one member with the outer state on the GPU
-# and on the host, two members with partial updates: the targets of docs/python.md). Each step
+# and on the host, two members with partial updates taking turns for their compute: the targets of
+# docs/python.md; each row says where loco's hooks spent their time per step). Each step
 # has its own time limit, so that one failing leaves the others' results.
 set -uo pipefail
 out=${OUT:-/tmp/loco-gpu}
@@ -48,8 +49,10 @@ echo "hf_partial on $dev: exit $?"; tail -n 6 "$out/hf_partial_$dev.log"
 # JSON is rewritten after each row, so a row cut off by the time limit leaves the others.
 timeout 170 $py bench/torch_gpu.py "${hf1[@]}" --members 1 --methods plain,diloco,streaming,diloco-host,streaming-host \
   --out "$out/hf1.json" > "$out/hf1.log" 2>&1
-echo "0.85B model, 1 member: exit $?"; tail -n 12 "$out/hf1.log"
-timeout 180 $py bench/torch_gpu.py "${hf2[@]}" --members 2 --methods plain,diloco,partial2 \
+echo "0.85B model, 1 member: exit $?"; tail -n 16 "$out/hf1.log"
+# Two members taking turns for their steps' compute (--turns): each one's peak memory and step
+# time its own, the round's with both.
+timeout 180 $py bench/torch_gpu.py "${hf2[@]}" --members 2 --methods plain,diloco,partial2 --turns \
   --out "$out/hf2.json" > "$out/hf2.log" 2>&1
 echo "0.85B model, 2 members: exit $?"; tail -n 12 "$out/hf2.log"
 # Where one member's steps spend their time (torch.profiler): DiLoCo's round at step 30, and

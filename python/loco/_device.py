@@ -1,9 +1,38 @@
 """A model on a device (python/loco/torch.py's GPU path): the copies between its tensors and
 the method's page-locked host buffers, and data-parallel's gradient copies made as backward
 produces the gradients."""
+import collections
 import functools
+import threading
+import time
 
 import torch as _torch
+
+
+class Clock:
+    """Seconds spent by phase, for metrics(): where the time of loco's hooks goes on the loop's
+    thread and on the background thread (perf_counter; a phase may hold others, e.g. copies
+    waited for within a merge)."""
+
+    def __init__(self):
+        self.seconds = collections.defaultdict(float)
+        self._lock = threading.Lock()
+
+    def add(self, phase, seconds):
+        with self._lock:
+            self.seconds[phase] += seconds
+
+    def timed(self, phase, f, *args):
+        """f(*args), its seconds added to phase."""
+        t0 = time.perf_counter()
+        try:
+            return f(*args)
+        finally:
+            self.add(phase, time.perf_counter() - t0)
+
+    def snapshot(self):
+        with self._lock:
+            return dict(self.seconds)
 
 
 class Copier:
@@ -12,9 +41,10 @@ class Copier:
     that reads them); the host waits only for what it is about to read (an event), and an event
     marks when the host buffer is free again after copies from it."""
 
-    def __init__(self, device):
+    def __init__(self, device, clock=None):
         self.cuda = device.type == "cuda"
         self.bytes = 0
+        self._clock = clock or Clock()  # "copies_waiting": the host waiting for copies (an event)
         self._from_host = None  # event: the last copies out of the host buffers are done
         self._read = []         # the host address ranges those copies read
 
@@ -37,7 +67,7 @@ class Copier:
             return
         if pairs is not None and not any(_overlaps(self._read, h) for h, _ in pairs):
             return
-        self._from_host.synchronize()
+        self._synchronize(self._from_host)
         self._from_host = None
         self._read = []
 
@@ -56,7 +86,7 @@ class Copier:
             return None
         ev = self._event()
         if wait:
-            ev.synchronize()
+            self._synchronize(ev)
             return None
         return ev
 
@@ -75,7 +105,27 @@ class Copier:
         if self.cuda:
             ev = _torch.cuda.Event()
             ev.record()
-            ev.synchronize()
+            self._synchronize(ev)
+
+    def _synchronize(self, ev):
+        self._clock.timed("copies_waiting", ev.synchronize)
+
+
+def subtract(ranges, holes):
+    """The parts of sorted, disjoint (begin, end) ranges outside the sorted, disjoint holes."""
+    out, k = [], 0
+    for lo, hi in ranges:
+        while k < len(holes) and holes[k][1] <= lo:
+            k += 1
+        at, j = lo, k
+        while j < len(holes) and holes[j][0] < hi:
+            if holes[j][0] > at:
+                out.append((at, holes[j][0]))
+            at = max(at, holes[j][1])
+            j += 1
+        if at < hi:
+            out.append((at, hi))
+    return out
 
 
 def _extent(t):

@@ -57,6 +57,16 @@ def _scalar(x, like):
     return _SCALARS[key]
 
 
+def mix(local, synced, alpha, spend=False):
+    """Streaming DiLoCo's merge with alpha, in place, as the C++ merge computes it (algo/streaming.cpp):
+    local = alpha * local + (1 - alpha) * synced in float32, one rounding per operation. spend:
+    synced may be overwritten (no temporary)."""
+    a = _scalar(alpha, local)
+    keep = _scalar(1.0, local) - a
+    taken = synced.mul_(keep) if spend else synced * keep
+    local.mul_(a).add_(taken)
+
+
 class Codec:
     """The outer gradients' codecs with round-to-nearest (comm/codec.h has the bit layouts), on
     tensors of any device; encode() gives the bytes the C++ codec gives, decode_add() adds what
@@ -273,8 +283,6 @@ class DeviceOuter:
                 avg = self._decode_mean(r, sum(e - b for b, e, _, _ in self._segments[j]))
                 for b, at, length, _ in self._chunks(j):
                     _torch.sub(self.theta[b:b + length], avg[at:at + length], out=avg[at:at + length])
-            a = _scalar(self._alpha, flat)
-            keep = _scalar(1.0, flat) - a
             sq = []
             for b, at, length, trained in self._chunks(j):
                 theta, mom, local = self.theta[b:b + length], self.momentum[b:b + length], flat[b:b + length]
@@ -290,7 +298,7 @@ class DeviceOuter:
                 if r["replace"] or not trained or self._alpha == 0:
                     local.copy_(theta)
                 else:
-                    local.copy_(local * a + theta * keep)
+                    mix(local, theta, self._alpha)
             if sq:
                 self.norms = tuple(_torch.stack(sq).sum(0).sqrt())
 

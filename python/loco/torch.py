@@ -39,8 +39,8 @@ import torch as _torch
 import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
-from loco._device import Copier as _Copier, GradientCopies as _GradientCopies
-from loco._outer import DeviceOuter as _DeviceOuter
+from loco._device import Clock as _Clock, Copier as _Copier, GradientCopies as _GradientCopies, subtract as _subtract
+from loco._outer import CHUNK as _CHUNK, DeviceOuter as _DeviceOuter, mix as _mix
 from loco._state import InnerState as _InnerState, identity as _identity, pack_state, unpack_state
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
@@ -141,10 +141,11 @@ class _Background:
     """One thread that runs a method's hooks in the order given, while the training loop goes on
     (the hooks release Python's lock). The first error is raised by the next join()."""
 
-    def __init__(self):
+    def __init__(self, clock):
         self._jobs = queue.Queue()
         self._thread = None
         self._error = None
+        self._clock = clock  # "busy": the seconds its jobs ran
 
     def submit(self, job):
         if self._thread is None:
@@ -159,7 +160,7 @@ class _Background:
                 if job is None:
                     return
                 if self._error is None:
-                    job()
+                    self._clock.timed("busy", job)
             except BaseException as e:  # raised again by join() on the loop's thread
                 self._error = e
             finally:
@@ -266,6 +267,13 @@ class Sync:
                 if outer_device is not None:  # asked for: refused, saying why
                     raise
                 held = False  # the default: this run's settings need the host (the core said why)
+        # Streaming DiLoCo's merges with alpha on a device, the outer state on the host: mixed on
+        # the device (_merge_on_device), so that a merge neither copies the model's fragment to
+        # the host nor waits for the device.
+        self._alpha = None
+        if self._on_device and not held and self._core.mix_merges_elsewhere():
+            import tomllib
+            self._alpha = float(tomllib.loads(self._core.config_toml())["streaming"]["alpha"])
         self.method = method
         self.rank = self._core.rank
         self.size = self._core.size
@@ -279,8 +287,11 @@ class Sync:
             at += p.numel()
         self._partial = bool(partial)
         self._gbuf = self._gflat
-        self._copier = _Copier(self._device)
-        self._bg = _Background()  # a device model's sync starts, run while the loop goes on
+        # Where the hooks' time goes, by phase: on the loop's thread and on the background's
+        # (metrics()'s loop_seconds and background_seconds).
+        self._clock, self._bg_clock = _Clock(), _Clock()
+        self._copier = _Copier(self._device, self._clock)
+        self._bg = _Background(self._bg_clock)  # a device model's sync starts, run while the loop goes on
         self._quiet_until = 0     # steps before it use nothing: their hooks are queued behind them
         self._background_syncs = 0
         self._pinned = []
@@ -467,13 +478,17 @@ class Sync:
         loss.backward(); sync.sync_gradients(); clip_grad_norm_(...); inner_opt.step()."""
         if self._synced:
             raise _loco.Error("sync_gradients() was called twice before the optimizer's step")
+        self._clock.timed("hooks", self._sync_gradients)
+
+    def _sync_gradients(self):
         self._check_parameters()
+        clock = self._clock
         if self._on_device:
             if self._quiet():
                 self._bg.submit(self._core.on_gradients)
             else:
-                self._bg.join()
-                self._device_gradients(self._core.access()[0])
+                clock.timed("waiting_background", self._bg.join)
+                clock.timed("core", self._device_gradients, self._core.access()[0])
             self._synced = True
             return
         if self._gbuf is None:  # partial updates: the method reads no gradients
@@ -498,16 +513,19 @@ class Sync:
             raise _loco.Error("sync.step() was called without an inner optimizer step since the last one "
                               "(call inner_opt.step() first, once per step)")
         self._stepped = False
-        if self._on_device:
-            self._device_step()
-        else:
-            self._core.after_step()
-            self._done = self._core.step
+        self._clock.timed("hooks", self._step_hooks)
         if self._out_dir is not None and loss is not None:
             self._losses.append(float(loss))
             self._tokens += int(tokens or 0)
             if self._done % self._core.log_interval == 0:
                 self._record()
+
+    def _step_hooks(self):
+        if self._on_device:
+            self._device_step()
+        else:
+            self._clock.timed("core", self._core.after_step)
+            self._done = self._core.step
 
     def _quiet(self):
         """Whether the coming step uses nothing and comes behind a sync started in the background
@@ -525,20 +543,22 @@ class Sync:
             self._bg.submit(self._core.after_step)
             self._done = done
             return
-        self._bg.join()
-        self._merge_first()
+        clock = self._clock
+        clock.timed("waiting_background", self._bg.join)
+        clock.timed("merge", self._merge_first)
         if self._outer is not None:
             self._held_step(done)
             return
         _, reads, writes = self._core.access()
         if reads and not writes:
+            t0 = time.perf_counter()
             quiet = self._core.quiet_until()
             ready = self._copier.to_host(self._ranges(reads), wait=False)
-            core = self._core
+            core, bg_clock = self._core, self._bg_clock
 
             def start_sync():
                 if ready is not None:
-                    ready.synchronize()
+                    bg_clock.timed("copies_waiting", ready.synchronize)
                 core.after_step()
                 core.prepare_merges()  # its reduction waited for and its outer step, here too
 
@@ -546,8 +566,9 @@ class Sync:
             self._background_syncs += 1
             self._quiet_until = quiet
             self._done = done
+            clock.add("start", time.perf_counter() - t0)
             return
-        self._on_host(reads, writes, self._core.after_step)
+        clock.timed("core", self._on_host, reads, writes, self._core.after_step)
         self._done = self._core.step
 
     def _on_host(self, reads, writes, hook):
@@ -570,7 +591,31 @@ class Sync:
             self._core.merge_step()
             self._apply_outer_results()
             return
+        if self._alpha is not None:
+            self._merge_on_device(writes)
+            return
         self._on_host(reads, writes, self._core.merge_step)
+
+    def _merge_on_device(self, writes):
+        """The merges due, with the outer state on the host and the model on a device: the core
+        writes the synchronized values over the merged ranges of the host buffer; the ranges it
+        merges with alpha are copied to the device and mixed there with the model's own values (as
+        the C++ merge mixes them on the host, the same bits), the others copied over them. Nothing
+        of the model crosses to the host and nothing waits for the device."""
+        self._copier.host_free(self._ranges(writes))
+        self._core.merge_step()
+        mixes = [tuple(r) for r in self._core.take_merge_mixes()]
+        self._copier.to_device(self._ranges(_subtract(writes, mixes)))
+        if not mixes:
+            return
+        buf = _torch.empty(min(_CHUNK, max(hi - lo for lo, hi in mixes)), dtype=_torch.float32, device=self._device)
+        for lo, hi in mixes:
+            for at in range(lo, hi, _CHUNK):
+                end = min(hi, at + _CHUNK)
+                synced = buf[:end - at]
+                self._copier.to_device([(self._flat[at:end], synced)])
+                with _torch.no_grad():
+                    _mix(self._dflat[at:end], synced, self._alpha, spend=True)
 
     def _apply_outer_results(self):
         """The syncs the core completed, applied to the outer state on the device."""
@@ -586,7 +631,8 @@ class Sync:
         outer gradient here (fp32: the parameters the core averages cross, as on the host path),
         and only its bytes cross; the core's communication runs in the background when nothing is
         applied at this step; the completed syncs it hands back are applied here."""
-        core, outer = self._core, self._outer
+        core, outer, clock = self._core, self._outer, self._clock
+        t0 = time.perf_counter()
         _, reads, writes = core.access()
         starts = core.outer_starts()
         payloads = {}
@@ -596,11 +642,14 @@ class Sync:
             payloads[j] = outer.start(j, self._dflat, self._host_bytes)
         ready = self._copier.to_host(self._ranges(reads), wait=False) if reads else None
         encoded = self._copier.event() if payloads else None
+        background = bool(starts) and not writes
+        clock.add("start", time.perf_counter() - t0)
+        on = self._bg_clock if background else clock  # the thread begin() runs on
 
         def begin():
             for ev in (ready, encoded):
                 if ev is not None:
-                    ev.synchronize()
+                    on.timed("copies_waiting", ev.synchronize)
             for j, (bufs, finite) in payloads.items():
                 if finite is not None and not bool(finite[0]):
                     raise _loco.Error(f"the outer gradient of fragment {j} contains a non-finite value; refusing "
@@ -611,7 +660,6 @@ class Sync:
             if background:
                 core.prepare_merges()  # its reduction waited for (and the payloads checked) here too
 
-        background = bool(starts) and not writes
         if background:  # applied tau >= 1 steps later: the communication starts in the background
             quiet = core.quiet_until()
             self._bg.submit(begin)
@@ -619,8 +667,8 @@ class Sync:
             self._quiet_until = quiet
             self._done = done
             return
-        begin()
-        self._apply_outer_results()
+        clock.timed("core", begin)
+        clock.timed("apply", self._apply_outer_results)
         self._done = core.step
 
     def _host_bytes(self, n):
@@ -697,13 +745,27 @@ class Sync:
         wrap() (0 for a CPU model, whose parameters are views of them), syncs_in_background:
         the steps whose end (a sync starting) ran on loco's thread while the loop went on, and
         gradients_copied_in_backward: data-parallel on a device, the gradients copied to the host
-        by the parameters' hooks as backward produced them (the others after backward)."""
+        by the parameters' hooks as backward produced them (the others after backward).
+
+        loop_seconds: where the time of loco's hooks on the loop's thread went since wrap(), by
+        phase: hooks (all of it: sync.step() and the gradient hook in the optimizer's step),
+        within it waiting_background (for the sync work of an earlier step), merge (applying the
+        syncs due: Streaming DiLoCo's merges), start (a sync's start handed to the background:
+        its copies and, with the outer state on the device, its encoding queued), core (the C++
+        method's hooks run on the loop: DiLoCo's round, data-parallel's gradients, a CPU model's
+        every hook), apply (completed syncs applied to an outer state on the device) and
+        copies_waiting (waiting for copies between the device and the host, within the others).
+        background_seconds: busy (the background thread's sync work) and, within it,
+        copies_waiting. On a GPU the hooks' seconds are the host's: work they queue on the GPU
+        runs there later."""
         self._bg.join()
         self._outer_norms()
         out = json.loads(self._core.metrics())
         out["host_device_bytes"] = self._copier.bytes + (self._outer.bytes if self._outer is not None else 0)
         out["syncs_in_background"] = self._background_syncs
         out["gradients_copied_in_backward"] = self._copied_in_backward
+        out["loop_seconds"] = self._clock.snapshot()
+        out["background_seconds"] = self._bg_clock.snapshot()
         return out
 
     def report(self):

@@ -82,6 +82,13 @@ class Algorithm {
   // thread to spare (loco.torch's background thread, while the loop runs the steps before it);
   // the merge then only applies it. Doing it or not leaves every result the same.
   virtual void prepare_merges() {}
+  // A caller whose parameters live elsewhere (loco.torch on a device) may mix the merges there:
+  // after mix_merges_elsewhere() returns true, merge_step writes the synchronized values over
+  // every range it merges and merge_access reads nothing; take_merge_mixes() then gives the ranges
+  // the caller must mix, local = alpha * local + (1 - alpha) * written, in float32 with one
+  // rounding per operation (the rest it copies). False: the method has no such merges.
+  virtual bool mix_merges_elsewhere() { return false; }
+  virtual std::vector<Range> take_merge_mixes() { return {}; }
   // False: on_gradients never reads w.grads in this run (the caller need not provide them).
   virtual bool uses_gradients(const Worker& w) const { return true; }
   // Parameters to evaluate and to save as the model, identical on every worker. Called by all

@@ -172,7 +172,7 @@ void Streaming::set_robustness(const AggregateOptions& aggregate, const Fault& f
 }
 
 void Streaming::start(Worker& w, bool resumed) {
-  if (!w.restored && !held_) store().write_all(w.params, std::vector<float>(num_params_, 0.0f));
+  if (!w.restored && !held_) written_store().write_all(w.params, std::vector<float>(num_params_, 0.0f));
   group_->start(w, resumed, install());  // a joiner replaces them
 }
 
@@ -192,6 +192,17 @@ OuterStore& Streaming::store() const {
     store_ = std::make_unique<OuterStore>(ranges_, int64_t(num_params_), scratch_);
   }
   return *store_;
+}
+
+OuterStore& Streaming::written_store() {
+  OuterStore& st = store();
+  for (auto& u : unwritten_) {
+    st.write(u.fragment, u.theta, u.momentum);
+    give_spare(u.theta);
+    give_spare(u.momentum);
+  }
+  unwritten_.clear();
+  return st;
 }
 
 std::string Streaming::outer_elsewhere_refusal() const {
@@ -263,7 +274,7 @@ StepAccess Streaming::merge_access(const Worker& w, int64_t done, bool last) con
   }
   a.reads = merge_ranges(a.reads);
   a.writes = merge_ranges(a.writes);
-  if (held_) a.reads.clear();  // the caller applies the result to its own outer state
+  if (held_ || caller_mixes_) a.reads.clear();  // the caller applies the result, or mixes it, itself
   return a;
 }
 
@@ -319,10 +330,22 @@ void Streaming::give_spare(std::vector<float>& v) {
 // between saves the average (p.avg) and the store's values, as before the step.
 void Streaming::prepare_merges() {
   if (elastic_) return;
+  if (!unwritten_.empty()) written_store();
   for (auto& p : pending_) {
     complete(comm_, p);
     if (!held_) step_outer(p);
   }
+}
+
+bool Streaming::mix_merges_elsewhere() {
+  caller_mixes_ = !held_;  // a caller holding the outer state merges everything itself
+  return caller_mixes_;
+}
+
+std::vector<Range> Streaming::take_merge_mixes() {
+  std::vector<Range> out = merge_ranges(mixes_);
+  mixes_.clear();
+  return out;
 }
 
 void Streaming::step_outer(Pending& p) {
@@ -334,7 +357,7 @@ void Streaming::step_outer(Pending& p) {
 void Streaming::merge_step(Worker& w, int64_t done, bool last) {
   if (last || elastic_) return;
   while (!pending_.empty() && pending_.front().apply_at <= done) {
-    apply(w, pending_.front(), false);
+    apply(w, pending_.front(), false, true);
     pending_.pop_front();
   }
 }
@@ -405,7 +428,7 @@ void Streaming::after_step(Worker& w, int64_t done, bool last) {
 
 const std::vector<float>& Streaming::eval_params(Worker& w) {
   if (cfg_.eval == "outer") {
-    store().read_params(eval_buffer_);
+    written_store().read_params(eval_buffer_);
     return eval_buffer_;
   }
   eval_buffer_ = w.params;
@@ -440,7 +463,7 @@ std::string Streaming::eval_note(int64_t step) const {
 // subtracts it from its outer parameters, and makes a lone replica's (pending.j.own) from the
 // parameters it kept.
 void Streaming::save_state(TrainingState& st) {
-  if (!held_) store().read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
+  if (!held_) written_store().read_all(st.tensors["outer.params"], st.tensors["outer.momentum"]);
   std::string list;
   for (auto& p : pending_) {
     complete(comm_, p);
@@ -483,7 +506,7 @@ void Streaming::load_state(const TrainingState& st) {
     std::vector<float> theta(num_params_), momentum(num_params_);
     st.take("outer.params", theta);
     st.take("outer.momentum", momentum);
-    store().write_all(theta, momentum);
+    written_store().write_all(theta, momentum);
   }
   const auto h = st.meta.find("outer.norm_history");
   norm_history_ = parse_norm_history(h == st.meta.end() ? "" : h->second, plan_.size(), "training state");
@@ -499,7 +522,7 @@ void Streaming::load_state(const TrainingState& st) {
     p.avg.assign(size_t(total_size(ranges_[p.fragment])), 0.0f);
     st.take(key + ".avg", p.avg);
     p.completed = true;
-    if (!held_) store().read(p.fragment, p.theta, p.momentum);
+    if (!held_) written_store().read(p.fragment, p.theta, p.momentum);
     pending_.push_back(std::move(p));
   }
 }
@@ -571,9 +594,10 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   }
   const auto& ranges = ranges_[j];
   const int64_t size = total_size(ranges);
+  OuterStore& st = written_store();  // first: the buffers of the merges written back become spare
   p.theta = take_spare(size);
   p.momentum = take_spare(size);
-  store().read(j, p.theta, p.momentum);
+  st.read(j, p.theta, p.momentum);
   const uint64_t stream = uint64_t(step) * 1024 + j;
   const uint64_t fault_seed = mix_seed(seed_ ^ 0xfa17, uint64_t(rank), stream);
   if (robust_) {
@@ -760,7 +784,7 @@ void Streaming::complete(Communicator& comm, Pending& p) {
   p.completed = true;
 }
 
-void Streaming::apply(Worker& w, Pending& p, bool replace) {
+void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
   complete(comm_, p);
   if (held_) {
     OuterResult r;
@@ -774,15 +798,21 @@ void Streaming::apply(Worker& w, Pending& p, bool replace) {
     return;
   }
   step_outer(p);
-  store().write(p.fragment, p.theta, p.momentum);
+  const bool later = merging && caller_mixes_;  // written to the store at its next use (streaming.h)
+  if (!later) written_store().write(p.fragment, p.theta, p.momentum);
   const float a = float(cfg_.alpha);
   for (const auto& s : segments_[p.fragment]) {
     float* local = w.params.data() + s.begin;
     const float* synced = p.theta.data() + s.packed;
-    if (replace || !s.trained || a == 0.0f)  // alpha 0 replaces: the local values are not read
+    const bool mix = !replace && s.trained && a != 0.0f;  // alpha 0 replaces: the local values are not read
+    if (mix && merging && caller_mixes_) mixes_.push_back({s.begin, s.end});  // mixed by the caller, with its own
+    if (!mix || (merging && caller_mixes_))
       each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
     else
       each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
+  }
+  if (later) {
+    unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
   }
   give_spare(p.theta);
   give_spare(p.momentum);
@@ -790,7 +820,7 @@ void Streaming::apply(Worker& w, Pending& p, bool replace) {
 }
 
 void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>& momentum, Pending* extra) {
-  store().read_all(theta, momentum);
+  written_store().read_all(theta, momentum);
   std::vector<Pending*> all;
   for (auto& p : pending_) all.push_back(&p);
   if (extra) all.push_back(extra);
@@ -811,7 +841,7 @@ void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>
 
 void Streaming::install_outer_state(const std::vector<float>& theta, const std::vector<float>& momentum) {
   pending_.clear();
-  store().write_all(theta, momentum);
+  written_store().write_all(theta, momentum);
 }
 
 std::unique_ptr<Algorithm> make_streaming(const RunConfig& cfg, const Worker& w, std::unique_ptr<SyncGroup> group,

@@ -50,6 +50,8 @@ class Streaming : public Algorithm {
   StepAccess merge_access(const Worker& w, int64_t done, bool last) const override;
   void merge_step(Worker& w, int64_t done, bool last) override;
   void prepare_merges() override;
+  bool mix_merges_elsewhere() override;
+  std::vector<Range> take_merge_mixes() override;
   int64_t quiet_until(const Worker& w, int64_t done, bool last) const override;
   bool uses_gradients(const Worker&) const override { return false; }
   const std::vector<float>& eval_params(Worker& w) override;
@@ -131,7 +133,7 @@ class Streaming : public Algorithm {
 
   // Outer step on the fragment, then merge into (or, at the end of the run, replace) the
   // replica's parameters; entries this node does not train are always replaced.
-  void apply(Worker& w, Pending& p, bool replace);
+  void apply(Worker& w, Pending& p, bool replace, bool merging = false);
   // Whether fragment j's sync starts after step `done` (due, or the last step's final one).
   bool starts_sync(size_t j, int64_t done, bool last) const;
   // begin_sync and complete with screening or a robust rule.
@@ -162,6 +164,8 @@ class Streaming : public Algorithm {
   int64_t run_steps_;
   // The outer state, made at its first use (store()); never with the outer state held by the caller.
   OuterStore& store() const;
+  // The store with every merged fragment's outer state written to it (all but report's uses).
+  OuterStore& written_store();
   std::string scratch_dir_, scratch_;  // streaming.offload_outer's directory and file
   mutable std::unique_ptr<OuterStore> store_;
   std::vector<float> eval_buffer_;
@@ -174,6 +178,17 @@ class Streaming : public Algorithm {
   // The caller holds the outer state (algo/algorithm.h): the encoded outer gradients it provided
   // for the syncs about to start, and the completed syncs it takes.
   bool held_ = false;
+  // The caller mixes merge_step's merges (mix_merges_elsewhere): the ranges it must mix. Such a
+  // caller (loco.torch on a device) runs sync starts and prepare_merges on a thread of its own, so
+  // a merge leaves its fragment's outer state to be written to the store at the store's next use
+  // (write_back), which comes on that thread, instead of on the training loop's.
+  bool caller_mixes_ = false;
+  std::vector<Range> mixes_;
+  struct Unwritten {
+    size_t fragment;
+    std::vector<float> theta, momentum;
+  };
+  std::vector<Unwritten> unwritten_;
   std::map<size_t, std::vector<std::string>> provided_;
   std::vector<OuterResult> results_;
   std::vector<float> faulty_params_;  // a faulty replica's parameters with its fragment corrupted (fp32)

@@ -7,7 +7,10 @@
 // hooks must write nothing outside the ranges they declare, nor use anything in the steps that
 // quiet_until said would use nothing. The device run is made twice more as loco.torch runs a step
 // on a device: the merge first (merge_access, merge_step), then the rest (access, after_step),
-// then the syncs in flight prepared ahead of their merge (prepare_merges, on loco.torch's thread).
+// then the syncs in flight prepared ahead of their merge (prepare_merges, on loco.torch's thread);
+// and once more with the merges mixed by the caller (mix_merges_elsewhere: Streaming DiLoCo's
+// alpha applied on the device, the outer state written back to the store later), with the outer
+// state saved mid-run compared too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,12 +63,20 @@ bool inside(const std::vector<Range>& rs, int64_t i) {
 
 struct Outcome {
   std::vector<std::vector<float>> params, eval;  // per replica: the trained and the evaluated parameters
+  std::vector<std::vector<float>> saved;         // per replica: the outer state saved after step 11
   int64_t steps_touching = 0;                     // steps whose hooks read or wrote anything (replica 0)
   int64_t first_touching = 0;                     // the first of them
   std::string violation;                          // a write outside the declared ranges
 };
 
-enum class Mode { Host, Device, DeviceSplit };
+enum class Mode { Host, Device, DeviceSplit, DeviceMix };
+
+// alpha * local + (1 - alpha) * synced, one rounding per operation (no fused multiply-add), as
+// algo/streaming.cpp and loco.torch on a device compute it.
+float mixed(float alpha, float local, float synced) {
+  volatile float kept = alpha * local, taken = (1.0f - alpha) * synced;
+  return kept + taken;
+}
 
 Outcome run(const RunConfig& cfg, Mode mode) {
   const bool device = mode != Mode::Host;
@@ -74,6 +85,7 @@ Outcome run(const RunConfig& cfg, Mode mode) {
   Outcome out;
   out.params.resize(2);
   out.eval.resize(2);
+  out.saved.resize(2);
   std::vector<std::string> violation(2);
   std::vector<int64_t> touching(2, 0), first(2, 0), quiet(2, 0);
   std::vector<std::thread> threads;
@@ -83,6 +95,7 @@ Outcome run(const RunConfig& cfg, Mode mode) {
       Worker w(cfg, comm, tokens);
       Transformer(cfg.model).init_params(w.params.data(), 5);
       auto algo = make_algorithm(cfg, w);
+      const bool mixes = mode == Mode::DeviceMix && algo->mix_merges_elsewhere();
       algo->start(w, false);
       std::vector<float> dev = w.params, dgrads = w.grads;  // the device's parameters and gradients
       const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -92,7 +105,8 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         w.step = t;
         // With the merge first, its hooks run after the inner step (below); what they use is
         // asked now, with the rest's, as loco.torch asks before either.
-        const StepAccess ma = mode == Mode::DeviceSplit ? algo->merge_access(w, done, last) : StepAccess::nothing();
+        const bool split = mode == Mode::DeviceSplit || mode == Mode::DeviceMix;
+        const StepAccess ma = split ? algo->merge_access(w, done, last) : StepAccess::nothing();
         StepAccess a = algo->access(w, done, last);
         const bool merges_first = !ma.writes.empty();
         const bool uses = !a.reads.empty() || !a.writes.empty() || a.gradients || merges_first;
@@ -119,9 +133,13 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         };
         if (merges_first) {
           for (int64_t i = 0; i < int64_t(dev.size()); ++i) w.params[size_t(i)] = inside(ma.reads, i) ? dev[size_t(i)] : nan;
-          const std::vector<float> before = w.params;
+          const std::vector<float> before = w.params, local = dev;
           algo->merge_step(w, done, last);
           take_back(before, ma.writes);
+          if (mixes)  // the ranges to mix: the caller's own values mixed with those written
+            for (const auto& r : algo->take_merge_mixes())
+              for (int64_t i = r.begin; i < r.end; ++i)
+                dev[size_t(i)] = mixed(float(cfg.streaming.alpha), local[size_t(i)], w.params[size_t(i)]);
           const StepAccess rest = algo->access(w, done, last);  // what is left of the step
           for (const auto& r : rest.writes)
             if (!inside(a.writes, r.begin) && violation[size_t(m)].empty())
@@ -135,7 +153,19 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         algo->after_step(w, done, last);
         if (uses && ++touching[size_t(m)] == 1) first[size_t(m)] = done;
         take_back(before, a.writes);
-        if (mode == Mode::DeviceSplit) algo->prepare_merges();
+        // Saved after step 11 (Streaming DiLoCo: syncs in flight; with tau 2 fragment 3 merged at
+        // 11, where no sync starts, so that its outer state is still to be written to the store
+        // when the caller mixes), before the syncs in flight are prepared.
+        if (done == 11) {
+          TrainingState st;
+          algo->save_state(st);
+          for (const char* key : {"outer.params", "outer.momentum"}) {
+            auto it = st.tensors.find(key);
+            if (it != st.tensors.end())
+              out.saved[size_t(m)].insert(out.saved[size_t(m)].end(), it->second.begin(), it->second.end());
+          }
+        }
+        if (split) algo->prepare_merges();
       }
       if (device) w.params = dev;  // what loco.torch copies to the host before an evaluation
       out.eval[size_t(m)] = algo->eval_params(w);
@@ -152,13 +182,14 @@ Outcome run(const RunConfig& cfg, Mode mode) {
 void expect_contract(const RunConfig& cfg, const std::string& what, int64_t touching, int64_t first) {
   const Outcome host = run(cfg, Mode::Host);
   EXPECT_EQ(host.violation, "") << what;
-  for (Mode mode : {Mode::Device, Mode::DeviceSplit}) {
+  for (Mode mode : {Mode::Device, Mode::DeviceSplit, Mode::DeviceMix}) {
     const Outcome device = run(cfg, mode);
-    const std::string how = what + (mode == Mode::Device ? "" : ", merge first");
+    const std::string how = what + (mode == Mode::Device ? "" : mode == Mode::DeviceSplit ? ", merge first" : ", mixed by the caller");
     EXPECT_EQ(device.violation, "") << how;
     for (int m = 0; m < 2; ++m) {
       EXPECT_TRUE(host.params[size_t(m)] == device.params[size_t(m)]) << how << ": replica " << m << "'s parameters";
       EXPECT_TRUE(host.eval[size_t(m)] == device.eval[size_t(m)]) << how << ": replica " << m << "'s evaluated ones";
+      EXPECT_TRUE(host.saved[size_t(m)] == device.saved[size_t(m)]) << how << ": replica " << m << "'s saved outer state";
       for (float x : device.params[size_t(m)]) ASSERT_TRUE(std::isfinite(x)) << how << ": a stale entry was read";
     }
     EXPECT_EQ(device.steps_touching, touching) << how << ": steps that copy anything";

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# run.sh PYTHON_DIR torch|partial|outer|mpi|example|elastic [LOCO WORK]: the Python layer's tests against the
+# run.sh PYTHON_DIR torch|partial|outer|mpi|example|elastic|gpu_bench [LOCO WORK]: the Python layer's tests against the
 # package built in PYTHON_DIR (build/python). mpi runs test_mpi.py under mpirun -np 2 with a free
 # port for torch.distributed; example checks examples/torch_train.py: at most 10 lines added for
 # loco, the loop without them runs, and under mpirun -np 2 it writes a run directory `loco report`
-# renders; elastic runs test_elastic.py in WORK against a Redis server of its own.
+# renders; elastic runs test_elastic.py in WORK against a Redis server of its own; gpu_bench runs
+# bench/torch_gpu.py small on CPU tensors (the GPU path) and checks its rows, in WORK.
 set -euo pipefail
 pkg=$1 which=$2 loco=${3:-} work=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,5 +51,31 @@ sys.exit(0 if ok else 1)
 PY
     echo "python.example: OK" ;;
   elastic) LOCO="$loco" exec timeout 500 "$py" "$here/test_elastic.py" "$work" ;;
+  gpu_bench)  # bench/torch_gpu.py, which a session lent a GPU runs (scripts/gpu-session.sh), on CPU tensors
+    rm -rf "$work" && mkdir -p "$work"
+    export LOCO_TORCH_AS_DEVICE=1
+    small=(--layers 2 --hidden 64 --mlp 172 --vocab 512 --steps 4 --warmup 2 --inner-steps 2)
+    timeout 300 "$py" "$here/../../bench/torch_gpu.py" "${small[@]}" --members 1 \
+      --methods plain,ddp,diloco,diloco-host,streaming,streaming-host --out "$work/one.json"
+    timeout 300 "$py" "$here/../../bench/torch_gpu.py" "${small[@]}" --members 2 --turns \
+      --methods plain,ddp,diloco,partial2 --out "$work/two.json"
+    exec "$py" - "$work/one.json" "$work/two.json" <<'PY'
+import json, sys
+one, two = (json.load(open(f))["rows"] for f in sys.argv[1:])
+bad = [f"{r['method']} x{r['members']}" for r in one + two if r.get("failed")]
+want_one = ["plain", "ddp", "diloco", "diloco-host", "streaming", "streaming-host"]
+want_two = ["plain", "diloco", "partial2"]  # data-parallel skipped with --turns
+got = ([r["method"] for r in one], [r["method"] for r in two])
+methods = [r for r in one + two if r["method"] != "plain"]
+phases = all("hooks" in r["loop_seconds_per_step"] and "background_seconds_per_step" in r for r in methods)
+streaming = [r for r in one if r["method"].startswith("streaming")]
+steps = all(len(r["step_s"]) == 4 for r in one + two)
+print(f"rows {got}, failed {bad}, phases reported {phases}, streaming syncs in the background "
+      f"{[r['syncs_in_background'] for r in streaming]}, 4 timed steps each {steps}")
+ok = (not bad and got == (want_one, want_two) and phases and steps
+      and all(r["syncs_in_background"] > 0 and r["background_seconds_per_step"].get("busy", 0) > 0 for r in streaming))
+sys.exit(0 if ok else 1)
+PY
+    ;;
   *) echo "unknown test $which"; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ import copy
 import os
 import sys
 import threading
+import time
 
 import torch
 
@@ -110,14 +111,15 @@ try:
     check(wrap2_bytes == 2 * model_bytes, f"device path: wrap() of 2 members copies the model there and back "
                                           f"(member 0's) ({wrap2_bytes} bytes)")
     # Streaming, H = 6, fragments at offsets 0, 2, 4, tau 1: a sync reads its fragment at t, the
-    # merge at t + 1 reads it again (alpha 0.5) and writes it; alpha 0 only writes it.
+    # merge at t + 1 only writes it (the synchronized values; with alpha 0.5 mixed on the device
+    # with the model's own, which do not cross to the host).
     for alpha in (0.5, 0.0):
         _, steps = bytes_per_step("streaming", 2, 14, inner_steps=6, fragment_blocks=1, tau=1, alpha=alpha)[0]
         want = [0] * 14
         for j, start in ((0, 6), (1, 8), (2, 10), (0, 12), (1, 14)):
             want[start - 1] += frag_bytes[j]
             if start < 14:
-                want[start] += frag_bytes[j] * (2 if alpha else 1)
+                want[start] += frag_bytes[j]
         check(steps == want, f"device path streaming tau 1 alpha {alpha}: bytes per step {steps} == {want}")
     _, steps = bytes_per_step("ddp", 1, 3)[0]
     check(steps == [0, 0, 0], f"device path ddp, one member: no copies ({steps})")
@@ -379,6 +381,7 @@ class FakeEvent:
 
     def synchronize(self):
         FakeEvent.waits += 1
+        time.sleep(0.002)
 
 
 copier = Copier(torch.device("cpu"))
@@ -398,6 +401,72 @@ check((apart, overlapping, after, FakeEvent.waits - apart - overlapping - after)
       f"device path: a copy to the host waits for copies to the device only where they read what it writes "
       f"(waits: apart {apart}, overlapping {overlapping}, after the wait {after}, host_free() "
       f"{FakeEvent.waits - apart - overlapping - after})")
+waited = copier._clock.snapshot().get("copies_waiting", 0)
+check(waited >= 0.002 * FakeEvent.waits, f"device path: the copies' waits are counted ({waited:.4f} s for "
+                                         f"{FakeEvent.waits} waits of at least 2 ms)")
+
+
+# Where the hooks' time goes (metrics' loop_seconds and background_seconds), with the method's
+# hooks slowed by 10 ms each: a merge's time in the loop's merge phase, a sync start's hook on the
+# background thread, the other steps' hooks in core; every phase within the hooks' whole, the
+# hooks within the loop's time around them.
+class SlowCore:
+    def __init__(self, core):
+        self._core = core
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+    def merge_step(self):
+        time.sleep(0.01)
+        return self._core.merge_step()
+
+    def after_step(self):
+        time.sleep(0.01)
+        return self._core.after_step()
+
+
+def timed_run(method, steps, **kw):
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, method, endpoint=loco.inprocess(1)[0], **kw)
+    sync._core = SlowCore(sync._core)
+    around = 0.0
+    for t in range(steps):
+        inner_step(model, opt, 0, t)
+        t0 = time.perf_counter()
+        opt.step()
+        sync.step()
+        around += time.perf_counter() - t0
+        opt.zero_grad()
+    m = sync.metrics()
+    sync.close()
+    return m, around
+
+
+os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+try:
+    # H = 6, tau 1, 14 steps: syncs start at steps 6, 8, 10, 12 and 14 (in the background), merge
+    # at 7, 9, 11 and 13; the other 9 steps' hooks run on the loop.
+    for outer in ("cpu", "model"):
+        m, around = timed_run("streaming", 14, inner_steps=6, fragment_blocks=1, tau=1, codec="fp4-e3m0",
+                              outer_device=outer)
+        loop, bg = m["loop_seconds"], m["background_seconds"]
+        inner = {k: round(v, 4) for k, v in loop.items() if k not in ("hooks", "copies_waiting")}
+        check(loop["hooks"] <= around and sum(inner.values()) <= loop["hooks"] + 1e-3
+              and inner.get("merge", 0) >= 0.04 and inner.get("core", 0) >= 0.09 and bg.get("busy", 0) >= 0.05
+              and m["syncs_in_background"] == 5,
+              f"device path streaming, outer state on {outer}: the hooks' {loop['hooks']:.4f} s within the "
+              f"loop's {around:.4f} s, its phases {inner} within them (merge at least 4 x 10 ms, core 9 x 10 ms), "
+              f"the background busy {bg.get('busy', 0):.4f} s over {m['syncs_in_background']} syncs (at least "
+              f"5 x 10 ms)")
+    m, around = timed_run("diloco", 8, inner_steps=4, outer_device="cpu")
+    loop = m["loop_seconds"]
+    check(m["background_seconds"] == {} and 0.08 <= loop.get("core", 0) <= loop["hooks"] <= around,
+          f"device path diloco: its hooks on the loop ({loop.get('core', 0):.4f} s of {loop['hooks']:.4f} s, at "
+          f"least 8 x 10 ms), nothing in the background")
+finally:
+    del os.environ["LOCO_TORCH_AS_DEVICE"]
 
 if failures:
     print(f"{len(failures)} failure(s)")
