@@ -64,7 +64,7 @@ CountVectorAverage CountVectorAverage::among_members(const ParamLayout& layout, 
 void CountVectorAverage::start_among(Communicator& comm, const float* params, const std::vector<Range>& region,
                                      Op& op) const {
   // Every member's slice: checked before use (a peer's bytes).
-  const int M = comm.size(), me = comm.rank();
+  const int M = comm.size();
   std::vector<std::string> slices;
   auto h = comm.all_gather_direct_start(std::string(reinterpret_cast<const char*>(&rank_), sizeof rank_), &slices,
                                         "partial_slices");
@@ -91,11 +91,16 @@ void CountVectorAverage::start_among(Communicator& comm, const float* params, co
     op.group_handle = comm.all_reduce_group_start(op.own_values.data(), int64_t(op.own_values.size()), ReduceOp::Mean,
                                                   group, "outer_gradients");
   // Runs after the group reduction: the leaders forward its result, the others send nothing.
-  const bool leads = group.front() == me;
   std::vector<int> everyone(static_cast<size_t>(M));
-  for (int m = 0; m < M; ++m) everyone[size_t(m)] = m;
-  op.gather_handle = comm.all_gather_floats_group_start(
-      op.own_values.data(), leads ? int64_t(op.own_values.size()) : 0, &op.gathered, everyone, "outer_gradients");
+  std::vector<int64_t> counts(static_cast<size_t>(M), 0);  // each slice's average from its first trainer
+  for (int m = 0; m < M; ++m) {
+    everyone[size_t(m)] = m;
+    const int n = op.slice_of[size_t(m)];
+    if (std::find(op.slice_of.begin(), op.slice_of.end(), n) - op.slice_of.begin() == m)
+      counts[size_t(m)] = total_size(intersect_ranges(region, slice_ranges_[size_t(n)]));
+  }
+  op.gather_handle =
+      comm.all_gather_floats_group_start(op.own_values.data(), counts, &op.gathered, everyone, "outer_gradients");
   // The slices nobody in the round trains keep their entries (frozen everywhere since the round began).
   std::vector<Range> untrained;
   for (int n = 0; n < slices_; ++n)
@@ -111,24 +116,20 @@ void CountVectorAverage::finish_among(Communicator& comm, Op& op, const std::vec
   place(region, op.shared, op.shared_values.data(), avg);
   if (op.group_handle.valid()) comm.wait(op.group_handle);
   comm.wait(op.gather_handle);
-  const int M = int(op.slice_of.size());
-  check(int(op.gathered.size()) == M, "partial sync: expected one payload per member");
+  // The gathered floats: each slice's average from its first trainer, in member order (sizes
+  // checked piece by piece as they arrived).
   std::vector<Range> untrained;
-  for (int n = 0; n < slices_; ++n) {
+  const float* at = op.gathered.data();
+  for (int m = 0; m < int(op.slice_of.size()); ++m) {
+    const int n = op.slice_of[size_t(m)];
+    if (std::find(op.slice_of.begin(), op.slice_of.end(), n) - op.slice_of.begin() != m) continue;
     const auto part = intersect_ranges(region, slice_ranges_[size_t(n)]);
-    const auto leader = std::find(op.slice_of.begin(), op.slice_of.end(), n);
-    if (leader == op.slice_of.end()) {
-      for (const auto& r : part) untrained.push_back(r);
-      continue;
-    }
-    const int m = int(leader - op.slice_of.begin());
-    const std::string& payload = op.gathered[size_t(m)];
-    if (int64_t(payload.size()) != total_size(part) * int64_t(sizeof(float)))
-      throw PeerError("partial sync: member " + std::to_string(m) + " sent slice " + std::to_string(n) +
-                          "'s average of the wrong size",
-                      {m});
-    place(region, part, reinterpret_cast<const float*>(payload.data()), avg);
+    place(region, part, at, avg);
+    at += total_size(part);
   }
+  for (int n = 0; n < slices_; ++n)
+    if (std::find(op.slice_of.begin(), op.slice_of.end(), n) == op.slice_of.end())
+      for (const auto& r : intersect_ranges(region, slice_ranges_[size_t(n)])) untrained.push_back(r);
   place(region, merge_ranges(untrained), op.kept.data(), avg);
   op.shared_values.clear();
   op.own_values.clear();
@@ -152,8 +153,10 @@ void CountVectorAverage::start(Communicator& comm, const float* params, const st
   op.group_handle = comm.all_reduce_group_start(op.own_values.data(), int64_t(op.own_values.size()), ReduceOp::Mean,
                                                 group_, "outer_gradients");
   // Runs after the group reduction (operations run in order): forwards its result.
-  op.gather_handle = comm.all_gather_floats_group_start(op.own_values.data(), int64_t(op.own_values.size()),
-                                                        &op.gathered, column_, "outer_gradients");
+  std::vector<int64_t> counts(static_cast<size_t>(slices_));  // column member n: slice n's entries of the region
+  for (int n = 0; n < slices_; ++n) counts[size_t(n)] = total_size(intersect_ranges(region, slice_ranges_[size_t(n)]));
+  op.gather_handle =
+      comm.all_gather_floats_group_start(op.own_values.data(), counts, &op.gathered, column_, "outer_gradients");
 }
 
 void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Range>& region,
@@ -168,13 +171,11 @@ void CountVectorAverage::finish(Communicator& comm, Op& op, const std::vector<Ra
   if (slices_ == 1) return;
   comm.wait(op.group_handle);
   comm.wait(op.gather_handle);
-  check(int(op.gathered.size()) == slices_, "partial sync: expected one payload per slice");
-  for (int n = 0; n < slices_; ++n) {  // column member n holds slice n's group average
+  const float* at = op.gathered.data();
+  for (int n = 0; n < slices_; ++n) {  // column member n held slice n's group average
     const auto part = intersect_ranges(region, slice_ranges_[size_t(n)]);
-    const std::string& payload = op.gathered[size_t(n)];
-    check(int64_t(payload.size()) == total_size(part) * int64_t(sizeof(float)),
-          "partial sync: payload of the wrong size");
-    place(region, part, reinterpret_cast<const float*>(payload.data()), avg);
+    place(region, part, at, avg);
+    at += total_size(part);
   }
   op.shared_values.clear();
   op.own_values.clear();
@@ -187,9 +188,8 @@ void CountVectorAverage::average_in_place(Communicator& comm, std::vector<float>
     return;
   }
   const std::vector<Range> whole{{0, int64_t(params.size())}};
-  Op op;
-  start(comm, params.data(), whole, op);
-  finish(comm, op, whole, params);  // the same size: params stays where it is
+  start(comm, params.data(), whole, kept_op_);
+  finish(comm, kept_op_, whole, params);  // the same size: params stays where it is
 }
 
 int parse_slice(const std::string& bytes, int N) {

@@ -33,7 +33,7 @@ class CountVectorAverage {
     std::vector<Range> shared, own;           // parts of the region (sorted)
     std::vector<float> shared_values;         // reduced in place
     std::vector<float> own_values;            // this node's slice, averaged within its group
-    std::vector<std::string> gathered;        // every slice's average, from this node's column
+    std::vector<float> gathered;              // the slices' averages gathered (member order)
     Communicator::Handle shared_handle, group_handle, gather_handle;
     std::vector<int> slice_of;                // among_members: each member's slice
     std::vector<float> kept;                  // among_members: the slices nobody trains, as they are
@@ -44,7 +44,9 @@ class CountVectorAverage {
   // Waits, then writes the averages over the region, packed in range order, to avg.
   void finish(Communicator& comm, Op& op, const std::vector<Range>& region, std::vector<float>& avg) const;
   // The average of the whole of params, written over them (what start and finish over the
-  // whole model compute, without the packed copies: with one slice, one all-reduce in place).
+  // whole model compute; with one slice, one all-reduce in place). Its buffers are kept from one
+  // call to the next (a round's several model-sized buffers would otherwise be allocated and
+  // faulted in anew every round).
   void average_in_place(Communicator& comm, std::vector<float>& params) const;
 
  private:
@@ -58,6 +60,7 @@ class CountVectorAverage {
   std::vector<std::vector<Range>> slice_ranges_;  // per slice n
   std::vector<Range> all_sliced_;
   std::vector<int> group_, column_;  // ranks training this node's slice; this node's column
+  mutable Op kept_op_;               // average_in_place's buffers
 };
 
 // A slice named by a peer (4 bytes): the slice, or -1 when it is not one of the N.

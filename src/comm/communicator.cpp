@@ -268,13 +268,47 @@ Communicator::Handle Communicator::all_reduce_group_start(float* data, int64_t n
   return enqueue(label, [=, this] { ring_all_reduce(data, n, op, label, members); });
 }
 
-Communicator::Handle Communicator::all_gather_floats_group_start(const float* data, int64_t n,
-                                                                 std::vector<std::string>* out,
+void Communicator::ring_all_gather_floats(const float* data, const std::vector<int64_t>& counts,
+                                          std::vector<float>* out, const std::string& label,
+                                          const std::vector<int>& members) {
+  const Ring ring = make_ring(rank_, size_, members);
+  const int M = ring.size, me = ring.index;
+  std::vector<int64_t> at(size_t(M) + 1, 0);  // where each member's floats go in out
+  for (int k = 0; k < M; ++k) at[size_t(k) + 1] = at[size_t(k)] + counts[size_t(k)];
+  out->resize(size_t(at[size_t(M)]));
+  float* o = out->data();
+  if (counts[size_t(me)] > 0) std::memcpy(o + at[size_t(me)], data, size_t(counts[size_t(me)]) * sizeof(float));
+  constexpr int64_t P = kRingPieceBlocks * kRingBlock;  // floats per piece
+  auto pieces = [&](int k) { return (counts[size_t(k)] + P - 1) / P; };
+  auto piece = [&](int k, int64_t j) { return std::min(P, counts[size_t(k)] - j * P); };
+  auto bytes = [&](int k, int64_t j) { return reinterpret_cast<const char*>(o + at[size_t(k)] + j * P); };
+  if (M == 1) return;
+  for (int64_t j = 0; j < pieces(me); ++j)
+    send_msg(label, ring.right, std::string(bytes(me, j), size_t(piece(me, j)) * sizeof(float)));
+  // Step s receives member (me - s - 1)'s floats from the left, piece by piece, and forwards
+  // each piece to the right unless the right is where they came from.
+  for (int s = 0; s < M - 1; ++s) {
+    const int k = (me - s - 1 + 2 * M) % M;
+    for (int64_t j = 0; j < pieces(k); ++j) {
+      std::string in = recv_msg(label, ring.left);
+      if (int64_t(in.size()) != piece(k, j) * int64_t(sizeof(float)))
+        throw PeerError("all_gather: worker " + std::to_string(ring.left) + " sent " + std::to_string(in.size()) +
+                            " bytes, expected " + std::to_string(piece(k, j) * 4) + " (member " +
+                            std::to_string(ring.rank_of(k)) + "'s floats)",
+                        {ring.left});
+      std::memcpy(o + at[size_t(k)] + j * P, in.data(), in.size());
+      if (s + 1 < M - 1) send_msg(label, ring.right, std::move(in));
+    }
+  }
+}
+
+Communicator::Handle Communicator::all_gather_floats_group_start(const float* data, std::vector<int64_t> counts,
+                                                                 std::vector<float>* out,
                                                                  std::vector<int> members, const std::string& label) {
-  make_ring(rank_, size_, members);
-  return enqueue(label, [=, this] {
-    ring_all_gather(std::string(reinterpret_cast<const char*>(data), size_t(n) * sizeof(float)), out, label, members);
-  });
+  const Ring ring = make_ring(rank_, size_, members);
+  check(int(counts.size()) == ring.size, "all_gather_floats: one count per member");
+  for (int64_t c : counts) check(c >= 0, "all_gather_floats: a count below 0");
+  return enqueue(label, [=, this] { ring_all_gather_floats(data, counts, out, label, members); });
 }
 
 Communicator::Handle Communicator::all_reduce_start(float* data, int64_t n, ReduceOp op, const std::string& label) {

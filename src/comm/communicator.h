@@ -93,12 +93,15 @@ class Communicator {
   Handle barrier_start();
   // The same ring collectives among a group of workers: `members` lists ascending ranks and
   // includes this one; only the members call it, in the same order as their other operations.
-  // all_gather_floats_group_start reads data[0..n) when the operation runs (after the
-  // operations started before it), so it can forward the result of a previous reduction;
-  // out[i] is members[i]'s payload.
+  // all_gather_floats_group_start: members[i] contributes counts[i] floats (this worker's read
+  // from data when the operation runs, after the operations started before it, so that it can
+  // forward the result of a previous reduction); out becomes members[0]'s floats, then
+  // members[1]'s, ... (resized, its capacity kept: no new allocation from one call to the next).
+  // Sent in pieces of 256 KiB, each forwarded as it arrives and checked against the counts (a
+  // worker that sends another size fails the operation, blamed).
   Handle all_reduce_group_start(float* data, int64_t n, ReduceOp op, std::vector<int> members,
                                 const std::string& label = "all_reduce");
-  Handle all_gather_floats_group_start(const float* data, int64_t n, std::vector<std::string>* out,
+  Handle all_gather_floats_group_start(const float* data, std::vector<int64_t> counts, std::vector<float>* out,
                                        std::vector<int> members, const std::string& label = "all_gather");
   // Blocks until the operation is done (time blocked is accounted as communication wait);
   // rethrows its error.
@@ -131,6 +134,8 @@ class Communicator {
                        const std::vector<int>& members = {});
   void ring_all_gather(std::string payload, std::vector<std::string>* out, const std::string& label,
                        const std::vector<int>& members = {});
+  void ring_all_gather_floats(const float* data, const std::vector<int64_t>& counts, std::vector<float>* out,
+                              const std::string& label, const std::vector<int>& members);
 
   std::shared_ptr<Transport> transport_;
   CommOptions options_;

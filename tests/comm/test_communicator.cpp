@@ -356,14 +356,14 @@ TEST(Communicator, GroupCollectivesInvolveOnlyTheirMembers) {
   const int M = 4;
   const int64_t n = 7;
   std::vector<std::vector<float>> reduced(M);
-  std::vector<std::vector<std::string>> gathered(M);
+  std::vector<std::vector<float>> gathered(M);
   std::vector<int64_t> sent(M);
   run_workers(M, [&](Communicator& comm) {
     const int r = comm.rank();
     std::vector<float> data = rank_data(r, n);
     auto h1 = comm.all_reduce_group_start(data.data(), n, ReduceOp::Mean, {r % 2, r % 2 + 2});
-    std::vector<std::string> out;
-    auto h2 = comm.all_gather_floats_group_start(data.data(), n, &out, {r / 2 * 2, r / 2 * 2 + 1});
+    std::vector<float> out;
+    auto h2 = comm.all_gather_floats_group_start(data.data(), {n, n}, &out, {r / 2 * 2, r / 2 * 2 + 1});
     comm.wait(h1);
     comm.wait(h2);
     reduced[size_t(r)] = data;
@@ -375,13 +375,63 @@ TEST(Communicator, GroupCollectivesInvolveOnlyTheirMembers) {
     const auto a = rank_data(r % 2, n), b = rank_data(r % 2 + 2, n);
     for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(reduced[size_t(r)][size_t(i)], (a[size_t(i)] + b[size_t(i)]) / 2);
     EXPECT_EQ(reduced[size_t(r)], reduced[size_t(r % 2)]) << "the same bits in a group";
-    ASSERT_EQ(gathered[size_t(r)].size(), 2u);
+    ASSERT_EQ(gathered[size_t(r)].size(), size_t(2 * n));
     for (int k = 0; k < 2; ++k) {  // column member k's reduced data, read after the reduction
       const int from = r / 2 * 2 + k;
-      EXPECT_EQ(gathered[size_t(r)][size_t(k)],
-                std::string(reinterpret_cast<const char*>(reduced[size_t(from)].data()), size_t(n) * 4));
+      const std::vector<float> got(gathered[size_t(r)].begin() + k * n, gathered[size_t(r)].begin() + (k + 1) * n);
+      EXPECT_EQ(got, reduced[size_t(from)]);
     }
     // Group of 2: all of the buffer once (two chunks); column of 2: one payload.
     EXPECT_EQ(sent[size_t(r)], 4 * n + 4 * n);
   }
+}
+
+TEST(Communicator, GatheredFloatsTravelInPiecesOfTheirCounts) {
+  // 3 members: one sends two full pieces (65,536 floats each) and a bit, one nothing, one 3
+  // floats; every member ends with all of them in member order, twice (the second time into
+  // the buffer the first call sized: no new allocation); a worker that sends another count than
+  // the others expect is refused by the worker it sends to, and blamed.
+  const int M = 3;
+  const std::vector<int64_t> counts{2 * 65536 + 5, 0, 3};
+  std::vector<float> want;
+  for (int m = 0; m < M; ++m) {
+    const auto d = rank_data(m, counts[size_t(m)]);
+    want.insert(want.end(), d.begin(), d.end());
+  }
+  std::vector<std::vector<float>> got(M);
+  std::vector<int> kept(M, 0);
+  run_workers(M, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const std::vector<float> data = rank_data(r, counts[size_t(r)]);
+    std::vector<float> out;
+    auto h = comm.all_gather_floats_group_start(data.data(), counts, &out, {0, 1, 2});
+    comm.wait(h);
+    const float* first = out.data();
+    out.clear();
+    h = comm.all_gather_floats_group_start(data.data(), counts, &out, {0, 1, 2});
+    comm.wait(h);
+    kept[size_t(r)] = out.data() == first;
+    got[size_t(r)] = out;
+  });
+  for (int r = 0; r < M; ++r) {
+    EXPECT_EQ(got[size_t(r)], want) << "member " << r;
+    EXPECT_TRUE(kept[size_t(r)]) << "member " << r << ": the second call allocated anew";
+  }
+  std::string why;
+  std::vector<int> blamed;
+  run_workers(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const std::vector<int64_t> told = r == 0 ? std::vector<int64_t>{5, 3} : std::vector<int64_t>{4, 3};
+    const std::vector<float> data = rank_data(r, told[size_t(r)]);
+    std::vector<float> out;
+    auto h = comm.all_gather_floats_group_start(data.data(), told, &out, {0, 1});
+    try {
+      comm.wait(h);
+    } catch (const PeerError& e) {
+      why = e.what();
+      blamed = e.peers();
+    }
+  });
+  EXPECT_NE(why.find("sent 20 bytes, expected 16"), std::string::npos) << why;
+  EXPECT_EQ(blamed, std::vector<int>{0});
 }
