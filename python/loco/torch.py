@@ -32,6 +32,7 @@ import queue
 import re
 import threading
 import time
+import tomllib
 
 import numpy as _np
 import torch as _torch
@@ -270,10 +271,10 @@ class Sync:
         # Streaming DiLoCo's merges with alpha on a device, the outer state on the host: mixed on
         # the device (_merge_on_device), so that a merge neither copies the model's fragment to
         # the host nor waits for the device.
+        config = tomllib.loads(self._core.config_toml())  # the run's resolved configuration
         self._alpha = None
         if self._on_device and not held and self._core.mix_merges_elsewhere():
-            import tomllib
-            self._alpha = float(tomllib.loads(self._core.config_toml())["streaming"]["alpha"])
+            self._alpha = float(config["streaming"]["alpha"])
         self.method = method
         self.rank = self._core.rank
         self.size = self._core.size
@@ -320,8 +321,7 @@ class Sync:
             self._copier.to_device([(self._flat, self._dflat)])
         self._outer = None
         if held:  # the outer state starts from the replicas' common parameters, on their device
-            import tomllib
-            self._outer = _DeviceOuter(self._core, self._dflat, tomllib.loads(self._core.config_toml()), method)
+            self._outer = _DeviceOuter(self._core, self._dflat, config, method)
         self._done = self._core.step
         self._stepped = self._synced = False
         if out_dir is not None and elastic:
@@ -591,10 +591,9 @@ class Sync:
             self._core.merge_step()
             self._apply_outer_results()
             return
-        if self._alpha is not None:
-            self._merge_on_device(writes)
-            return
-        self._on_host(reads, writes, self._core.merge_step)
+        if reads:  # every method with merges lets the caller mix them (Algorithm::mix_merges_elsewhere)
+            raise _loco.Error("internal: a merge reads the model; only the caller mixes merges on a device")
+        self._merge_on_device(writes)
 
     def _merge_on_device(self, writes):
         """The merges due, with the outer state on the host and the model on a device: the core

@@ -26,6 +26,12 @@ void place(const std::vector<Range>& region, const std::vector<Range>& part, con
   copy_runs(values, avg.data(), runs);
 }
 
+// Whether member m is the first (lowest-ranked) member training its slice: the one that sends
+// the slice's average to all.
+bool first_trainer(const std::vector<int>& slice_of, int m) {
+  return std::find(slice_of.begin(), slice_of.end(), slice_of[size_t(m)]) - slice_of.begin() == m;
+}
+
 }  // namespace
 
 CountVectorAverage::CountVectorAverage(const ParamLayout& layout, int slices, const std::string& strategy)
@@ -95,9 +101,8 @@ void CountVectorAverage::start_among(Communicator& comm, const float* params, co
   std::vector<int64_t> counts(static_cast<size_t>(M), 0);  // each slice's average from its first trainer
   for (int m = 0; m < M; ++m) {
     everyone[size_t(m)] = m;
-    const int n = op.slice_of[size_t(m)];
-    if (std::find(op.slice_of.begin(), op.slice_of.end(), n) - op.slice_of.begin() == m)
-      counts[size_t(m)] = total_size(intersect_ranges(region, slice_ranges_[size_t(n)]));
+    if (first_trainer(op.slice_of, m))
+      counts[size_t(m)] = total_size(intersect_ranges(region, slice_ranges_[size_t(op.slice_of[size_t(m)])]));
   }
   op.gather_handle =
       comm.all_gather_floats_group_start(op.own_values.data(), counts, &op.gathered, everyone, "outer_gradients");
@@ -121,9 +126,8 @@ void CountVectorAverage::finish_among(Communicator& comm, Op& op, const std::vec
   std::vector<Range> untrained;
   const float* at = op.gathered.data();
   for (int m = 0; m < int(op.slice_of.size()); ++m) {
-    const int n = op.slice_of[size_t(m)];
-    if (std::find(op.slice_of.begin(), op.slice_of.end(), n) - op.slice_of.begin() != m) continue;
-    const auto part = intersect_ranges(region, slice_ranges_[size_t(n)]);
+    if (!first_trainer(op.slice_of, m)) continue;
+    const auto part = intersect_ranges(region, slice_ranges_[size_t(op.slice_of[size_t(m)])]);
     place(region, part, at, avg);
     at += total_size(part);
   }

@@ -798,22 +798,22 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
     return;
   }
   step_outer(p);
-  const bool later = merging && caller_mixes_;  // written to the store at its next use (streaming.h)
-  if (!later) written_store().write(p.fragment, p.theta, p.momentum);
+  // The caller mixes this merge: it gets the synchronized values, and the outer state is written
+  // to the store at the store's next use (streaming.h).
+  const bool by_caller = merging && caller_mixes_;
+  if (!by_caller) written_store().write(p.fragment, p.theta, p.momentum);
   const float a = float(cfg_.alpha);
   for (const auto& s : segments_[p.fragment]) {
     float* local = w.params.data() + s.begin;
     const float* synced = p.theta.data() + s.packed;
     const bool mix = !replace && s.trained && a != 0.0f;  // alpha 0 replaces: the local values are not read
-    if (mix && merging && caller_mixes_) mixes_.push_back({s.begin, s.end});  // mixed by the caller, with its own
-    if (!mix || (merging && caller_mixes_))
+    if (mix && by_caller) mixes_.push_back({s.begin, s.end});
+    if (!mix || by_caller)
       each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
     else
       each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
   }
-  if (later) {
-    unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
-  }
+  if (by_caller) unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
   give_spare(p.theta);
   give_spare(p.momentum);
   give_spare(p.avg);

@@ -181,7 +181,7 @@ class Streaming : public Algorithm {
   // The caller mixes merge_step's merges (mix_merges_elsewhere): the ranges it must mix. Such a
   // caller (loco.torch on a device) runs sync starts and prepare_merges on a thread of its own, so
   // a merge leaves its fragment's outer state to be written to the store at the store's next use
-  // (write_back), which comes on that thread, instead of on the training loop's.
+  // (written_store()), which comes on that thread, instead of on the training loop's.
   bool caller_mixes_ = false;
   std::vector<Range> mixes_;
   struct Unwritten {
