@@ -2,6 +2,7 @@
 the method's page-locked host buffers, and data-parallel's gradient copies made as backward
 produces the gradients."""
 import collections
+import contextlib
 import functools
 import threading
 import time
@@ -56,6 +57,16 @@ class Copier:
     def event(self):
         """An event marking the work queued so far on the current stream (None off CUDA)."""
         return self._event() if self.cuda else None
+
+    def stream(self):
+        """The current stream (None off CUDA): where another thread's work goes with on()."""
+        return _torch.cuda.current_stream() if self.cuda else None
+
+    def on(self, stream):
+        """Context: this thread's device work queued on `stream` (the training loop's, taken by
+        stream() on the loop's thread), after what the loop queued before handing it over; a
+        thread of its own starts on the default stream."""
+        return _torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
     def host_free(self, pairs=None):
         """Before the host buffers are written (by the method or by copies into them). With

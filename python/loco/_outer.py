@@ -211,6 +211,7 @@ class DeviceOuter:
             self.theta = flat.detach().clone()
             self.momentum = _torch.zeros_like(self.theta)
         self._own = {}      # fragment -> this replica's parameters at its sync's start (one replica, fp32)
+        self._ready = {}    # fragment -> its completed sync's average parameters, prepared before its merge
         self.norms = None   # DiLoCo's last round: (||Delta||, ||Delta_m||) as device scalars
         self.bytes = 0      # crossed between the device and the host
 
@@ -220,7 +221,8 @@ class DeviceOuter:
         return any(lo <= b < hi for lo, hi in writes)
 
     def state_bytes(self):
-        return (self.theta.numel() + self.momentum.numel() + sum(t.numel() for t in self._own.values())) * 4
+        kept = list(self._own.values()) + list(self._ready.values())
+        return (self.theta.numel() + self.momentum.numel() + sum(t.numel() for t in kept)) * 4
 
     def _packed(self, t, j):
         """Fragment j's entries of the flat tensor t, packed in range order (a view when it is one
@@ -238,19 +240,28 @@ class DeviceOuter:
             for lo in range(0, e - b, CHUNK):
                 yield b + lo, at + lo, min(CHUNK, e - b - lo), trained
 
-    def start(self, j, flat, pinned):
-        """Fragment j's sync starts after this step: a codec's payloads (one, or one per shard),
-        encoded here and copied to page-locked host memory (`pinned(size)` makes a buffer); with
-        fp32 and one replica, the parameters kept for the sync's end. Returns the host buffers of
-        the payloads and a one-byte buffer saying whether the outer gradient was finite."""
+    def start(self, j, flat):
+        """Fragment j's sync starts after this step (on the loop's thread, in the training stream's
+        order): with a codec its outer gradient theta - params, a new tensor that encode() reads
+        (the rest of the start, on the background thread); with fp32 and one replica the
+        parameters kept for the sync's end (None)."""
         with _torch.no_grad():
             if self.codec is None:
                 self._own[j] = self._packed(flat, j).clone()
-                return [], None
+                return None
             n = sum(e - b for b, e, _, _ in self._segments[j])
             delta = _torch.empty(n, dtype=_torch.float32, device=self.device)  # Delta_{m,j} = theta - params
             for b, at, length, _ in self._chunks(j):
                 _torch.sub(self.theta[b:b + length], flat[b:b + length], out=delta[at:at + length])
+            return delta
+
+    def encode(self, delta, pinned):
+        """A sync's outer gradient (start's) as the codec's payloads (one, or one per shard),
+        encoded here and copied to page-locked host memory (`pinned(size)` makes a buffer). Returns
+        the host buffers and a one-byte buffer saying whether the outer gradient was finite, both
+        to be read once the copies are done (an event recorded after this)."""
+        with _torch.no_grad():
+            n = delta.numel()
             shards = self._core.outer_shards
             out = []
             for k in range(shards):
@@ -265,6 +276,25 @@ class DeviceOuter:
             finite.copy_(_torch.isfinite(delta).all().to(_torch.uint8).view(1), non_blocking=True)
             return out, finite
 
+    def prepare(self, r):
+        """A completed sync ahead of its merge (a dict from the core's peek_outer_results), on the
+        background thread: its average parameters on the device, kept for apply(). Fragment j's
+        outer parameters change only at its own merge, so theta - the mean outer gradient is
+        what apply() would compute then."""
+        j = r["fragment"]
+        with _torch.no_grad():
+            if r["avg"] is not None:
+                avg = self._to_device(r["avg"])
+            else:
+                avg = self._decode_mean(r, sum(e - b for b, e, _, _ in self._segments[j]))
+                self._theta_minus(j, avg)
+        self._ready[j] = avg
+
+    def _theta_minus(self, j, delta):
+        """delta := fragment j's outer parameters - delta, in place (the average parameters)."""
+        for b, at, length, _ in self._chunks(j):
+            _torch.sub(self.theta[b:b + length], delta[at:at + length], out=delta[at:at + length])
+
     def apply(self, r, flat):
         """One completed sync (a dict from the core's take_outer_results): the average, the outer
         step, and the merge into (or replacement of) this replica's parameters."""
@@ -275,14 +305,15 @@ class DeviceOuter:
                 return
             if r["own"]:  # one replica, fp32: its parameters at the sync's start (now, with tau 0)
                 avg = self._own.pop(j, None)
+            elif j in self._ready:  # prepared on the background thread (prepare())
+                avg = self._ready.pop(j)
             elif isinstance(r["avg"], _torch.Tensor):  # already on the device (the caller copied it)
                 avg = r["avg"]
             elif r["avg"] is not None:
                 avg = self._to_device(r["avg"])
             else:  # avg = theta - the decoded mean delta, in place
                 avg = self._decode_mean(r, sum(e - b for b, e, _, _ in self._segments[j]))
-                for b, at, length, _ in self._chunks(j):
-                    _torch.sub(self.theta[b:b + length], avg[at:at + length], out=avg[at:at + length])
+                self._theta_minus(j, avg)
             sq = []
             for b, at, length, trained in self._chunks(j):
                 theta, mom, local = self.theta[b:b + length], self.momentum[b:b + length], flat[b:b + length]
@@ -375,3 +406,4 @@ class DeviceOuter:
             with _torch.no_grad():
                 dst.copy_(src)
         self._own = {}
+        self._ready = {}

@@ -626,38 +626,49 @@ class Sync:
             self._outer.apply(r, self._dflat)
 
     def _held_step(self, done):
-        """_device_step with the outer state on the device: a sync's start encodes the fragment's
-        outer gradient here (fp32: the parameters the core averages cross, as on the host path),
-        and only its bytes cross; the core's communication runs in the background when nothing is
-        applied at this step; the completed syncs it hands back are applied here."""
-        core, outer, clock = self._core, self._outer, self._clock
+        """_device_step with the outer state on the device: a sync's start takes the fragment's
+        outer gradient here, in the training stream's order; the rest (fp32: the parameters the
+        core averages cross, as on the host path; a codec: its encoding, of which only the bytes
+        cross) is queued with the core's communication on the background thread when nothing is
+        applied at this step, with the syncs completed meanwhile decoded there ahead of their
+        merge (so that the loop's thread queues little device work at a sync); the completed
+        syncs the core hands back at their merge are applied here."""
+        core, outer, clock, copier = self._core, self._outer, self._clock, self._copier
         t0 = time.perf_counter()
         _, reads, writes = core.access()
         starts = core.outer_starts()
-        payloads = {}
+        deltas = {}
         for j in starts:
             if outer.codec is None and (self.size > 1 or outer.applied_within(j, writes)):
                 continue  # the core reads the parameters (reads), or the sync ends at this step
-            payloads[j] = outer.start(j, self._dflat, self._host_bytes)
-        ready = self._copier.to_host(self._ranges(reads), wait=False) if reads else None
-        encoded = self._copier.event() if payloads else None
+            delta = outer.start(j, self._dflat)
+            if delta is not None:
+                deltas[j] = delta
+        ready = copier.to_host(self._ranges(reads), wait=False) if reads else None
+        stream = copier.stream()  # the training stream: the background queues its work there too
         background = bool(starts) and not writes
         clock.add("start", time.perf_counter() - t0)
         on = self._bg_clock if background else clock  # the thread begin() runs on
 
         def begin():
+            with copier.on(stream):
+                payloads = {j: outer.encode(d, self._host_bytes) for j, d in deltas.items()}
+                encoded = copier.event() if payloads else None
+            deltas.clear()
             for ev in (ready, encoded):
                 if ev is not None:
                     on.timed("copies_waiting", ev.synchronize)
             for j, (bufs, finite) in payloads.items():
-                if finite is not None and not bool(finite[0]):
+                if not bool(finite[0]):
                     raise _loco.Error(f"the outer gradient of fragment {j} contains a non-finite value; refusing "
                                       "to encode it")
-                if finite is not None:
-                    core.provide_outer(j, [b.numpy() for b in bufs])
+                core.provide_outer(j, [b.numpy() for b in bufs])
             core.after_step()
             if background:
                 core.prepare_merges()  # its reduction waited for (and the payloads checked) here too
+                with copier.on(stream):
+                    for r in core.peek_outer_results():
+                        outer.prepare(r)
 
         if background:  # applied tau >= 1 steps later: the communication starts in the background
             quiet = core.quiet_until()

@@ -127,6 +127,12 @@ class Algorithm {
   virtual int outer_shards(const Worker& w) const { return 1; }
   virtual void provide_outer(size_t fragment, std::vector<std::string> payloads) {}
   virtual std::vector<OuterResult> take_outer_results() { return {}; }
+  // Ahead of their merge (after prepare_merges, on the caller's background thread): the syncs
+  // completed and not yet merged, each once, with a copy of what take_outer_results will hand
+  // over for them (a codec's payloads, or fp32's average), so that the caller can decode them and
+  // bring them to its device while its training loop goes on. take_outer_results still hands
+  // each one over at its merge.
+  virtual std::vector<OuterResult> peek_outer_results() { return {}; }
   // The caller's norms of the last round (DiLoCo's outer_delta_norm, replica_delta_norm).
   virtual void set_outer_norms(double outer, double replica) {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it

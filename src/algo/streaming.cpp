@@ -248,6 +248,22 @@ void Streaming::provide_outer(size_t fragment, std::vector<std::string> payloads
 
 std::vector<OuterResult> Streaming::take_outer_results() { return std::exchange(results_, {}); }
 
+std::vector<OuterResult> Streaming::peek_outer_results() {
+  std::vector<OuterResult> out;
+  if (!held_ || elastic_) return out;
+  for (auto& p : pending_) {
+    if (!p.completed || p.peeked || p.own) continue;
+    OuterResult r;
+    r.fragment = p.fragment;
+    r.avg = p.avg;
+    r.payloads = p.gathered;
+    r.reduce_scatter = p.reduce == EncodedReduce::ReduceScatter;
+    p.peeked = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 bool Streaming::starts_sync(size_t j, int64_t done, bool last) const {
   if (ranges_[j].empty()) return false;  // not on this pipeline stage
   const bool due = syncs_at(plan_[j], done, outer_.inner_steps);

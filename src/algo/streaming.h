@@ -70,6 +70,7 @@ class Streaming : public Algorithm {
   int outer_shards(const Worker& w) const override;
   void provide_outer(size_t fragment, std::vector<std::string> payloads) override;
   std::vector<OuterResult> take_outer_results() override;
+  std::vector<OuterResult> peek_outer_results() override;
 
  private:
   struct Segment {
@@ -89,6 +90,7 @@ class Streaming : public Algorithm {
     bool completed = false;
     bool stepped = false;                // theta and momentum hold the outer step (prepare_merges)
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
+    bool peeked = false;                 // held outer state: handed to the caller ahead of its merge
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
     // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
     bool robust = false;

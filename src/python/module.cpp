@@ -344,6 +344,16 @@ class Method {
   py::list take_outer_results() {
     std::vector<OuterResult> results;
     guard([&] { results = algo().take_outer_results(); });
+    return outer_results(std::move(results));
+  }
+  // The syncs completed ahead of their merge, each once (algo/algorithm.h: peek_outer_results),
+  // as take_outer_results gives them; called on loco.torch's background thread.
+  py::list peek_outer_results() {
+    std::vector<OuterResult> results;
+    guard([&] { results = algo().peek_outer_results(); });
+    return outer_results(std::move(results));
+  }
+  static py::list outer_results(std::vector<OuterResult> results) {
     py::list out;
     for (auto& r : results) {
       std::vector<int64_t> sizes;
@@ -769,6 +779,7 @@ PYBIND11_MODULE(_loco, m) {
       .def_property_readonly("outer_shards", &Method::outer_shards)
       .def("provide_outer", &Method::provide_outer)
       .def("take_outer_results", &Method::take_outer_results)
+      .def("peek_outer_results", &Method::peek_outer_results)
       .def("set_outer_norms", &Method::set_outer_norms)
       .def("mix_merges_elsewhere", &Method::mix_merges_elsewhere)
       .def("take_merge_mixes", &Method::take_merge_mixes)

@@ -4,7 +4,7 @@
 # port for torch.distributed; example checks examples/torch_train.py: at most 10 lines added for
 # loco, the loop without them runs, and under mpirun -np 2 it writes a run directory `loco report`
 # renders; elastic runs test_elastic.py in WORK against a Redis server of its own; gpu_bench runs
-# bench/torch_gpu.py small on CPU tensors (the GPU path) and checks its rows, in WORK.
+# bench/torch_gpu.py small on CPU tensors (the GPU path) and checks its rows, and bench/loop_ops.py, in WORK.
 set -euo pipefail
 pkg=$1 which=$2 loco=${3:-} work=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,6 +59,8 @@ PY
       --methods plain,ddp,diloco,diloco-host,streaming,streaming-host --out "$work/one.json"
     timeout 300 "$py" "$here/../../bench/torch_gpu.py" "${small[@]}" --members 2 --turns \
       --methods plain,ddp,diloco,partial2 --out "$work/two.json"
+    timeout 120 "$py" "$here/../../bench/loop_ops.py" | tee "$work/loop_ops.txt"
+    grep -q "^steps with work: [1-9]" "$work/loop_ops.txt"
     exec "$py" - "$work/one.json" "$work/two.json" <<'PY'
 import json, sys
 one, two = (json.load(open(f))["rows"] for f in sys.argv[1:])

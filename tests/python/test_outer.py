@@ -188,6 +188,62 @@ for M in (1, 2):
     check(moved == want, f"streaming fp4, {M} member(s), outer state on the device: 2 syncs moved {moved} bytes "
                          f"= 2 x (1 + {M}) x encoded ({want}; fp32 both ways would be {2 * 2 * 4 * n})")
 
+# 4b. Where a sync's device work is queued: with tau >= 1 the loop's thread queues only what
+# reads or writes the model at the step (the outer gradient theta - params, the outer step and the
+# merge); the encoding and the decoding of the payloads are queued by the background thread while
+# the loop trains. Counted per thread by a dispatch mode on the loop's sync.step() (a blocking
+# sync, tau 0, is the control: its codec work is on the loop's thread).
+import threading
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CODEC_OPS = {"searchsorted", "frexp", "bitwise_and", "bitwise_or", "__rshift__", "__lshift__", "index"}
+
+
+class LoopOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.thread, self.ops = threading.get_ident(), {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if threading.get_ident() == self.thread:
+            name = func.overloadpacket.__name__
+            self.ops[name] = self.ops.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def loop_ops(tau, steps=14):
+    """The ops the loop's thread dispatched in sync.step() (every step but the last), and the
+    syncs started."""
+    def member(r, endpoint):
+        model = make_model(0)
+        opt = make_opt(model)
+        sync = loco.torch.wrap(model, opt, "streaming", endpoint=endpoint, outer_device="model", codec="fp4-e3m0",
+                               inner_steps=6, fragment_blocks=1, tau=tau, alpha=0.5, train_steps=steps)
+        total, syncs = {}, 0
+        for t in range(steps - 1):  # the last step applies every sync in flight: not counted
+            inner_step(model, opt, 0, t)
+            opt.step()
+            opt.zero_grad()
+            starts = len(sync._core.outer_starts())
+            with LoopOps() as mode:
+                sync.step()
+            syncs += starts
+            for k, v in mode.ops.items():
+                total[k] = total.get(k, 0) + v
+        sync.close()
+        return total, syncs
+    return run_members(1, member)[0]
+
+
+for tau in (1, 0):
+    ops, syncs = loop_ops(tau)
+    codec = sum(v for k, v in ops.items() if k in CODEC_OPS)
+    what = (f"streaming fp4, tau {tau}, outer state on the device: {syncs} syncs, the loop's thread dispatched "
+            f"{sum(ops.values())} ops in sync.step(), {codec} of the codec's")
+    check(syncs > 0 and (codec == 0 if tau else codec > 0),
+          what + (" (none: encoded and decoded on the background thread)" if tau else
+                  " (a blocking sync encodes and decodes on the loop's thread)"))
+
 # 5. Checkpoints: the state_dict of a run with the outer state on the device has the host path's
 # entries and values (a sync in flight included), and a run stopped mid-sync and resumed from
 # them, on the device or on the host, equals the uninterrupted run bit for bit.
