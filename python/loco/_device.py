@@ -43,7 +43,9 @@ class Copier:
     marks when the host buffer is free again after copies from it."""
 
     def __init__(self, device, clock=None):
+        self._device = device
         self.cuda = device.type == "cuda"
+        self._side = None  # aside_to_device's stream (made at its first use)
         self.bytes = 0
         self._clock = clock or Clock()  # "copies_waiting": the host waiting for copies (an event)
         self._from_host = None  # event: the last copies out of the host buffers are done
@@ -111,6 +113,42 @@ class Copier:
             self._from_host = self._event()  # after these copies and the earlier ones
             self._read += [_extent(h) for h, _ in pairs]
 
+    def staged_to_device(self, arrays):
+        """Host arrays' values laid end to end in a new tensor on the device, counted (on CUDA
+        through page-locked memory, so that the copy waits for nothing on the stream). The arrays
+        may be freed once this returns."""
+        out, n = staged_to_device(arrays, self._device)
+        self.bytes += n
+        return out
+
+    def aside_to_device(self, arrays):
+        """staged_to_device with the copy on a stream of its own (CUDA), so that it overlaps the
+        work queued on the current stream instead of holding it up. Returns the tensor and an
+        event (None off CUDA): the current stream's work that reads the tensor must be queued
+        after ready(event). The tensor is allocated for the current stream, and its copy waits
+        for the work queued there so far (whatever used its memory before)."""
+        if not self.cuda:
+            return self.staged_to_device(arrays), None
+        if self._side is None:
+            self._side = _torch.cuda.Stream(device=self._device)
+        hosts = [_torch.from_numpy(a) for a in (arrays if isinstance(arrays, list) else [arrays])]
+        staged = _stage(hosts)
+        out = _torch.empty(staged.numel(), dtype=staged.dtype, device=self._device)
+        self._side.wait_stream(_torch.cuda.current_stream(self._device))
+        with _torch.cuda.stream(self._side):
+            out.copy_(staged, non_blocking=True)
+            ev = _torch.cuda.Event()
+            ev.record()
+        self.bytes += staged.numel() * staged.element_size()
+        return out, ev
+
+    @staticmethod
+    def ready(event):
+        """The current stream's work queued from now on waits for `event` (on the device: the host
+        does not wait)."""
+        if event is not None:
+            _torch.cuda.current_stream().wait_event(event)
+
     def wait(self):
         """Until every copy issued so far on the current stream (into the host buffers) is done."""
         if self.cuda:
@@ -120,6 +158,28 @@ class Copier:
 
     def _synchronize(self, ev):
         self._clock.timed("copies_waiting", ev.synchronize)
+
+
+def staged_to_device(arrays, device):
+    """A host array's values on `device` (a list's laid end to end), and the bytes copied: on CUDA
+    through page-locked memory, so that the copy waits for nothing on the current stream."""
+    hosts = [_torch.from_numpy(a) for a in (arrays if isinstance(arrays, list) else [arrays])]
+    n = sum(h.numel() * h.element_size() for h in hosts)
+    if not hosts:
+        return _torch.empty(0, dtype=_torch.uint8, device=device), 0
+    if device.type != "cuda":
+        return (hosts[0] if len(hosts) == 1 else _torch.cat(hosts)).to(device), n
+    return _stage(hosts).to(device, non_blocking=True), n
+
+
+def _stage(hosts):
+    """Host tensors laid end to end in a new page-locked tensor."""
+    staged = _torch.empty(sum(h.numel() for h in hosts), dtype=hosts[0].dtype, pin_memory=True)
+    at = 0
+    for h in hosts:
+        staged[at:at + h.numel()].copy_(h)
+        at += h.numel()
+    return staged
 
 
 def subtract(ranges, holes):

@@ -12,6 +12,7 @@ one whose outer state is on the host compute the same bits and can train togethe
 import torch as _torch
 
 from . import _loco
+from ._device import staged_to_device as _staged_to_device
 
 _E3M0 = [0.0] + [2.0 ** (e - 7) for e in range(1, 8)]
 _E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -334,20 +335,10 @@ class DeviceOuter:
                 self.norms = tuple(_torch.stack(sq).sum(0).sqrt())
 
     def _to_device(self, arrays):
-        """A host array's values on the device, or a list's laid end to end (through page-locked
-        memory on CUDA, so that the copy waits for nothing on the training stream)."""
-        hosts = [_torch.from_numpy(a) for a in (arrays if isinstance(arrays, list) else [arrays])]
-        self.bytes += sum(h.numel() * h.element_size() for h in hosts)
-        if not hosts:
-            return _torch.empty(0, dtype=_torch.uint8, device=self.device)
-        if self.device.type != "cuda":
-            return (hosts[0] if len(hosts) == 1 else _torch.cat(hosts)).to(self.device)
-        staged = _torch.empty(sum(h.numel() for h in hosts), dtype=hosts[0].dtype, pin_memory=True)
-        at = 0
-        for h in hosts:
-            staged[at:at + h.numel()].copy_(h)
-            at += h.numel()
-        return staged.to(self.device, non_blocking=True)
+        """A host array's values on the device, or a list's laid end to end, counted."""
+        out, n = _staged_to_device(arrays, self.device)
+        self.bytes += n
+        return out
 
     def _decode_mean(self, r, n):
         """The mean outer gradient of the payloads: every replica's decoded and summed in rank

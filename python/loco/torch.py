@@ -273,8 +273,10 @@ class Sync:
         # the host nor waits for the device.
         config = tomllib.loads(self._core.config_toml())  # the run's resolved configuration
         self._alpha = None
+        self._merged = {}  # fragment -> its synchronized values on the device and their copy's event
         if self._on_device and not held and self._core.mix_merges_elsewhere():
             self._alpha = float(config["streaming"]["alpha"])
+            self._segments = self._core.outer_segments()
         self.method = method
         self.rank = self._core.rank
         self.size = self._core.size
@@ -554,13 +556,19 @@ class Sync:
             t0 = time.perf_counter()
             quiet = self._core.quiet_until()
             ready = self._copier.to_host(self._ranges(reads), wait=False)
-            core, bg_clock = self._core, self._bg_clock
+            core, bg_clock, copier = self._core, self._bg_clock, self._copier
+            stream = copier.stream()  # the training stream: the background queues its copies there too
 
             def start_sync():
                 if ready is not None:
                     bg_clock.timed("copies_waiting", ready.synchronize)
                 core.after_step()
                 core.prepare_merges()  # its reduction waited for and its outer step, here too
+                # The syncs' synchronized values to the device ahead of their merge, which then
+                # only mixes them in (_merge_on_device).
+                with copier.on(stream):
+                    for r in core.peek_outer_results():
+                        self._merged[r["fragment"]] = copier.aside_to_device(r["avg"])
 
             self._bg.submit(start_sync)
             self._background_syncs += 1
@@ -579,6 +587,8 @@ class Sync:
             self._copier.host_free()
         hook()
         self._copier.to_device(self._ranges(writes))
+        if writes:  # syncs applied here (the last step) were written by the core: copies taken before are stale
+            self._merged.clear()
 
     def _merge_first(self):
         """The syncs merged at this step (Streaming DiLoCo, tau >= 1 steps after they started),
@@ -604,7 +614,21 @@ class Sync:
         self._copier.host_free(self._ranges(writes))
         self._core.merge_step()
         mixes = [tuple(r) for r in self._core.take_merge_mixes()]
-        self._copier.to_device(self._ranges(_subtract(writes, mixes)))
+        # Fragments whose synchronized values came to the device before (start_sync): merged from
+        # there; the core wrote nothing of them to the host buffer.
+        taken = [j for j in self._merged if any(lo <= self._segments[j][0][0] < hi for lo, hi in writes)]
+        own = sorted((b, e) for j in taken for b, e, _, _ in self._segments[j])
+        self._copier.to_device(self._ranges(_subtract(_subtract(writes, mixes), own)))
+        with _torch.no_grad():
+            for j in taken:
+                synced, copied = self._merged.pop(j)
+                self._copier.ready(copied)
+                for b, e, at, trained in self._segments[j]:
+                    local, theirs = self._dflat[b:e], synced[at:at + e - b]
+                    if trained and self._alpha != 0:
+                        _mix(local, theirs, self._alpha, spend=True)
+                    else:
+                        local.copy_(theirs)
         if not mixes:
             return
         buf = _torch.empty(min(_CHUNK, max(hi - lo for lo, hi in mixes)), dtype=_torch.float32, device=self._device)
@@ -814,6 +838,7 @@ class Sync:
         self._bg.join()
         if self._outer is not None:
             self._outer.load(core)
+        self._merged.clear()
         self._core.load_state(core)
         self._done = self._core.step
         self._quiet_until = 0

@@ -131,7 +131,10 @@ class Algorithm {
   // completed and not yet merged, each once, with a copy of what take_outer_results will hand
   // over for them (a codec's payloads, or fp32's average), so that the caller can decode them and
   // bring them to its device while its training loop goes on. take_outer_results still hands
-  // each one over at its merge.
+  // each one over at its merge. A caller that mixes the merges (mix_merges_elsewhere) gets each
+  // sync's synchronized values once its outer step is taken (in avg, packed as the fragment's
+  // segments); its merge then writes none of them into w.params and names none of its ranges to
+  // mix: the caller merges the fragment from its copy.
   virtual std::vector<OuterResult> peek_outer_results() { return {}; }
   // The caller's norms of the last round (DiLoCo's outer_delta_norm, replica_delta_norm).
   virtual void set_outer_norms(double outer, double replica) {}

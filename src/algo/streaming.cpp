@@ -250,13 +250,13 @@ std::vector<OuterResult> Streaming::take_outer_results() { return std::exchange(
 
 std::vector<OuterResult> Streaming::peek_outer_results() {
   std::vector<OuterResult> out;
-  if (!held_ || elastic_) return out;
+  if (elastic_ || !(held_ || caller_mixes_)) return out;
   for (auto& p : pending_) {
-    if (!p.completed || p.peeked || p.own) continue;
+    if (p.peeked || (held_ ? !p.completed || p.own : !p.stepped)) continue;
     OuterResult r;
     r.fragment = p.fragment;
-    r.avg = p.avg;
-    r.payloads = p.gathered;
+    r.avg = held_ ? p.avg : p.theta;  // the caller mixing merges: the synchronized values
+    if (held_) r.payloads = p.gathered;
     r.reduce_scatter = p.reduce == EncodedReduce::ReduceScatter;
     p.peeked = true;
     out.push_back(std::move(r));
@@ -819,7 +819,10 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
   const bool by_caller = merging && caller_mixes_;
   if (!by_caller) written_store().write(p.fragment, p.theta, p.momentum);
   const float a = float(cfg_.alpha);
+  // A caller that took the synchronized values ahead (peek_outer_results) merges them from its copy.
+  const bool taken = by_caller && p.peeked;
   for (const auto& s : segments_[p.fragment]) {
+    if (taken) break;
     float* local = w.params.data() + s.begin;
     const float* synced = p.theta.data() + s.packed;
     const bool mix = !replace && s.trained && a != 0.0f;  // alpha 0 replaces: the local values are not read

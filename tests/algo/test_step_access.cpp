@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "algo/algorithm.h"
@@ -69,7 +70,9 @@ struct Outcome {
   std::string violation;                          // a write outside the declared ranges
 };
 
-enum class Mode { Host, Device, DeviceSplit, DeviceMix };
+// DevicePeek: as DeviceMix, the synchronized values also taken ahead of the merge
+// (peek_outer_results after prepare_merges) and merged from that copy, as loco.torch does.
+enum class Mode { Host, Device, DeviceSplit, DeviceMix, DevicePeek };
 
 // alpha * local + (1 - alpha) * synced, one rounding per operation (no fused multiply-add), as
 // algo/streaming.cpp and loco.torch on a device compute it.
@@ -95,7 +98,10 @@ Outcome run(const RunConfig& cfg, Mode mode) {
       Worker w(cfg, comm, tokens);
       Transformer(cfg.model).init_params(w.params.data(), 5);
       auto algo = make_algorithm(cfg, w);
-      const bool mixes = mode == Mode::DeviceMix && algo->mix_merges_elsewhere();
+      const bool peeks = mode == Mode::DevicePeek;
+      const bool mixes = (mode == Mode::DeviceMix || peeks) && algo->mix_merges_elsewhere();
+      const auto segments = algo->outer_segments();
+      std::map<size_t, std::vector<float>> taken;  // fragment -> its synchronized values, peeked
       algo->start(w, false);
       std::vector<float> dev = w.params, dgrads = w.grads;  // the device's parameters and gradients
       const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -105,7 +111,7 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         w.step = t;
         // With the merge first, its hooks run after the inner step (below); what they use is
         // asked now, with the rest's, as loco.torch asks before either.
-        const bool split = mode == Mode::DeviceSplit || mode == Mode::DeviceMix;
+        const bool split = mode == Mode::DeviceSplit || mode == Mode::DeviceMix || peeks;
         const StepAccess ma = split ? algo->merge_access(w, done, last) : StepAccess::nothing();
         StepAccess a = algo->access(w, done, last);
         const bool merges_first = !ma.writes.empty();
@@ -140,6 +146,20 @@ Outcome run(const RunConfig& cfg, Mode mode) {
             for (const auto& r : algo->take_merge_mixes())
               for (int64_t i = r.begin; i < r.end; ++i)
                 dev[size_t(i)] = mixed(float(cfg.streaming.alpha), local[size_t(i)], w.params[size_t(i)]);
+          for (auto it = taken.begin(); it != taken.end();) {  // merged from the values peeked
+            if (!inside(ma.writes, segments[it->first].front().begin)) {
+              ++it;
+              continue;
+            }
+            for (const auto& x : segments[it->first])
+              for (int64_t i = x.begin; i < x.end; ++i) {
+                const float synced = it->second[size_t(x.packed + i - x.begin)];
+                dev[size_t(i)] = x.trained && cfg.streaming.alpha != 0
+                                     ? mixed(float(cfg.streaming.alpha), local[size_t(i)], synced)
+                                     : synced;
+              }
+            it = taken.erase(it);
+          }
           const StepAccess rest = algo->access(w, done, last);  // what is left of the step
           for (const auto& r : rest.writes)
             if (!inside(a.writes, r.begin) && violation[size_t(m)].empty())
@@ -166,6 +186,9 @@ Outcome run(const RunConfig& cfg, Mode mode) {
           }
         }
         if (split) algo->prepare_merges();
+        if (peeks)
+          for (auto& r : algo->peek_outer_results()) taken[r.fragment] = std::move(r.avg);
+        if (last) taken.clear();  // the last step applied every sync itself
       }
       if (device) w.params = dev;  // what loco.torch copies to the host before an evaluation
       out.eval[size_t(m)] = algo->eval_params(w);
@@ -182,9 +205,12 @@ Outcome run(const RunConfig& cfg, Mode mode) {
 void expect_contract(const RunConfig& cfg, const std::string& what, int64_t touching, int64_t first) {
   const Outcome host = run(cfg, Mode::Host);
   EXPECT_EQ(host.violation, "") << what;
-  for (Mode mode : {Mode::Device, Mode::DeviceSplit, Mode::DeviceMix}) {
+  for (Mode mode : {Mode::Device, Mode::DeviceSplit, Mode::DeviceMix, Mode::DevicePeek}) {
     const Outcome device = run(cfg, mode);
-    const std::string how = what + (mode == Mode::Device ? "" : mode == Mode::DeviceSplit ? ", merge first" : ", mixed by the caller");
+    const std::string how = what + (mode == Mode::Device        ? ""
+                                    : mode == Mode::DeviceSplit ? ", merge first"
+                                    : mode == Mode::DeviceMix   ? ", mixed by the caller"
+                                                                : ", merged by the caller from values taken ahead");
     EXPECT_EQ(device.violation, "") << how;
     for (int m = 0; m < 2; ++m) {
       EXPECT_TRUE(host.params[size_t(m)] == device.params[size_t(m)]) << how << ": replica " << m << "'s parameters";

@@ -110,16 +110,16 @@ try:
     wrap2_bytes, steps = bytes_per_step("diloco", 2, 4, inner_steps=4)[0]
     check(wrap2_bytes == 2 * model_bytes, f"device path: wrap() of 2 members copies the model there and back "
                                           f"(member 0's) ({wrap2_bytes} bytes)")
-    # Streaming, H = 6, fragments at offsets 0, 2, 4, tau 1: a sync reads its fragment at t, the
-    # merge at t + 1 only writes it (the synchronized values; with alpha 0.5 mixed on the device
-    # with the model's own, which do not cross to the host).
+    # Streaming, H = 6, fragments at offsets 0, 2, 4, tau 1: a sync reads its fragment at t, and
+    # its synchronized values come back once, on the background thread during step t + 1 (counted
+    # with step t: metrics() waits for that thread), ahead of the merge at t + 1, which moves
+    # nothing (with alpha 0.5 they are mixed on the device with the model's own values, which do
+    # not cross to the host).
     for alpha in (0.5, 0.0):
         _, steps = bytes_per_step("streaming", 2, 14, inner_steps=6, fragment_blocks=1, tau=1, alpha=alpha)[0]
         want = [0] * 14
         for j, start in ((0, 6), (1, 8), (2, 10), (0, 12), (1, 14)):
-            want[start - 1] += frag_bytes[j]
-            if start < 14:
-                want[start] += frag_bytes[j]
+            want[start - 1] += 2 * frag_bytes[j]
         check(steps == want, f"device path streaming tau 1 alpha {alpha}: bytes per step {steps} == {want}")
     _, steps = bytes_per_step("ddp", 1, 3)[0]
     check(steps == [0, 0, 0], f"device path ddp, one member: no copies ({steps})")
