@@ -45,7 +45,8 @@ class Copier:
     def __init__(self, device, clock=None):
         self._device = device
         self.cuda = device.type == "cuda"
-        self._side = None  # aside_to_device's stream (made at its first use)
+        self._side = None  # the stream of the copies aside (made at its first use)
+        self._aside_reads = None  # event: the copies aside out of the model's tensors are done
         self.bytes = 0
         self._clock = clock or Clock()  # "copies_waiting": the host waiting for copies (an event)
         self._from_host = None  # event: the last copies out of the host buffers are done
@@ -84,27 +85,50 @@ class Copier:
         self._from_host = None
         self._read = []
 
-    def to_host(self, pairs, wait=True):
+    def to_host(self, pairs, wait=True, aside=False):
         """pairs: (host view, device view); the host holds the values when this returns, or, with
-        wait=False, once the event returned has completed (None: at once)."""
+        wait=False, once the event returned has completed (None: at once). aside (with
+        wait=False, on CUDA): the copies on loco's own stream, after the work queued so far on
+        the current one, so that they overlap the work queued after them instead of holding it
+        up; the device tensors read must then not be written before before_writes()."""
         self.host_free(pairs)
-        with _torch.no_grad():
+        aside = aside and not wait and self.cuda and any(d is not None for _, d in pairs)
+        if aside:
+            side = self._side_stream()
+            side.wait_stream(_torch.cuda.current_stream(self._device))
+        with _torch.no_grad(), (_torch.cuda.stream(side) if aside else contextlib.nullcontext()):
             for h, d in pairs:
                 if d is None:
                     h.zero_()
                 else:
                     h.copy_(d, non_blocking=True)
                     self.bytes += h.numel() * h.element_size()
-        if not (self.cuda and pairs):
-            return None
-        ev = self._event()
+            if not (self.cuda and pairs):
+                return None
+            ev = self._event()
+        if aside:
+            self._aside_reads = ev
         if wait:
             self._synchronize(ev)
             return None
         return ev
 
+    def before_writes(self):
+        """Before work that writes the model's device tensors is queued on the current stream:
+        it waits (on the device) for the copies aside that read them."""
+        if self._aside_reads is not None:
+            _torch.cuda.current_stream(self._device).wait_event(self._aside_reads)
+            self._aside_reads = None
+
+    def _side_stream(self):
+        if self._side is None:
+            self._side = _torch.cuda.Stream(device=self._device)
+        return self._side
+
     def to_device(self, pairs):
         """pairs: (host view, device view); returns at once on CUDA."""
+        if pairs:
+            self.before_writes()
         with _torch.no_grad():
             for h, d in pairs:
                 d.copy_(h, non_blocking=True)
@@ -129,13 +153,12 @@ class Copier:
         for the work queued there so far (whatever used its memory before)."""
         if not self.cuda:
             return self.staged_to_device(arrays), None
-        if self._side is None:
-            self._side = _torch.cuda.Stream(device=self._device)
+        side = self._side_stream()
         hosts = [_torch.from_numpy(a) for a in (arrays if isinstance(arrays, list) else [arrays])]
         staged = _stage(hosts)
         out = _torch.empty(staged.numel(), dtype=staged.dtype, device=self._device)
-        self._side.wait_stream(_torch.cuda.current_stream(self._device))
-        with _torch.cuda.stream(self._side):
+        side.wait_stream(_torch.cuda.current_stream(self._device))
+        with _torch.cuda.stream(side):
             out.copy_(staged, non_blocking=True)
             ev = _torch.cuda.Event()
             ev.record()

@@ -346,6 +346,7 @@ class Sync:
                 self.sync_gradients()
             self._synced = False
             self._stepped = True
+            self._copier.before_writes()  # a sync's start may still be copying the parameters aside
             return original(*args, **kwargs)
 
         inner_opt.step = step
@@ -555,7 +556,7 @@ class Sync:
         if reads and not writes:
             t0 = time.perf_counter()
             quiet = self._core.quiet_until()
-            ready = self._copier.to_host(self._ranges(reads), wait=False)
+            ready = self._copier.to_host(self._ranges(reads), wait=False, aside=True)
             core, bg_clock, copier = self._core, self._bg_clock, self._copier
             stream = copier.stream()  # the training stream: the background queues its copies there too
 
@@ -597,6 +598,7 @@ class Sync:
         _, reads, writes = self._core.merge_access()
         if not writes:
             return
+        self._copier.before_writes()
         if self._outer is not None:
             self._core.merge_step()
             self._apply_outer_results()

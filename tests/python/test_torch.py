@@ -406,6 +406,96 @@ check(waited >= 0.002 * FakeEvent.waits, f"device path: the copies' waits are co
                                          f"{FakeEvent.waits} waits of at least 2 ms)")
 
 
+# Copies aside (CUDA streams stood in for, each call logged): a copy of the parameters to the host
+# at a sync's start runs on loco's stream after the work queued on the training stream; the
+# training stream waits for it (on the device) before the next work that writes the parameters,
+# once; the synchronized values come to the device on loco's stream, and the merge waits for them.
+log = []
+
+
+class FakeStream:
+    def __init__(self, name="loco", device=None):
+        self.name = name
+
+    def wait_stream(self, other):
+        log.append(f"{self.name} waits for {other.name}")
+
+    def wait_event(self, ev):
+        log.append(f"{self.name} waits for event {ev.at}")
+
+
+class LoggedEvent:
+    def record(self):
+        self.at = current[-1].name
+        log.append(f"event on {self.at}")
+
+
+class Within:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        current.append(self.stream)
+
+    def __exit__(self, *exc):
+        current.pop()
+
+
+current = [FakeStream("training")]
+saved = {k: getattr(torch.cuda, k) for k in ("Stream", "Event", "stream", "current_stream")}
+torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream = FakeStream, LoggedEvent, Within
+torch.cuda.current_stream = lambda device=None: current[-1]
+import loco._device as _devmod  # noqa: E402
+staged_was, _devmod._stage = _devmod._stage, lambda hosts: torch.cat(hosts)  # no page-locked memory here
+try:
+    copier = Copier(torch.device("cpu"))
+    copier.cuda = True
+    host, dev = torch.zeros(100), torch.arange(100.0)
+    ev = copier.to_host([(host[0:50], dev[0:50])], wait=False, aside=True)
+    copied = bool((host[0:50] == dev[0:50]).all())
+    copier.before_writes()
+    copier.before_writes()  # once
+    values, arrived = copier.aside_to_device(dev[50:].numpy())
+    arrived_right = bool((values == torch.arange(50.0, 100.0)).all())
+    copier.ready(arrived)
+    copier.to_host([(host[0:10], dev[0:10])], wait=False, aside=True)
+    copier.to_device([(host[50:60], dev[50:60])])
+    want = ["loco waits for training", "event on loco", "training waits for event loco",
+            "loco waits for training", "event on loco", "training waits for event loco",
+            "loco waits for training", "event on loco", "training waits for event loco", "event on training"]
+    check(log == want and copied and ev is not None and arrived_right,
+          f"device path: copies aside on loco's stream, after the training stream's work, waited for by it "
+          f"before the parameters are written, once ({log})")
+finally:
+    for k, v in saved.items():
+        setattr(torch.cuda, k, v)
+    _devmod._stage = staged_was
+
+# ... and a run takes them so: with the outer state on the host, every copy aside at a sync's
+# start is followed by before_writes() before the next optimizer step's own work and before a merge.
+order = []
+model = make_model(0)
+opt = make_opt(model)
+os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+sync = loco.torch.wrap(model, opt, "streaming", endpoint=loco.inprocess(1)[0], inner_steps=6, fragment_blocks=1,
+                       tau=1, alpha=0.5, outer_device="cpu")
+os.environ["LOCO_TORCH_AS_DEVICE"] = "0"
+to_host, before = sync._copier.to_host, sync._copier.before_writes
+sync._copier.to_host = lambda pairs, wait=True, aside=False: (order.append("aside" if aside else "copy"),
+                                                               to_host(pairs, wait, aside))[1]
+sync._copier.before_writes = lambda: (order.append("before writes"), before())[1]
+for t in range(14):
+    inner_step(model, opt, 0, t)
+    opt.step()
+    order.append("step")
+    opt.zero_grad()
+    sync.step()
+sync.close()
+asides = [i for i, x in enumerate(order) if x == "aside"]
+check(asides and all("before writes" in order[i + 1:order.index("step", i + 1)] for i in asides if "step" in order[i + 1:]),
+      f"device path: each copy aside ({len(asides)}) is followed by before_writes() before the next optimizer step")
+
+
 # Where the hooks' time goes (metrics' loop_seconds and background_seconds), with the method's
 # hooks slowed by 10 ms each: a merge's time in the loop's merge phase, a sync start's hook on the
 # background thread, the other steps' hooks in core; every phase within the hooks' whole, the
