@@ -145,17 +145,21 @@ class Copier:
         self.bytes += n
         return out
 
-    def aside_to_device(self, arrays):
-        """staged_to_device with the copy on a stream of its own (CUDA), so that it overlaps the
-        work queued on the current stream instead of holding it up. Returns the tensor and an
-        event (None off CUDA): the current stream's work that reads the tensor must be queued
-        after ready(event). The tensor is allocated for the current stream, and its copy waits
-        for the work queued there so far (whatever used its memory before)."""
+    def host_tensor(self, n):
+        """n float32 values on the host to copy to the device (page-locked on CUDA)."""
+        return _torch.empty(n, dtype=_torch.float32, pin_memory=self.cuda)
+
+    def aside_to_device(self, staged):
+        """A host tensor's values (host_tensor's) in a new tensor on the device, counted, the copy
+        on a stream of its own (CUDA), so that it overlaps the work queued on the current stream
+        instead of holding it up. Returns the tensor and an event (None off CUDA): the current
+        stream's work that reads the tensor must be queued after ready(event). The tensor is
+        allocated for the current stream, and its copy waits for the work queued there so far
+        (whatever used its memory before). `staged` may be freed once this returns."""
         if not self.cuda:
-            return self.staged_to_device(arrays), None
+            self.bytes += staged.numel() * staged.element_size()
+            return staged.to(self._device, copy=True), None
         side = self._side_stream()
-        hosts = [_torch.from_numpy(a) for a in (arrays if isinstance(arrays, list) else [arrays])]
-        staged = _stage(hosts)
         out = _torch.empty(staged.numel(), dtype=staged.dtype, device=self._device)
         side.wait_stream(_torch.cuda.current_stream(self._device))
         with _torch.cuda.stream(side):

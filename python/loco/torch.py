@@ -569,7 +569,10 @@ class Sync:
                 # only mixes them in (_merge_on_device).
                 with copier.on(stream):
                     for r in core.peek_outer_results():
-                        self._merged[r["fragment"]] = copier.aside_to_device(r["avg"])
+                        j = r["fragment"]
+                        host = copier.host_tensor(sum(e - b for b, e, _, _ in self._segments[j]))
+                        core.copy_synced(j, host.numpy())
+                        self._merged[j] = copier.aside_to_device(host)
 
             self._bg.submit(start_sync)
             self._background_syncs += 1

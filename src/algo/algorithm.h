@@ -131,11 +131,13 @@ class Algorithm {
   // completed and not yet merged, each once, with a copy of what take_outer_results will hand
   // over for them (a codec's payloads, or fp32's average), so that the caller can decode them and
   // bring them to its device while its training loop goes on. take_outer_results still hands
-  // each one over at its merge. A caller that mixes the merges (mix_merges_elsewhere) gets each
-  // sync's synchronized values once its outer step is taken (in avg, packed as the fragment's
-  // segments); its merge then writes none of them into w.params and names none of its ranges to
-  // mix: the caller merges the fragment from its copy.
+  // each one over at its merge. A caller that mixes the merges (mix_merges_elsewhere) is named
+  // each sync once its outer step is taken (the fragment only), and copies its synchronized values
+  // with copy_synced (n of them, packed as the fragment's segments) before the merge; the merge
+  // then writes none of them into w.params and names none of its ranges to mix: the caller merges
+  // the fragment from its copy.
   virtual std::vector<OuterResult> peek_outer_results() { return {}; }
+  virtual void copy_synced(size_t fragment, float* out, int64_t n) { fail("internal: copy_synced without a sync"); }
   // The caller's norms of the last round (DiLoCo's outer_delta_norm, replica_delta_norm).
   virtual void set_outer_norms(double outer, double replica) {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it

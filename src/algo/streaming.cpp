@@ -255,8 +255,10 @@ std::vector<OuterResult> Streaming::peek_outer_results() {
     if (p.peeked || (held_ ? !p.completed || p.own : !p.stepped)) continue;
     OuterResult r;
     r.fragment = p.fragment;
-    r.avg = held_ ? p.avg : p.theta;  // the caller mixing merges: the synchronized values
-    if (held_) r.payloads = p.gathered;
+    if (held_) {
+      r.avg = p.avg;
+      r.payloads = p.gathered;
+    }
     r.reduce_scatter = p.reduce == EncodedReduce::ReduceScatter;
     p.peeked = true;
     out.push_back(std::move(r));
@@ -306,6 +308,18 @@ void each_index(int64_t n, F f) {
 }
 
 }  // namespace
+
+void Streaming::copy_synced(size_t fragment, float* out, int64_t n) {
+  for (const auto& p : pending_) {
+    if (p.fragment != fragment || !p.peeked || held_) continue;
+    check(n == int64_t(p.theta.size()), "copy_synced: fragment " + std::to_string(fragment) + " has " +
+                                            std::to_string(p.theta.size()) + " values, the buffer " + std::to_string(n));
+    const float* from = p.theta.data();
+    each_index(n, [=](int64_t i) { out[i] = from[i]; });
+    return;
+  }
+  fail("copy_synced: fragment " + std::to_string(fragment) + " has no sync taken ahead of its merge");
+}
 
 std::vector<float> Streaming::take_spare(int64_t n) {
   // The smallest vector that holds n values, else the largest (grown here).

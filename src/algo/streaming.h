@@ -71,6 +71,7 @@ class Streaming : public Algorithm {
   void provide_outer(size_t fragment, std::vector<std::string> payloads) override;
   std::vector<OuterResult> take_outer_results() override;
   std::vector<OuterResult> peek_outer_results() override;
+  void copy_synced(size_t fragment, float* out, int64_t n) override;
 
  private:
   struct Segment {

@@ -353,6 +353,13 @@ class Method {
     guard([&] { results = algo().peek_outer_results(); });
     return outer_results(std::move(results));
   }
+  // A sync's synchronized values, named by peek_outer_results, into `out` (loco.torch's
+  // page-locked buffer for their copy to the device), on loco.torch's background thread.
+  void copy_synced(size_t fragment, py::array_t<float, py::array::c_style> out) {
+    float* at = out.mutable_data();
+    const int64_t n = int64_t(out.size());
+    guard([&] { algo().copy_synced(fragment, at, n); });
+  }
   static py::list outer_results(std::vector<OuterResult> results) {
     py::list out;
     for (auto& r : results) {
@@ -780,6 +787,7 @@ PYBIND11_MODULE(_loco, m) {
       .def("provide_outer", &Method::provide_outer)
       .def("take_outer_results", &Method::take_outer_results)
       .def("peek_outer_results", &Method::peek_outer_results)
+      .def("copy_synced", &Method::copy_synced)
       .def("set_outer_norms", &Method::set_outer_norms)
       .def("mix_merges_elsewhere", &Method::mix_merges_elsewhere)
       .def("take_merge_mixes", &Method::take_merge_mixes)

@@ -187,7 +187,13 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         }
         if (split) algo->prepare_merges();
         if (peeks)
-          for (auto& r : algo->peek_outer_results()) taken[r.fragment] = std::move(r.avg);
+          for (const auto& r : algo->peek_outer_results()) {
+            int64_t n = 0;
+            for (const auto& x : segments[r.fragment]) n += x.end - x.begin;
+            std::vector<float>& values = taken[r.fragment];
+            values.assign(size_t(n), std::numeric_limits<float>::quiet_NaN());
+            algo->copy_synced(r.fragment, values.data(), n);
+          }
         if (last) taken.clear();  // the last step applied every sync itself
       }
       if (device) w.params = dev;  // what loco.torch copies to the host before an evaluation
