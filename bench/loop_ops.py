@@ -1,6 +1,6 @@
 """How much device work loco.torch's hooks queue on the training loop's thread: one member of
 Streaming DiLoCo (a fragment per block, fp4-e3m0, tau 1, H = --inner-steps) with its outer state
-on the model's device, the device path taken on CPU tensors (LOCO_TORCH_AS_DEVICE=1, set here),
+on the model's device (or, --outer-device cpu, on the host), the device path taken on CPU tensors (LOCO_TORCH_AS_DEVICE=1, set here),
 and the tensor operations the loop's thread dispatches in each sync.step() counted (a torch
 dispatch mode on that thread: each one is a kernel launch, or a view, on a GPU). On a GPU a
 loop that reads its loss every step cannot hide what its hooks queue beyond what the device still
@@ -37,6 +37,8 @@ p.add_argument("--mlp", type=int, default=172)
 p.add_argument("--vocab", type=int, default=512)
 p.add_argument("--inner-steps", type=int, default=8)
 p.add_argument("--pieces", type=int, default=3, help="pieces of a block's fragment (0: CHUNK as it is)")
+p.add_argument("--outer-device", default="model", choices=["model", "cpu"],
+               help="where the outer state lives (cpu: on the host, the outer step and codecs in C++)")
 args = p.parse_args()
 
 VIEWS = {"slice", "view", "as_strided", "select", "detach", "alias", "_reshape_alias", "unsqueeze", "t"}
@@ -60,7 +62,7 @@ if args.pieces > 0:
     _outer.CHUNK = -(-block // args.pieces // 128) * 128
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 sync = loco.torch.wrap(model, opt, "streaming", endpoint=loco.inprocess(1)[0], inner_steps=args.inner_steps,
-                       fragment_blocks=1, codec="fp4-e3m0", tau=1, outer_device="model")
+                       fragment_blocks=1, codec="fp4-e3m0", tau=1, outer_device=args.outer_device)
 x = torch.randint(0, args.vocab, (2, 33))
 H = args.inner_steps
 rows = []
@@ -75,7 +77,7 @@ for step in range(1, 3 * H + 1):
     if step > 2 * H:  # the third round: every fragment's sync and merge in steady state
         rows.append((step, starts, sum(c.ops.values()), sum(v for k, v in c.ops.items() if k not in VIEWS)))
 sync.close()
-print(f"loco {getattr(loco, '__file__', '?')}; model {sum(p.numel() for p in model.parameters())} parameters, "
+print(f"loco {getattr(loco, '__file__', '?')}; outer state on {args.outer_device}; model {sum(p.numel() for p in model.parameters())} parameters, "
       f"a block {block}, pieces of {_outer.CHUNK} values; H = {H}, steps {2 * H + 1} to {3 * H}")
 print("step  syncs started  ops on the loop's thread  of them not views")
 for r in rows:
