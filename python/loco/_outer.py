@@ -58,6 +58,12 @@ def _scalar(x, like):
     return _SCALARS[key]
 
 
+def applied_within(segments, writes):
+    """Whether a fragment of these (begin, end, packed, trained) segments is applied at a step that
+    writes these (begin, end) ranges: its first entry lies in one."""
+    return any(lo <= segments[0][0] < hi for lo, hi in writes)
+
+
 def mix(local, synced, alpha, spend=False):
     """Streaming DiLoCo's merge with alpha, in place, as the C++ merge computes it (algo/streaming.cpp):
     local = alpha * local + (1 - alpha) * synced in float32, one rounding per operation. spend:
@@ -218,8 +224,7 @@ class DeviceOuter:
 
     def applied_within(self, j, writes):
         """Whether fragment j is applied at this step (its start lies in a range written)."""
-        b = self._segments[j][0][0]
-        return any(lo <= b < hi for lo, hi in writes)
+        return applied_within(self._segments[j], writes)
 
     def state_bytes(self):
         kept = list(self._own.values()) + list(self._ready.values())

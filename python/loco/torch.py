@@ -41,7 +41,7 @@ import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
 from loco._device import Clock as _Clock, Copier as _Copier, GradientCopies as _GradientCopies, subtract as _subtract
-from loco._outer import CHUNK as _CHUNK, DeviceOuter as _DeviceOuter, mix as _mix
+from loco._outer import CHUNK as _CHUNK, DeviceOuter as _DeviceOuter, applied_within as _applied_within, mix as _mix
 from loco._state import InnerState as _InnerState, identity as _identity, pack_state, unpack_state
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
@@ -621,7 +621,7 @@ class Sync:
         mixes = [tuple(r) for r in self._core.take_merge_mixes()]
         # Fragments whose synchronized values came to the device before (start_sync): merged from
         # there; the core wrote nothing of them to the host buffer.
-        taken = [j for j in self._merged if any(lo <= self._segments[j][0][0] < hi for lo, hi in writes)]
+        taken = [j for j in self._merged if _applied_within(self._segments[j], writes)]
         own = sorted((b, e) for j in taken for b, e, _, _ in self._segments[j])
         self._copier.to_device(self._ranges(_subtract(_subtract(writes, mixes), own)))
         with _torch.no_grad():

@@ -310,8 +310,9 @@ void each_index(int64_t n, F f) {
 }  // namespace
 
 void Streaming::copy_synced(size_t fragment, float* out, int64_t n) {
+  check(!held_, "internal: copy_synced with the outer state held by the caller");
   for (const auto& p : pending_) {
-    if (p.fragment != fragment || !p.peeked || held_) continue;
+    if (p.fragment != fragment || !p.peeked) continue;
     check(n == int64_t(p.theta.size()), "copy_synced: fragment " + std::to_string(fragment) + " has " +
                                             std::to_string(p.theta.size()) + " values, the buffer " + std::to_string(n));
     const float* from = p.theta.data();
@@ -835,16 +836,17 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
   const float a = float(cfg_.alpha);
   // A caller that took the synchronized values ahead (peek_outer_results) merges them from its copy.
   const bool taken = by_caller && p.peeked;
-  for (const auto& s : segments_[p.fragment]) {
-    if (taken) break;
-    float* local = w.params.data() + s.begin;
-    const float* synced = p.theta.data() + s.packed;
-    const bool mix = !replace && s.trained && a != 0.0f;  // alpha 0 replaces: the local values are not read
-    if (mix && by_caller) mixes_.push_back({s.begin, s.end});
-    if (!mix || by_caller)
-      each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
-    else
-      each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
+  if (!taken) {
+    for (const auto& s : segments_[p.fragment]) {
+      float* local = w.params.data() + s.begin;
+      const float* synced = p.theta.data() + s.packed;
+      const bool mix = !replace && s.trained && a != 0.0f;  // alpha 0 replaces: the local values are not read
+      if (mix && by_caller) mixes_.push_back({s.begin, s.end});
+      if (!mix || by_caller)
+        each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
+      else
+        each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
+    }
   }
   if (by_caller) unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
   give_spare(p.theta);

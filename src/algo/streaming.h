@@ -91,7 +91,7 @@ class Streaming : public Algorithm {
     bool completed = false;
     bool stepped = false;                // theta and momentum hold the outer step (prepare_merges)
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
-    bool peeked = false;                 // held outer state: handed to the caller ahead of its merge
+    bool peeked = false;                 // handed to the caller ahead of its merge (peek_outer_results)
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
     // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
     bool robust = false;
