@@ -209,23 +209,6 @@ def _stage(hosts):
     return staged
 
 
-def subtract(ranges, holes):
-    """The parts of sorted, disjoint (begin, end) ranges outside the sorted, disjoint holes."""
-    out, k = [], 0
-    for lo, hi in ranges:
-        while k < len(holes) and holes[k][1] <= lo:
-            k += 1
-        at, j = lo, k
-        while j < len(holes) and holes[j][0] < hi:
-            if holes[j][0] > at:
-                out.append((at, holes[j][0]))
-            at = max(at, holes[j][1])
-            j += 1
-        if at < hi:
-            out.append((at, hi))
-    return out
-
-
 def _extent(t):
     """The host addresses a contiguous view spans: [first byte, past its last)."""
     return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()

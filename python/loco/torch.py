@@ -40,8 +40,8 @@ import torch as _torch
 import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
-from loco._device import Clock as _Clock, Copier as _Copier, GradientCopies as _GradientCopies, subtract as _subtract
-from loco._outer import CHUNK as _CHUNK, DeviceOuter as _DeviceOuter, applied_within as _applied_within, mix as _mix
+from loco._device import Clock as _Clock, Copier as _Copier, GradientCopies as _GradientCopies
+from loco._outer import DeviceOuter as _DeviceOuter, applied_within as _applied_within, mix as _mix
 from loco._state import InnerState as _InnerState, identity as _identity, pack_state, unpack_state
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
@@ -564,15 +564,7 @@ class Sync:
                 if ready is not None:
                     bg_clock.timed("copies_waiting", ready.synchronize)
                 core.after_step()
-                core.prepare_merges()  # its reduction waited for and its outer step, here too
-                # The syncs' synchronized values to the device ahead of their merge, which then
-                # only mixes them in (_merge_on_device).
-                with copier.on(stream):
-                    for r in core.peek_outer_results():
-                        j = r["fragment"]
-                        host = copier.host_tensor(sum(e - b for b, e, _, _ in self._segments[j]))
-                        core.copy_synced(j, host.numpy())
-                        self._merged[j] = copier.aside_to_device(host)
+                self._take_synced(stream)  # its reduction waited for and its outer step, here too
 
             self._bg.submit(start_sync)
             self._background_syncs += 1
@@ -610,22 +602,33 @@ class Sync:
             raise _loco.Error("internal: a merge reads the model; only the caller mixes merges on a device")
         self._merge_on_device(writes)
 
+    def _take_synced(self, stream):
+        """The syncs in flight prepared (their reduction waited for, their outer step taken), and
+        the synchronized values of those stepped since the last call copied to the device ahead of
+        their merge (on a stream of loco's own, after the work queued on `stream`, the training
+        stream), which then only mixes them in (_merge_on_device)."""
+        core, copier = self._core, self._copier
+        core.prepare_merges()
+        with copier.on(stream):
+            for r in core.peek_outer_results():
+                j = r["fragment"]
+                host = copier.host_tensor(sum(e - b for b, e, _, _ in self._segments[j]))
+                core.copy_synced(j, host.numpy())
+                self._merged[j] = copier.aside_to_device(host)
+
     def _merge_on_device(self, writes):
-        """The merges due, with the outer state on the host and the model on a device: the core
-        writes the synchronized values over the merged ranges of the host buffer; the ranges it
-        merges with alpha are copied to the device and mixed there with the model's own values (as
-        the C++ merge mixes them on the host, the same bits), the others copied over them. Nothing
-        of the model crosses to the host and nothing waits for the device."""
-        self._copier.host_free(self._ranges(writes))
+        """The merges due, with the outer state on the host and the model on a device: each
+        fragment merged from its synchronized values, on the device since the background thread
+        took them (_take_synced), mixed with the model's own values where the core mixes them (as
+        the C++ merge mixes them on the host, the same bits), copied over them elsewhere. A sync
+        not taken so (one restored from a checkpoint and merged before any sync starts) is taken
+        here first. Nothing of the model crosses to the host and nothing waits for the device."""
+        due = [j for j, segs in enumerate(self._segments) if segs and _applied_within(segs, writes)]
+        if any(j not in self._merged for j in due):
+            self._take_synced(self._copier.stream())
         self._core.merge_step()
-        mixes = [tuple(r) for r in self._core.take_merge_mixes()]
-        # Fragments whose synchronized values came to the device before (start_sync): merged from
-        # there; the core wrote nothing of them to the host buffer.
-        taken = [j for j in self._merged if _applied_within(self._segments[j], writes)]
-        own = sorted((b, e) for j in taken for b, e, _, _ in self._segments[j])
-        self._copier.to_device(self._ranges(_subtract(_subtract(writes, mixes), own)))
         with _torch.no_grad():
-            for j in taken:
+            for j in due:
                 synced, copied = self._merged.pop(j)
                 self._copier.ready(copied)
                 for b, e, at, trained in self._segments[j]:
@@ -634,16 +637,6 @@ class Sync:
                         _mix(local, theirs, self._alpha, spend=True)
                     else:
                         local.copy_(theirs)
-        if not mixes:
-            return
-        buf = _torch.empty(min(_CHUNK, max(hi - lo for lo, hi in mixes)), dtype=_torch.float32, device=self._device)
-        for lo, hi in mixes:
-            for at in range(lo, hi, _CHUNK):
-                end = min(hi, at + _CHUNK)
-                synced = buf[:end - at]
-                self._copier.to_device([(self._flat[at:end], synced)])
-                with _torch.no_grad():
-                    _mix(self._dflat[at:end], synced, self._alpha, spend=True)
 
     def _apply_outer_results(self):
         """The syncs the core completed, applied to the outer state on the device."""

@@ -82,13 +82,14 @@ class Algorithm {
   // thread to spare (loco.torch's background thread, while the loop runs the steps before it);
   // the merge then only applies it. Doing it or not leaves every result the same.
   virtual void prepare_merges() {}
-  // A caller whose parameters live elsewhere (loco.torch on a device) may mix the merges there:
-  // after mix_merges_elsewhere() returns true, merge_step writes the synchronized values over
-  // every range it merges and merge_access reads nothing; take_merge_mixes() then gives the ranges
-  // the caller must mix, local = alpha * local + (1 - alpha) * written, in float32 with one
-  // rounding per operation (the rest it copies). False: the method has no such merges.
+  // A caller whose parameters live elsewhere (loco.torch on a device) may merge there: after
+  // mix_merges_elsewhere() returns true, merge_access reads nothing and merge_step writes nothing
+  // into w.params; before each merge_step the caller takes every sync it merges with
+  // prepare_merges, peek_outer_results and copy_synced (below), and merges each fragment from its
+  // copy: local = alpha * local + (1 - alpha) * synced over the segments trained, in float32 with
+  // one rounding per operation, synced over the others. A merge of a sync not so taken is an
+  // internal error. False: the method has no such merges.
   virtual bool mix_merges_elsewhere() { return false; }
-  virtual std::vector<Range> take_merge_mixes() { return {}; }
   // False: on_gradients never reads w.grads in this run (the caller need not provide them).
   virtual bool uses_gradients(const Worker& w) const { return true; }
   // Parameters to evaluate and to save as the model, identical on every worker. Called by all
@@ -131,11 +132,10 @@ class Algorithm {
   // completed and not yet merged, each once, with a copy of what take_outer_results will hand
   // over for them (a codec's payloads, or fp32's average), so that the caller can decode them and
   // bring them to its device while its training loop goes on. take_outer_results still hands
-  // each one over at its merge. A caller that mixes the merges (mix_merges_elsewhere) is named
+  // each one over at its merge. A caller that merges elsewhere (mix_merges_elsewhere) is named
   // each sync once its outer step is taken (the fragment only), and copies its synchronized values
-  // with copy_synced (n of them, packed as the fragment's segments) before the merge; the merge
-  // then writes none of them into w.params and names none of its ranges to mix: the caller merges
-  // the fragment from its copy.
+  // with copy_synced (n of them, packed as the fragment's segments) before the merge, from which
+  // it merges the fragment.
   virtual std::vector<OuterResult> peek_outer_results() { return {}; }
   virtual void copy_synced(size_t fragment, float* out, int64_t n) { fail("internal: copy_synced without a sync"); }
   // The caller's norms of the last round (DiLoCo's outer_delta_norm, replica_delta_norm).

@@ -373,12 +373,6 @@ bool Streaming::mix_merges_elsewhere() {
   return caller_mixes_;
 }
 
-std::vector<Range> Streaming::take_merge_mixes() {
-  std::vector<Range> out = merge_ranges(mixes_);
-  mixes_.clear();
-  return out;
-}
-
 void Streaming::step_outer(Pending& p) {
   if (p.stepped) return;
   outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
@@ -828,27 +822,26 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
     results_.push_back(std::move(r));
     return;
   }
-  step_outer(p);
-  // The caller mixes this merge: it gets the synchronized values, and the outer state is written
-  // to the store at the store's next use (streaming.h).
+  // The caller merges this one from the synchronized values it took ahead (peek_outer_results,
+  // copy_synced), and the outer state is written to the store at the store's next use (streaming.h).
   const bool by_caller = merging && caller_mixes_;
-  if (!by_caller) written_store().write(p.fragment, p.theta, p.momentum);
-  const float a = float(cfg_.alpha);
-  // A caller that took the synchronized values ahead (peek_outer_results) merges them from its copy.
-  const bool taken = by_caller && p.peeked;
-  if (!taken) {
+  check(!by_caller || p.peeked, "internal: the caller merges fragment " + std::to_string(p.fragment) +
+                                    " without having taken its synchronized values ahead");
+  step_outer(p);
+  if (by_caller) {
+    unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
+  } else {
+    written_store().write(p.fragment, p.theta, p.momentum);
+    const float a = float(cfg_.alpha);
     for (const auto& s : segments_[p.fragment]) {
       float* local = w.params.data() + s.begin;
       const float* synced = p.theta.data() + s.packed;
-      const bool mix = !replace && s.trained && a != 0.0f;  // alpha 0 replaces: the local values are not read
-      if (mix && by_caller) mixes_.push_back({s.begin, s.end});
-      if (!mix || by_caller)
-        each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
-      else
+      if (!replace && s.trained && a != 0.0f)
         each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
+      else  // alpha 0 replaces: the local values are not read
+        each_index(s.end - s.begin, [=](int64_t i) { local[i] = synced[i]; });
     }
   }
-  if (by_caller) unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
   give_spare(p.theta);
   give_spare(p.momentum);
   give_spare(p.avg);

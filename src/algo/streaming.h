@@ -51,7 +51,6 @@ class Streaming : public Algorithm {
   void merge_step(Worker& w, int64_t done, bool last) override;
   void prepare_merges() override;
   bool mix_merges_elsewhere() override;
-  std::vector<Range> take_merge_mixes() override;
   int64_t quiet_until(const Worker& w, int64_t done, bool last) const override;
   bool uses_gradients(const Worker&) const override { return false; }
   const std::vector<float>& eval_params(Worker& w) override;
@@ -181,12 +180,11 @@ class Streaming : public Algorithm {
   // The caller holds the outer state (algo/algorithm.h): the encoded outer gradients it provided
   // for the syncs about to start, and the completed syncs it takes.
   bool held_ = false;
-  // The caller mixes merge_step's merges (mix_merges_elsewhere): the ranges it must mix. Such a
-  // caller (loco.torch on a device) runs sync starts and prepare_merges on a thread of its own, so
-  // a merge leaves its fragment's outer state to be written to the store at the store's next use
-  // (written_store()), which comes on that thread, instead of on the training loop's.
+  // The caller merges merge_step's merges from values it took ahead (mix_merges_elsewhere). Such
+  // a caller (loco.torch on a device) runs sync starts and prepare_merges on a thread of its own,
+  // so a merge leaves its fragment's outer state to be written to the store at the store's next
+  // use (written_store()), which comes on that thread, instead of on the training loop's.
   bool caller_mixes_ = false;
-  std::vector<Range> mixes_;
   struct Unwritten {
     size_t fragment;
     std::vector<float> theta, momentum;

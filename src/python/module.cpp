@@ -377,14 +377,9 @@ class Method {
     return out;
   }
   void set_outer_norms(double outer, double replica) { algo().set_outer_norms(outer, replica); }
-  // The merges mixed by the caller (algo/algorithm.h): whether the method has them, then after
-  // each merge_step the ranges to mix, as (begin, end) pairs.
+  // The merges made by the caller from values taken ahead (algo/algorithm.h): whether the method
+  // has them.
   bool mix_merges_elsewhere() { return algo().mix_merges_elsewhere(); }
-  std::vector<std::pair<int64_t, int64_t>> take_merge_mixes() {
-    std::vector<std::pair<int64_t, int64_t>> out;
-    for (const auto& r : algo().take_merge_mixes()) out.emplace_back(r.begin, r.end);
-    return out;
-  }
 
   py::array params(py::object self) { return view(w_.params, self); }
   py::array grads(py::object self) { return view(w_.grads, self); }
@@ -790,7 +785,6 @@ PYBIND11_MODULE(_loco, m) {
       .def("copy_synced", &Method::copy_synced)
       .def("set_outer_norms", &Method::set_outer_norms)
       .def("mix_merges_elsewhere", &Method::mix_merges_elsewhere)
-      .def("take_merge_mixes", &Method::take_merge_mixes)
       .def("eval_params", &Method::eval_params)
       .def("state", &Method::state)
       .def("load_state", &Method::load_state)

@@ -8,9 +8,9 @@
 // quiet_until said would use nothing. The device run is made twice more as loco.torch runs a step
 // on a device: the merge first (merge_access, merge_step), then the rest (access, after_step),
 // then the syncs in flight prepared ahead of their merge (prepare_merges, on loco.torch's thread);
-// and once more with the merges mixed by the caller (mix_merges_elsewhere: Streaming DiLoCo's
-// alpha applied on the device, the outer state written back to the store later), with the outer
-// state saved mid-run compared too.
+// and once more with the merges made by the caller (mix_merges_elsewhere: Streaming DiLoCo's
+// synchronized values taken ahead and merged with alpha on the device, the outer state written
+// back to the store later), with the outer state saved mid-run compared too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,9 +70,10 @@ struct Outcome {
   std::string violation;                          // a write outside the declared ranges
 };
 
-// DevicePeek: as DeviceMix, the synchronized values also taken ahead of the merge
-// (peek_outer_results after prepare_merges) and merged from that copy, as loco.torch does.
-enum class Mode { Host, Device, DeviceSplit, DeviceMix, DevicePeek };
+// DevicePeek: as DeviceSplit, the merges made by the caller where the method lets it
+// (mix_merges_elsewhere): the synchronized values taken ahead of the merge (peek_outer_results
+// after prepare_merges, copy_synced) and merged from that copy, as loco.torch does.
+enum class Mode { Host, Device, DeviceSplit, DevicePeek };
 
 // alpha * local + (1 - alpha) * synced, one rounding per operation (no fused multiply-add), as
 // algo/streaming.cpp and loco.torch on a device compute it.
@@ -99,7 +100,7 @@ Outcome run(const RunConfig& cfg, Mode mode) {
       Transformer(cfg.model).init_params(w.params.data(), 5);
       auto algo = make_algorithm(cfg, w);
       const bool peeks = mode == Mode::DevicePeek;
-      const bool mixes = (mode == Mode::DeviceMix || peeks) && algo->mix_merges_elsewhere();
+      if (peeks) algo->mix_merges_elsewhere();
       const auto segments = algo->outer_segments();
       std::map<size_t, std::vector<float>> taken;  // fragment -> its synchronized values, peeked
       algo->start(w, false);
@@ -111,7 +112,7 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         w.step = t;
         // With the merge first, its hooks run after the inner step (below); what they use is
         // asked now, with the rest's, as loco.torch asks before either.
-        const bool split = mode == Mode::DeviceSplit || mode == Mode::DeviceMix || peeks;
+        const bool split = mode == Mode::DeviceSplit || peeks;
         const StepAccess ma = split ? algo->merge_access(w, done, last) : StepAccess::nothing();
         StepAccess a = algo->access(w, done, last);
         const bool merges_first = !ma.writes.empty();
@@ -142,10 +143,6 @@ Outcome run(const RunConfig& cfg, Mode mode) {
           const std::vector<float> before = w.params, local = dev;
           algo->merge_step(w, done, last);
           take_back(before, ma.writes);
-          if (mixes)  // the ranges to mix: the caller's own values mixed with those written
-            for (const auto& r : algo->take_merge_mixes())
-              for (int64_t i = r.begin; i < r.end; ++i)
-                dev[size_t(i)] = mixed(float(cfg.streaming.alpha), local[size_t(i)], w.params[size_t(i)]);
           for (auto it = taken.begin(); it != taken.end();) {  // merged from the values peeked
             if (!inside(ma.writes, segments[it->first].front().begin)) {
               ++it;
@@ -211,11 +208,10 @@ Outcome run(const RunConfig& cfg, Mode mode) {
 void expect_contract(const RunConfig& cfg, const std::string& what, int64_t touching, int64_t first) {
   const Outcome host = run(cfg, Mode::Host);
   EXPECT_EQ(host.violation, "") << what;
-  for (Mode mode : {Mode::Device, Mode::DeviceSplit, Mode::DeviceMix, Mode::DevicePeek}) {
+  for (Mode mode : {Mode::Device, Mode::DeviceSplit, Mode::DevicePeek}) {
     const Outcome device = run(cfg, mode);
     const std::string how = what + (mode == Mode::Device        ? ""
                                     : mode == Mode::DeviceSplit ? ", merge first"
-                                    : mode == Mode::DeviceMix   ? ", mixed by the caller"
                                                                 : ", merged by the caller from values taken ahead");
     EXPECT_EQ(device.violation, "") << how;
     for (int m = 0; m < 2; ++m) {
@@ -274,4 +270,46 @@ TEST(StepAccess, PartialUpdatesReadOnlyTheEntriesEachReplicaTrains) {
 TEST(StepAccess, NolocoTouchesTheModelOnlyAtOuterSteps) {
   // 23 steps, H = 5: outer steps at 5, 10, 15, 20 and the last step.
   expect_contract(access_config("noloco"), "noloco", 5, 5);
+}
+
+TEST(StepAccess, AMergeByTheCallerOfASyncNotTakenAheadIsRefused) {
+  // One replica, Streaming DiLoCo with tau 2: fragment 0's sync starts at step 6 and merges at 8.
+  // Merged by the caller (mix_merges_elsewhere) without its values taken ahead, the merge would
+  // leave the fragment's synchronized values nowhere: it fails instead of training on stale ones.
+  for (bool take : {true, false}) {
+    RunConfig c = access_config("streaming");
+    c.distributed.replicas = 1;
+    c.streaming.tau = 2;
+    c.streaming.alpha = 0.5;
+    auto transports = make_inprocess_transports(1);
+    Communicator comm(std::move(transports[0]), {}, nullptr);
+    Worker w(c, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1)));
+    Transformer(c.model).init_params(w.params.data(), 5);
+    auto algo = make_algorithm(c, w);
+    ASSERT_TRUE(algo->mix_merges_elsewhere());
+    algo->start(w, false);
+    std::string error;
+    for (int64_t done = 1; done <= 8 && error.empty(); ++done) {
+      w.step = done - 1;
+      try {
+        algo->merge_step(w, done, false);
+        algo->after_step(w, done, false);
+        algo->prepare_merges();
+        if (take)
+          for (const auto& r : algo->peek_outer_results()) {
+            const auto segments = algo->outer_segments();
+            int64_t n = 0;
+            for (const auto& x : segments[r.fragment]) n += x.end - x.begin;
+            std::vector<float> values(static_cast<size_t>(n));
+            algo->copy_synced(r.fragment, values.data(), n);
+          }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (take)
+      EXPECT_EQ(error, "");
+    else
+      EXPECT_NE(error.find("without having taken its synchronized values ahead"), std::string::npos) << error;
+  }
 }
