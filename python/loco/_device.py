@@ -155,7 +155,10 @@ class Copier:
         instead of holding it up. Returns the tensor and an event (None off CUDA): the current
         stream's work that reads the tensor must be queued after ready(event). The tensor is
         allocated for the current stream, and its copy waits for the work queued there so far
-        (whatever used its memory before). `staged` may be freed once this returns."""
+        (whatever used its memory before); it is marked as used on loco's stream too, so that
+        when it is dropped before ready(event) was queued (a load_state_dict, the last step), its
+        memory is not handed to new work before the copy into it is done. `staged` may be freed
+        once this returns."""
         if not self.cuda:
             self.bytes += staged.numel() * staged.element_size()
             return staged.to(self._device, copy=True), None
@@ -166,6 +169,7 @@ class Copier:
             out.copy_(staged, non_blocking=True)
             ev = _torch.cuda.Event()
             ev.record()
+        out.record_stream(side)
         self.bytes += staged.numel() * staged.element_size()
         return out, ev
 
@@ -177,8 +181,12 @@ class Copier:
             _torch.cuda.current_stream().wait_event(event)
 
     def wait(self):
-        """Until every copy issued so far on the current stream (into the host buffers) is done."""
+        """Until every copy issued so far on the current stream and on loco's (into the host
+        buffers, out of them) is done: a copy aside that nothing waited for (its sync's work
+        failed, or closing came first) still writes the host buffer until then."""
         if self.cuda:
+            if self._side is not None:
+                self._clock.timed("copies_waiting", self._side.synchronize)
             ev = _torch.cuda.Event()
             ev.record()
             self._synchronize(ev)

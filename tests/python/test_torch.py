@@ -423,11 +423,17 @@ class FakeStream:
     def wait_event(self, ev):
         log.append(f"{self.name} waits for event {ev.at}")
 
+    def synchronize(self):
+        log.append(f"host waits for {self.name}")
+
 
 class LoggedEvent:
     def record(self):
         self.at = current[-1].name
         log.append(f"event on {self.at}")
+
+    def synchronize(self):
+        log.append(f"host waits for event {self.at}")
 
 
 class Within:
@@ -443,8 +449,10 @@ class Within:
 
 current = [FakeStream("training")]
 saved = {k: getattr(torch.cuda, k) for k in ("Stream", "Event", "stream", "current_stream")}
+saved_record = torch.Tensor.record_stream
 torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream = FakeStream, LoggedEvent, Within
 torch.cuda.current_stream = lambda device=None: current[-1]
+torch.Tensor.record_stream = lambda t, stream: log.append(f"tensor of {t.numel()} used on {stream.name}")
 try:
     copier = Copier(torch.device("cpu"))
     copier.cuda = True
@@ -459,14 +467,22 @@ try:
     copier.to_host([(host[0:10], dev[0:10])], wait=False, aside=True)
     copier.to_device([(host[50:60], dev[50:60])])
     want = ["loco waits for training", "event on loco", "training waits for event loco",
-            "loco waits for training", "event on loco", "training waits for event loco",
+            "loco waits for training", "event on loco", "tensor of 50 used on loco", "training waits for event loco",
             "loco waits for training", "event on loco", "training waits for event loco", "event on training"]
     check(log == want and copied and ev is not None and arrived_right,
           f"device path: copies aside on loco's stream, after the training stream's work, waited for by it "
-          f"before the parameters are written, once ({log})")
+          f"before the parameters are written, once; the values' tensor marked as used on loco's stream ({log})")
+    # Closing waits for the copies on both streams before the host buffers are unregistered, also
+    # for a copy aside nothing waited for (its sync's background work failed first).
+    del log[:]
+    copier.to_host([(host[0:10], dev[0:10])], wait=False, aside=True)
+    copier.wait()
+    check(log[-3:] == ["host waits for loco", "event on training", "host waits for event training"],
+          f"device path: waiting for the copies covers loco's stream and the training stream ({log})")
 finally:
     for k, v in saved.items():
         setattr(torch.cuda, k, v)
+    torch.Tensor.record_stream = saved_record
 
 # ... and a run takes them so: with the outer state on the host, every copy aside at a sync's
 # start is followed by before_writes() before the next optimizer step's own work and before a merge.
