@@ -135,6 +135,8 @@ class Bf16 : public Codec {
   bool stochastic_;
 };
 
+std::vector<float> e4m3_grid();
+
 // Block-scaled formats whose codes index a sorted grid of non-negative magnitudes, with a
 // power-of-two (E8M0) scale per block.
 class GridCodec : public Codec {
@@ -148,6 +150,19 @@ class GridCodec : public Codec {
       const size_t mag = code & (sign_bit() - 1u);
       if (mag < grid_.size()) signed_[code] = (code & sign_bit()) ? -grid_[mag] : grid_[mag];
     }
+    // Nearest rounding to a grid of 8 by counting midpoints (encode_nearest8), where that gives
+    // quantize()'s codes: each midpoint exact in float, and each interval [a, b) past the first
+    // with b <= 2a, so that quantize()'s y - a and b - y are exact (Sterbenz) and its comparison
+    // of them is the comparison of y with the midpoint (for the first, a = 0: y - 0 is exact,
+    // and b - y is exact for y >= b / 2 and at least b / 2 > y below). Both grids of 8 qualify.
+    by_midpoints_ = !stochastic_ && grid_.size() == kGrid8 && grid_[0] == 0.0f;
+    for (size_t k = 0; by_midpoints_ && k + 1 < grid_.size(); ++k) {
+      const float a = grid_[k], b = grid_[k + 1], sum = a + b;
+      mid_[k] = sum / 2;
+      by_midpoints_ = a < b && sum - a == b && sum - b == a && (k == 0 || b <= 2 * a);
+    }
+    // fp8's grid is E4M3's (e4m3_grid()): nearest rounding by its bits (encode_nearest_e4m3).
+    by_bits_ = !stochastic_ && bits_ == 8 && grid_ == e4m3_grid();
   }
 
   std::string encode(const float* x, int64_t n, Rng& rng) const override {
@@ -156,7 +171,12 @@ class GridCodec : public Codec {
     auto* o = reinterpret_cast<uint8_t*>(out.data());
     const int64_t per_block = block_bytes(block_);  // every block but the last is whole
     for_blocks(n, block_, !stochastic_, [&](int64_t k, int64_t b0, int64_t len) {
-      encode_block(x + b0, len, o + k * per_block, rng);
+      if (by_midpoints_)
+        encode_nearest8(x + b0, len, o + k * per_block);
+      else if (by_bits_)
+        encode_nearest_e4m3(x + b0, len, o + k * per_block);
+      else
+        encode_block(x + b0, len, o + k * per_block, rng);
     });
     return out;
   }
@@ -238,6 +258,63 @@ class GridCodec : public Codec {
     }
   }
 
+  // encode_block with nearest rounding to a grid of 8 (by_midpoints_), in loops the compiler
+  // vectorizes: a value's code is the number of midpoints below it, plus one at a midpoint above
+  // an odd code (the tie to the even code), which is quantize()'s code (the constructor says why).
+  void encode_nearest8(const float* x, int64_t len, uint8_t* out) const {
+    const float inv_scale = block_scale(x, len, out);
+    uint8_t* codes = out + 1;
+    constexpr int64_t kPiece = 256;  // codes made, then packed two per byte
+    uint8_t piece[kPiece];
+    for (int64_t p0 = 0; p0 < len; p0 += kPiece) {
+      const int64_t m = std::min(kPiece, len - p0);
+      const float* v = x + p0;
+      for (int64_t i = 0; i < m; ++i) {
+        const uint32_t u = std::bit_cast<uint32_t>(v[i]);
+        const float y = std::bit_cast<float>(u & 0x7FFFFFFFu) * inv_scale;
+        uint32_t c = (u >> 31) << 3;  // the sign bit of a 4-bit code
+        for (size_t k = 0; k + 1 < kGrid8; ++k) c += uint32_t(y > mid_[k]) + uint32_t((k % 2 == 1) & (y == mid_[k]));
+        piece[i] = uint8_t(c);
+      }
+      uint8_t* o = codes + p0 / 2;  // p0 is even: whole bytes
+      for (int64_t j = 0; j < m / 2; ++j) o[j] = uint8_t(piece[2 * j] | (piece[2 * j + 1] << 4));
+      if (m % 2 == 1) o[m / 2] = piece[m - 1];
+    }
+  }
+
+  // encode_block with nearest rounding to E4M3 (by_bits_), in a loop the compiler vectorizes. A
+  // value y = |x| / scale below 2^-6 (E4M3's subnormals, codes 0 to 8, spaced 2^-9) has the code
+  // y 2^9 rounded to the nearest integer, a tie to the even one (2^23 added and taken away in
+  // float); above, y's float32 bits rounded to 3 mantissa bits, a tie to the even one, are the
+  // code's exponent and mantissa once the exponent is rebiased (127 to 7), the carry of a
+  // rounding up going into the exponent; past the grid's top (448, code 126) the top. Both are
+  // quantize()'s nearest grid value with a tie to the even code (the grid is sorted by code, and
+  // a code's parity is its mantissa's): gtest Codec.NearestRoundingMatchesAReferenceAtEveryTieAndEdge checks it.
+  void encode_nearest_e4m3(const float* x, int64_t len, uint8_t* out) const {
+    const float inv_scale = block_scale(x, len, out);
+    uint8_t* codes = out + 1;
+    const float two23 = 8388608.0f, smallest_normal = 0.015625f;  // 2^23, 2^-6
+    for (int64_t i = 0; i < len; ++i) {
+      const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+      const float y = std::bit_cast<float>(u & 0x7FFFFFFFu) * inv_scale;
+      const uint32_t sub = uint32_t((y * 512.0f + two23) - two23);
+      const uint32_t b = std::bit_cast<uint32_t>(y);
+      const uint32_t normal = ((b + 0x7FFFFu + ((b >> 20) & 1u)) >> 20) - (120u << 3);
+      const uint32_t code = y < smallest_normal ? sub : std::min(normal, 126u);
+      codes[i] = uint8_t(code | ((u >> 31) << 7));
+    }
+  }
+
+  // A block's shared exponent into out[0] (max|x| as the largest of the magnitudes' bits: the same
+  // order for finite values); returns 1 / its scale.
+  float block_scale(const float* x, int64_t len, uint8_t* out) const {
+    uint32_t top = 0;
+    for (int64_t i = 0; i < len; ++i) top = std::max(top, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+    const int s = shared_exponent(std::bit_cast<float>(top) / grid_.back());
+    out[0] = uint8_t(s + 127);
+    return std::ldexp(1.0f, -s);
+  }
+
   // Smallest s with 2^s >= t (t = max|x| / largest grid value), clamped to the E8M0 range.
   static int shared_exponent(float t) {
     if (t <= 0) return -127;
@@ -265,11 +342,15 @@ class GridCodec : public Codec {
     return lo + int((below > above) | ((below == above) & (lo % 2 == 1)));
   }
 
+  static constexpr size_t kGrid8 = 8;
   std::string name_;
   std::vector<float> grid_;
   std::vector<float> signed_;  // by code: the grid value with the code's sign (unused codes: 0)
   int bits_, block_;
   bool stochastic_;
+  bool by_midpoints_ = false;  // encode_nearest8 encodes
+  bool by_bits_ = false;       // encode_nearest_e4m3 encodes
+  float mid_[kGrid8 - 1] = {};
 };
 
 std::vector<float> e4m3_grid() {

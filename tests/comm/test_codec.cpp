@@ -237,3 +237,81 @@ TEST(Codec, TopKKeepsTheLargestAndDecodeChecksPayloads) {
   EXPECT_THROW(codec("fp5"), Error);
   EXPECT_THROW(codec("fp8", "sometimes"), Error);
 }
+
+// fp4's and fp8's nearest rounding (fp4 counted against midpoints, fp8 by E4M3's bits, in
+// vectorized loops: comm/codec.cpp) gives each value the code of the nearer grid value, a tie
+// going to the even code, as a reference computed here in double (where a value's distances to
+// its two grid neighbours are exact): at every grid value, midpoint and their neighbouring
+// floats, with both signs and zeros of both signs, over scales from subnormal to large, in blocks
+// of 128 and 99 and a ragged last one.
+TEST(Codec, NearestRoundingMatchesAReferenceAtEveryTieAndEdge) {
+  std::vector<float> e4m3;  // by code: E4M3's magnitudes, 0x7F (NaN) left out
+  for (int c = 0; c < 127; ++c)
+    e4m3.push_back(c < 8 ? std::ldexp(float(c), -9) : std::ldexp(1.0f + float(c & 7) / 8, (c >> 3) - 7));
+  const std::vector<std::pair<std::string, std::vector<float>>> grids = {
+      {"fp4-e3m0", {0, 1.0f / 64, 1.0f / 32, 1.0f / 16, 1.0f / 8, 0.25f, 0.5f, 1}},
+      {"fp4-e2m1", {0, 0.5f, 1, 1.5f, 2, 3, 4, 6}},
+      {"fp8", e4m3}};
+  for (const auto& [fmt, g] : grids) {
+    const bool byte_codes = g.size() > 8;
+    const int sign = byte_codes ? 0x80 : 0x08;
+    // The interesting magnitudes on the grid's own scale (0 to its top), and a little past it.
+    std::vector<float> unit;
+    for (size_t k = 0; k < g.size(); ++k) {
+      std::vector<float> at = {g[k]};
+      if (k + 1 < g.size()) at.push_back((g[k] + g[k + 1]) / 2);
+      for (float a : at)
+        for (float b : {a, std::nextafter(a, 0.0f), std::nextafter(a, 100.0f)}) unit.push_back(b);
+    }
+    unit.push_back(g.back() * 1.0000001f);
+    Rng rng(21);
+    std::vector<float> x;
+    for (int e : {-149, -140, -130, -127, -126, -100, -20, -1, 0, 3, 60, 120}) {
+      // A block whose largest magnitude is the grid's top at scale 2^e (so the scale is 2^e when
+      // representable), holding every interesting magnitude with both signs, then random ones.
+      const float top = std::ldexp(g.back(), e);
+      if (!std::isfinite(top)) continue;
+      x.push_back(top);
+      for (float u : unit)
+        for (float sign : {1.0f, -1.0f}) x.push_back(sign * std::ldexp(u, e) * (u <= g.back() ? 1.0f : 0.0f));
+      x.push_back(-0.0f);
+      for (int i = 0; i < 150; ++i) x.push_back(float(std::ldexp(rng.normal(), e)));
+    }
+    for (int i = 0; i < 128; ++i) x.push_back(i % 2 ? -0.0f : 0.0f);  // blocks of zeros
+    for (int block : {128, 99}) {
+      const int64_t n = int64_t(x.size());
+      std::string want;
+      for (int64_t b0 = 0; b0 < n; b0 += block) {
+        const int64_t len = std::min<int64_t>(block, n - b0);
+        float maxabs = 0;
+        for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[size_t(b0 + i)]));
+        int s = -127;  // the smallest s with 2^s >= maxabs / top, within E8M0's range
+        const float t = maxabs / g.back();
+        if (t > 0)
+          while (s < 127 && std::ldexp(1.0, s) < double(t)) ++s;
+        want.push_back(char(uint8_t(s + 127)));
+        std::vector<uint8_t> codes(static_cast<size_t>(len));
+        for (int64_t i = 0; i < len; ++i) {
+          const float v = x[size_t(b0 + i)];
+          const double y = double(std::abs(v) * std::ldexp(1.0f, -s));  // the encoder's float product
+          int c = int(g.size()) - 1;
+          if (y < double(g.back())) {
+            int lo = 0;
+            while (double(g[size_t(lo) + 1]) <= y) ++lo;
+            const double below = y - double(g[size_t(lo)]), above = double(g[size_t(lo) + 1]) - y;
+            c = below < above ? lo : below > above ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
+          }
+          codes[size_t(i)] = uint8_t(c | (std::signbit(v) ? sign : 0));
+        }
+        for (int64_t i = 0; i < len; i += byte_codes ? 1 : 2)
+          want.push_back(char(byte_codes ? codes[size_t(i)]
+                                         : uint8_t(codes[size_t(i)] | (i + 1 < len ? codes[size_t(i) + 1] << 4 : 0))));
+      }
+      Rng unused(1);
+      const std::string got = codec(fmt, "nearest", block)->encode(x.data(), n, unused);
+      ASSERT_EQ(got.size(), want.size()) << fmt << " block " << block;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(uint8_t(got[i]), uint8_t(want[i])) << fmt << " block " << block << ": byte " << i;
+    }
+  }
+}
