@@ -155,7 +155,7 @@ class GridCodec : public Codec {
     // with b <= 2a, so that quantize()'s y - a and b - y are exact (Sterbenz) and its comparison
     // of them is the comparison of y with the midpoint (for the first, a = 0: y - 0 is exact,
     // and b - y is exact for y >= b / 2 and at least b / 2 > y below). Both grids of 8 qualify.
-    by_midpoints_ = !stochastic_ && grid_.size() == kGrid8 && grid_[0] == 0.0f;
+    by_midpoints_ = !stochastic_ && bits_ == 4 && grid_.size() == kGrid8 && grid_[0] == 0.0f;
     for (size_t k = 0; by_midpoints_ && k + 1 < grid_.size(); ++k) {
       const float a = grid_[k], b = grid_[k + 1], sum = a + b;
       mid_[k] = sum / 2;
