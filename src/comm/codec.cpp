@@ -242,11 +242,7 @@ class GridCodec : public Codec {
   // One block of len values into out (zeroed, block_bytes(len) long): its shared exponent, then
   // the codes (4-bit ones two per byte, the first in the low nibble).
   void encode_block(const float* x, int64_t len, uint8_t* out, Rng& rng) const {
-    float maxabs = 0;
-    for (int64_t i = 0; i < len; ++i) maxabs = std::max(maxabs, std::abs(x[i]));
-    const int s = shared_exponent(maxabs / grid_.back());
-    out[0] = uint8_t(s + 127);
-    const float inv_scale = std::ldexp(1.0f, -s);
+    const float inv_scale = block_scale(x, len, out);
     uint8_t* codes = out + 1;
     for (int64_t i = 0; i < len; ++i) {
       const float v = x[i];
