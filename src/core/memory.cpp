@@ -11,20 +11,34 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/parallel.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (older headers lack the name)
+#endif
 
 namespace loco {
 
 namespace {
 
 // Room for n floats in `v` (not yet touched: a large allocation is fresh pages from the
-// kernel), advised as huge-page memory when it is large.
+// kernel), advised as huge-page memory when it is large, and its pages made present by the
+// kernel on the compute threads (MADV_POPULATE_WRITE, in pieces of whole huge pages): the first
+// touch that follows (the zeros or the copy) then takes no page fault. Both are requests the
+// kernel may refuse (an older kernel, no memory to spare yet): the touch then faults the pages
+// in itself, as without them.
 void reserve_huge(std::vector<float>& v, size_t n) {
   v.reserve(n);
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
   if (n * sizeof(float) < (size_t(32) << 20)) return;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t end = reinterpret_cast<uintptr_t>(v.data() + n) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: may be ignored
+  if (end <= begin) return;
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  const int64_t pages = int64_t((end - begin) / kHuge);
+  parallel_for(pages, 16, [&](int64_t a, int64_t b) {
+    madvise(reinterpret_cast<void*>(begin + uintptr_t(a) * kHuge), uintptr_t(b - a) * kHuge, MADV_POPULATE_WRITE);
+  });
 }
 
 }  // namespace

@@ -11,7 +11,9 @@ namespace loco {
 // n zeros, in memory the kernel may back with transparent huge pages (madvise, for buffers of
 // 32 MiB or more): the first touch of a model-sized buffer then takes one page fault per 2 MiB
 // instead of per 4 KiB (on this project's 2-core AMD EPYC VM, 1 GiB in 0.75-0.96 s against
-// 3.0-4.6 s), and the buffer needs fewer TLB entries. The same values as std::vector<float>(n).
+// 3.0-4.6 s), and the buffer needs fewer TLB entries; its pages are made present by the kernel
+// on the compute threads before they are touched (docs/results/host-buffers.md). The same values
+// as std::vector<float>(n).
 std::vector<float> zeroed_floats(size_t n);
 // A copy of `from` in such memory.
 std::vector<float> copied_floats(const std::vector<float>& from);
