@@ -389,17 +389,27 @@ class DeviceOuter:
         state["outer.momentum"] = self.momentum.cpu().numpy()
         return state
 
-    def load(self, state):
+    def check(self, state):
+        """The outer parameters and momentum of a state to load, refused (loco.Error) unless both
+        are there, of the model's size and finite; nothing is changed."""
         n = self.theta.numel()
-        for key, dst in (("outer.params", self.theta), ("outer.momentum", self.momentum)):
+        out = []
+        for key in ("outer.params", "outer.momentum"):
             if key not in state:
                 raise _loco.Error(f"the state has no {key}")
             src = _torch.as_tensor(state[key], dtype=_torch.float32).reshape(-1)
             if src.numel() != n:
                 raise _loco.Error(f"the state's {key} has {src.numel()} values, the model {n}")
-            if not bool(_torch.isfinite(src).all()):
-                raise _loco.Error(f"the state's {key} holds non-finite values")
-            with _torch.no_grad():
+            if not bool(_torch.isfinite(src).all()):  # as the core says it (src/python/module.cpp)
+                i = int((~_torch.isfinite(src)).nonzero()[0, 0])
+                raise _loco.Error(f"state entry {key} holds a non-finite value ({float(src[i])}) at index {i}")
+            out.append(src)
+        return out
+
+    def load(self, checked):
+        """The outer parameters and momentum check() returned, installed."""
+        with _torch.no_grad():
+            for src, dst in zip(checked, (self.theta, self.momentum)):
                 dst.copy_(src)
         self._own = {}
         self._ready = {}

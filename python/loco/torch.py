@@ -828,16 +828,20 @@ class Sync:
                 "method": self.method, "names": list(self._names)}
 
     def load_state_dict(self, state):
+        if not isinstance(state, dict) or not isinstance(state.get("loco"), dict):
+            raise _loco.Error("not a state from Sync.state_dict(): a dict whose 'loco' entry is a dict")
         if state.get("method") != self.method:
             raise _loco.Error(f"the state is of method {state.get('method')!r}, this sync runs {self.method!r}")
         if state.get("names") != self._names:
             raise _loco.Error("the state was saved for a model with other parameters")
         core = {k: (v.numpy() if isinstance(v, _torch.Tensor) else v) for k, v in state["loco"].items()}
         self._bg.join()
-        if self._outer is not None:
-            self._outer.load(core)
-        self._merged.clear()
+        # Refused here, or by the core before it changes anything: the method as it was.
+        outer = self._outer.check(core) if self._outer is not None else None
         self._core.load_state(core)
+        if outer is not None:
+            self._outer.load(outer)
+        self._merged.clear()
         self._done = self._core.step
         self._quiet_until = 0
 

@@ -405,6 +405,9 @@ class Method {
     d["__step__"] = step_;
     return d;
   }
+  // A state from a file is hostile until checked: every entry an array of finite numbers (the
+  // methods' states hold no other; a NaN loaded would spread through every later round), the
+  // metadata a dict, the step an integer within the run, all before anything is changed.
   void load_state(const py::dict& d) {
     TrainingState st;
     for (auto item : d) {
@@ -412,16 +415,26 @@ class Method {
       if (name == "__step__" || name == "__meta__") continue;
       auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(item.second);
       if (!a) fail("state entry " + name + " is not an array of numbers");
-      st.tensors[name].assign(a.data(), a.data() + a.size());
+      auto& v = st.tensors[name];
+      v.assign(a.data(), a.data() + a.size());
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i]))
+          fail("state entry " + name + " holds a non-finite value (" + std::to_string(v[i]) + ") at index " +
+               std::to_string(i));
     }
-    if (d.contains("__meta__"))
+    if (d.contains("__meta__")) {
+      if (!py::isinstance<py::dict>(d["__meta__"])) fail("the state's __meta__ is not a dict");
       for (auto item : d["__meta__"].cast<py::dict>())
         st.meta[py::str(item.first)] = py::str(item.second);
+    }
     if (elastic_)
       fail("an elastic member takes the run's state when it joins; load_state_dict is for fixed worlds (mpirun, "
            "in-process)");
     if (!d.contains("__step__")) fail("the state has no __step__");
-    const int64_t step = d["__step__"].cast<int64_t>();
+    const py::object at = d["__step__"];
+    if (!py::isinstance<py::int_>(at) || py::isinstance<py::bool_>(at))
+      fail("the state's __step__ is " + std::string(py::str(py::type::of(at).attr("__name__"))) + ", not an integer");
+    const int64_t step = at.cast<int64_t>();
     if (step < 0 || step > cfg_.train.steps)
       fail("the state's step " + std::to_string(step) + " is outside [0, train.steps = " +
            std::to_string(cfg_.train.steps) + "]");

@@ -369,6 +369,72 @@ resumed = diloco_resumed()
 d = max_diff(full, resumed)
 check(d == 0, f"diloco: stopped at step 6 and resumed from state_dicts == uninterrupted (max diff {d:.1e})")
 
+# A state from a file is checked before anything is changed: a non-finite value, a step that is
+# not an integer, metadata or an entry of the wrong kind are refused with loco.Error, and the
+# method goes on as before (a refused state does not leave it failed, nor its outer state changed:
+# on the device path too, where the outer parameters live in loco.torch).
+def hostile_states(as_device):
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1" if as_device else "0"
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, "diloco", endpoint=loco.inprocess(1)[0], inner_steps=2,
+                           outer_device="model" if as_device else "cpu")
+    for t in range(3):
+        inner_step(model, opt, 0, t)
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    good = sync.state_dict()
+
+    def doubled_then(spoil):
+        def both(s):
+            s["loco"]["outer.params"].mul_(2)
+            spoil(s)
+        return both
+
+    cases = {
+        "a NaN": lambda s: s["loco"]["outer.params"].__setitem__(3, float("nan")),
+        "an Inf": lambda s: s["loco"]["outer.momentum"].__setitem__(0, float("inf")),
+        "a step of text": doubled_then(lambda s: s["loco"].__setitem__("__step__", "2")),
+        "a boolean step": doubled_then(lambda s: s["loco"].__setitem__("__step__", True)),
+        "metadata not a dict": doubled_then(lambda s: s["loco"].__setitem__("__meta__", [1])),
+        "no loco entry": lambda s: s.pop("loco"),
+        "not a dict": None,
+    }
+    said = {}
+    for name, spoil in cases.items():
+        bad = copy.deepcopy(good)
+        if spoil is None:
+            bad = [bad]
+        else:
+            spoil(bad)
+        try:
+            sync.load_state_dict(bad)
+            said[name] = "accepted"
+        except loco.Error as e:
+            said[name] = str(e)
+    after = sync.state_dict()["loco"]
+    same = all(torch.equal(after[k], good["loco"][k]) for k in ("outer.params", "outer.momentum"))
+    inner_step(model, opt, 0, 3)
+    opt.step()
+    opt.zero_grad()
+    sync.step()  # still usable: a round
+    sync.close()
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    return said, same
+
+
+expect = {"a NaN": "holds a non-finite value (nan) at index 3", "an Inf": "holds a non-finite value (inf) at index 0",
+          "a step of text": "__step__ is str, not an integer", "a boolean step": "__step__ is bool, not an integer",
+          "metadata not a dict": "__meta__ is not a dict", "no loco entry": "not a state from Sync.state_dict()",
+          "not a dict": "not a state from Sync.state_dict()"}
+for as_device in (False, True):
+    said, same = hostile_states(as_device)
+    path = "device path, outer state on the model" if as_device else "host path"
+    check(all(expect[k] in said[k] for k in expect) and same,
+          f"{path}: load_state_dict refuses hostile states, the outer state unchanged ({same}), the method goes on: "
+          f"{said}")
+
 # The device path's copies (loco._device.Copier) with CUDA's events stood in for: copying a range
 # to the host waits for the copies to the device still in flight only when they read a range it
 # writes (a fragment fetched while another is on its way to the device does not stop the host
