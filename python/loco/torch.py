@@ -27,6 +27,7 @@ else the key whose last part it is, where that names one key (codec = outer.code
 """
 import functools
 import json
+import numbers
 import os
 import queue
 import re
@@ -201,9 +202,21 @@ class Sync:
         if blocks is None:
             block_of = _auto_blocks(names)
         else:
+            if isinstance(blocks, (_torch.nn.ModuleList, _torch.nn.Sequential)):
+                blocks = list(blocks)
+            if not isinstance(blocks, (list, tuple)) or not all(isinstance(m, _torch.nn.Module) for m in blocks):
+                kinds = sorted({type(m).__name__ for m in blocks}) if isinstance(blocks, (list, tuple)) else []
+                raise _loco.Error(f"blocks: a list of the model's modules, in order (got {type(blocks).__name__}"
+                                  f"{' holding ' + ', '.join(kinds) if kinds else ''})")
+            mine = {id(p) for _, p in named}
             owner = {}
             for b, module in enumerate(blocks):
-                for p in module.parameters():
+                held = [p for p in module.parameters() if id(p) in mine]
+                if not held:
+                    raise _loco.Error(f"blocks: block {b} ({type(module).__name__}) holds none of the model's parameters")
+                for p in held:
+                    if id(p) in owner:
+                        raise _loco.Error(f"blocks: block {b} shares parameters with block {owner[id(p)]}")
                     owner[id(p)] = b
             block_of = [owner.get(id(p), -1) for _, p in named]
         num_blocks = max(block_of) + 1
@@ -272,6 +285,8 @@ class Sync:
         # the device (_merge_on_device), so that a merge neither copies the model's fragment to
         # the host nor waits for the device.
         config = tomllib.loads(self._core.config_toml())  # the run's resolved configuration
+        self._train_steps = int(config["train"]["steps"])
+        self._closed = False
         self._alpha = None
         self._merged = {}  # fragment -> its synchronized values on the device and their copy's event
         if self._on_device and not held and self._core.mix_merges_elsewhere():
@@ -512,9 +527,19 @@ class Sync:
         With out_dir, pass this member's loss (a float) and its tokens of the step: every
         log_interval steps the members' mean loss, bytes and waits go to out_dir/metrics.jsonl
         (every member must pass them at the same steps)."""
+        if self._closed:
+            raise _loco.Error("sync.step() after close(): this sync has ended (wrap the model again to go on)")
+        if self._done >= self._train_steps:
+            raise _loco.Error(f"sync.step() past train_steps = {self._train_steps}: the run ended at its last step "
+                              "(its final syncs); wrap with a larger train_steps to train longer")
         if not self._stepped:
             raise _loco.Error("sync.step() was called without an inner optimizer step since the last one "
                               "(call inner_opt.step() first, once per step)")
+        if tokens is not None and not _whole_count(tokens):
+            raise _loco.Error(f"sync.step(): tokens is the number of tokens of this step, a non-negative integer "
+                              f"(got {tokens!r})")
+        if loss is not None and not isinstance(loss, (numbers.Real, _torch.Tensor)):
+            raise _loco.Error(f"sync.step(): loss is this step's loss, a number (got {type(loss).__name__})")
         self._stepped = False
         self._clock.timed("hooks", self._step_hooks)
         if self._out_dir is not None and loss is not None:
@@ -855,6 +880,7 @@ class Sync:
     def close(self):
         """Ends communication and gives the optimizer its own step back. Call it when done: until
         then the optimizer's wrapped step keeps this object (and its communication) alive."""
+        self._closed = True
         self._opt.step = self._original_step
         try:
             self._bg.join()  # its error, if any, was the loop's to see; closing goes on
@@ -868,6 +894,16 @@ class Sync:
         self._copier.host_free()
         while self._pinned:
             _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
+
+
+def _whole_count(x):
+    """Whether x is a non-negative whole number (an int, a float or a one-value tensor holding one)."""
+    if isinstance(x, (bool, str, bytes)):
+        return False
+    try:
+        return bool(int(x) == x) and int(x) >= 0
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _write_atomic(path, text):

@@ -318,6 +318,39 @@ def step_without_optimizer():
 
 expect_error("step without an optimizer step", "without an inner optimizer step", step_without_optimizer)
 
+
+def stepped(sync_kw, step_kw=None, steps=1, close=False):
+    """A DiLoCo sync of the test model: `steps` steps, then one more with step_kw (closed first
+    with close)."""
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, endpoint=loco.inprocess(1)[0], **sync_kw)
+    try:
+        for t in range(steps + 1):
+            if t == steps and close:
+                sync.close()
+            inner_step(model, opt, 0, t)
+            opt.step()
+            opt.zero_grad()
+            sync.step(**(step_kw if t == steps and step_kw else {}))
+    finally:
+        sync.close()
+
+
+blocks_of = make_model(0).layers
+expect_error("blocks not modules", "blocks: a list of the model's modules, in order (got list holding int)",
+             lambda: stepped({"blocks": [1, 2]}))
+expect_error("a module as blocks", "blocks: a list of the model's modules, in order (got Embedding)",
+             lambda: stepped({"blocks": make_model(0).embed_tokens}))
+expect_error("another model's block", "blocks: block 0 (Block) holds none of the model's parameters",
+             lambda: stepped({"blocks": [blocks_of[0]]}))
+expect_error("negative tokens", "tokens is the number of tokens of this step, a non-negative integer (got -5)",
+             lambda: stepped({}, {"loss": 1.0, "tokens": -5}))
+expect_error("tokens as text", "a non-negative integer (got '64')", lambda: stepped({}, {"loss": 1.0, "tokens": "64"}))
+expect_error("loss as text", "loss is this step's loss, a number (got str)", lambda: stepped({}, {"loss": "1.0"}))
+expect_error("a step past train_steps", "sync.step() past train_steps = 3", lambda: stepped({"train_steps": 3}, steps=3))
+expect_error("a step after close", "sync.step() after close()", lambda: stepped({}, close=True))
+
 # A non-finite loss is recorded (as null) and finish() still writes the run directory.
 import json
 import tempfile
