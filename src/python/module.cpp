@@ -713,11 +713,12 @@ PYBIND11_MODULE(_loco, m) {
   m.def("threads", [] { return compute_threads(); }, "loco's compute threads");
   m.def("config_keys", &config_keys, "Every run-config key, in schema order");
   m.def("codec_bytes", [](const std::string& codec, int64_t n, int block) {
-    if (n < 0) fail("a value count must be >= 0");
+    if (n < 0 || n > (int64_t(1) << 50)) fail("a value count must be in [0, 2^50], got " + std::to_string(n));
     return make_codec({codec, "nearest", block, 0.1})->encoded_bytes(n);
   }, py::arg("codec"), py::arg("n"), py::arg("block") = 128, "Bytes of n values encoded by an outer-gradient codec");
   m.def("plan_fragments", [](int blocks, int fragment_blocks, const std::string& pattern, int64_t inner_steps) {
-    if (blocks < 1 || inner_steps < 1) fail("plan_fragments needs blocks >= 1 and inner_steps >= 1");
+    if (blocks < 1 || blocks > 100000 || inner_steps < 1)  // model.num_layers' range
+      fail("plan_fragments needs blocks in [1, 100000] and inner_steps >= 1");
     py::list out;
     for (const auto& f : plan_fragments(blocks, fragment_blocks, pattern, inner_steps))
       out.append(py::dict(py::arg("blocks") = f.blocks, py::arg("nonblock") = f.nonblock, py::arg("offset") = f.offset));
@@ -725,13 +726,14 @@ PYBIND11_MODULE(_loco, m) {
   }, py::arg("blocks"), py::arg("fragment_blocks"), py::arg("pattern") = "strided", py::arg("inner_steps") = 30,
         "Streaming DiLoCo's fragments: blocks, whether it holds the non-block parameters, sync offset");
   m.def("noloco_groups", [](int replicas, int group_size, uint64_t seed, int64_t k) {
-    if (replicas < 1 || group_size < 2 || k < 1) fail("noloco_groups needs replicas >= 1, group_size >= 2, k >= 1");
+    if (replicas < 1 || replicas > (1 << 20) || group_size < 2 || k < 1)
+      fail("noloco_groups needs replicas in [1, 2^20], group_size >= 2, k >= 1");
     return noloco_groups(replicas, group_size, seed, k);
   }, py::arg("replicas"), py::arg("group_size"), py::arg("seed"), py::arg("k"),
         "NoLoCo's groups of outer step k (1-based), as every member derives them");
   m.def("route_permutation", [](int replicas, uint64_t seed, int64_t step, int microbatch, int boundary) {
-    if (replicas < 1 || step < 0 || microbatch < 0 || boundary < 0)
-      fail("route_permutation needs replicas >= 1 and step, microbatch, boundary >= 0");
+    if (replicas < 1 || replicas > (1 << 20) || step < 0 || microbatch < 0 || boundary < 0)
+      fail("route_permutation needs replicas in [1, 2^20] and step, microbatch, boundary >= 0");
     return route_permutation(replicas, seed, step, microbatch, boundary);
   }, py::arg("replicas"), py::arg("seed"), py::arg("step"), py::arg("microbatch"), py::arg("boundary"),
         "NoLoCo's random pipeline routing: replica r of stage b sends microbatch mb of `step` to replica "
@@ -744,7 +746,8 @@ PYBIND11_MODULE(_loco, m) {
             fail("outer_step: theta, momentum and avg must have the same size (" + std::to_string(n) + ", " +
                  std::to_string(momentum.size()) + ", " + std::to_string(avg.size()) + ")");
           if (!theta.writeable() || !momentum.writeable()) fail("outer_step: theta and momentum must be writeable");
-          if (!(lr > 0) || !(mu >= 0 && mu < 1)) fail("outer_step: needs lr > 0 and 0 <= momentum < 1");
+          if (!(lr > 0) || !std::isfinite(lr) || !(mu >= 0 && mu < 1))
+            fail("outer_step: needs a finite lr > 0 and 0 <= momentum < 1");
           OuterConfig o;
           o.lr = lr;
           o.momentum = mu;

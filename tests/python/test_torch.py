@@ -337,6 +337,19 @@ def stepped(sync_kw, step_kw=None, steps=1, close=False):
         sync.close()
 
 
+# The helper functions refuse sizes that would take the machine's memory (or wrap around).
+expect_error("plan of 10^9 blocks", "plan_fragments needs blocks in [1, 100000]",
+             lambda: loco._loco.plan_fragments(10 ** 9, 1, "strided", 10))
+expect_error("groups of 10^9 replicas", "noloco_groups needs replicas in [1, 2^20]",
+             lambda: loco._loco.noloco_groups(10 ** 9, 2, 1, 1))
+expect_error("routes of 10^9 replicas", "route_permutation needs replicas in [1, 2^20]",
+             lambda: loco._loco.route_permutation(10 ** 9, 1, 0, 0, 0))
+expect_error("bytes of 2^62 values", "a value count must be in [0, 2^50]",
+             lambda: loco._loco.codec_bytes("fp4-e3m0", 2 ** 62, 1))
+expect_error("an infinite outer lr", "outer_step: needs a finite lr > 0",
+             lambda: loco._loco.outer_step(torch.zeros(3).numpy(), torch.zeros(3).numpy(), torch.ones(3).numpy(),
+                                           float("inf"), 0.9))
+
 blocks_of = make_model(0).layers
 expect_error("blocks not modules", "blocks: a list of the model's modules, in order (got list holding int)",
              lambda: stepped({"blocks": [1, 2]}))
