@@ -391,7 +391,8 @@ class DeviceOuter:
 
     def check(self, state):
         """The outer parameters and momentum of a state to load, refused (loco.Error) unless both
-        are there, of the model's size and finite; nothing is changed."""
+        are there and of the model's size; nothing is changed. (Their values are checked finite
+        by the core's load_state, which refuses a state before it changes anything.)"""
         n = self.theta.numel()
         out = []
         for key in ("outer.params", "outer.momentum"):
@@ -400,9 +401,6 @@ class DeviceOuter:
             src = _torch.as_tensor(state[key], dtype=_torch.float32).reshape(-1)
             if src.numel() != n:
                 raise _loco.Error(f"the state's {key} has {src.numel()} values, the model {n}")
-            if not bool(_torch.isfinite(src).all()):  # as the core says it (src/python/module.cpp)
-                i = int((~_torch.isfinite(src)).nonzero()[0, 0])
-                raise _loco.Error(f"state entry {key} holds a non-finite value ({float(src[i])}) at index {i}")
             out.append(src)
         return out
 

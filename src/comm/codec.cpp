@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/parallel.h"
 
 namespace loco {
@@ -41,17 +42,10 @@ void for_blocks(int64_t n, int block, bool split, const std::function<void(int64
 }
 
 void check_finite(const float* x, int64_t n) {
-  std::atomic<bool> finite{true};
-  parallel_for(n, kChunkValues, [&](int64_t b, int64_t e) {
-    bool ok = true;
-    for (int64_t i = b; i < e; ++i) ok &= std::isfinite(x[i]);
-    if (!ok) finite = false;
-  });
-  if (finite) return;
-  for (int64_t i = 0; i < n; ++i)  // the first one, whatever the threads
-    if (!std::isfinite(x[i]))
-      fail("outer gradient contains a non-finite value (" + std::to_string(x[i]) + ") at index " + std::to_string(i) +
-           "; refusing to encode it");
+  const int64_t i = first_non_finite(x, n);
+  if (i >= 0)
+    fail("outer gradient contains a non-finite value (" + std::to_string(x[i]) + ") at index " + std::to_string(i) +
+         "; refusing to encode it");
 }
 
 void malformed(const std::string& codec, const std::string& what) {

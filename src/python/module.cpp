@@ -28,6 +28,7 @@
 #include "comm/link.h"
 #include "comm/mpi_transport.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "elastic/fingerprint.h"
@@ -415,12 +416,11 @@ class Method {
       if (name == "__step__" || name == "__meta__") continue;
       auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(item.second);
       if (!a) fail("state entry " + name + " is not an array of numbers");
-      auto& v = st.tensors[name];
-      v.assign(a.data(), a.data() + a.size());
-      for (size_t i = 0; i < v.size(); ++i)
-        if (!std::isfinite(v[i]))
-          fail("state entry " + name + " holds a non-finite value (" + std::to_string(v[i]) + ") at index " +
-               std::to_string(i));
+      const int64_t bad = first_non_finite(a.data(), int64_t(a.size()));
+      if (bad >= 0)
+        fail("state entry " + name + " holds a non-finite value (" + std::to_string(a.data()[bad]) + ") at index " +
+             std::to_string(bad));
+      st.tensors[name].assign(a.data(), a.data() + a.size());
     }
     if (d.contains("__meta__")) {
       if (!py::isinstance<py::dict>(d["__meta__"])) fail("the state's __meta__ is not a dict");

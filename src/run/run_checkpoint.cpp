@@ -7,6 +7,7 @@
 
 #include "run/run.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "io/checkpoint.h"
 #include "core/fs.h"
 #include "io/run_dir.h"
@@ -120,12 +121,7 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
 
 namespace {
 
-// NaN or Inf anywhere in `v` (x * 0 is 0 for every finite x, NaN otherwise).
-bool all_finite(const std::vector<float>& v) {
-  float s = 0;
-  for (const float x : v) s += x * 0.0f;
-  return s == 0;
-}
+bool all_finite(const std::vector<float>& v) { return first_non_finite(v.data(), int64_t(v.size())) < 0; }
 
 }  // namespace
 
