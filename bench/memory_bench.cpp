@@ -23,23 +23,28 @@ namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Reads every 1024th value (one per 4 KiB page) and fails unless it is `want(i)`.
-void check(const std::vector<float>& v, size_t n, const std::function<float(size_t)>& want, const char* what) {
+// Reads every 1024th value (one per 4 KiB page) and fails unless it is from's (zero without from).
+void check(const std::vector<float>& v, size_t n, const std::vector<float>* from, const char* what) {
   if (v.size() != n) {
     std::fprintf(stderr, "%s: %zu values, not %zu\n", what, v.size(), n);
     std::exit(1);
   }
-  for (size_t i = 0; i < n; i += 1024)
-    if (v[i] != want(i)) {
-      std::fprintf(stderr, "%s: value %zu is %g, not %g\n", what, i, double(v[i]), double(want(i)));
+  for (size_t i = 0; i < n; i += 1024) {
+    const float want = from ? (*from)[i] : 0.0f;
+    if (v[i] != want) {
+      std::fprintf(stderr, "%s: value %zu is %g, not %g\n", what, i, double(v[i]), double(want));
       std::exit(1);
     }
+  }
 }
 
 struct Kind {
   std::string name;
-  std::function<double()> run;  // seconds to make one buffer (checked, then freed, outside the time)
-  std::vector<double> s;
+  std::function<std::vector<float>()> make;
+  bool copy;     // a copy of the source (else zeros)
+  int threads;   // compute threads while it is made
+  size_t base;   // the kind its ratio is to
+  std::vector<double> s{};
 };
 
 }  // namespace
@@ -55,44 +60,34 @@ int main(int argc, char** argv) {
   const size_t n = mib << 18;  // floats
   std::vector<float> source(n);
   for (size_t i = 0; i < n; ++i) source[i] = float(i % 1000);
-  auto zeros = [](size_t) { return 0.0f; };
-  auto same = [&](size_t i) { return source[i]; };
-  auto timed = [&](const std::function<std::vector<float>()>& make, const std::function<float(size_t)>& want,
-                   const char* what, int t) {
-    set_compute_threads(t);
-    const double t0 = now();
-    std::vector<float> v = make();
-    const double s = now() - t0;
-    check(v, n, want, what);
-    return s;
-  };
+  const std::string all = std::to_string(threads) + " threads";
   std::vector<Kind> kinds{
-      {"std::vector<float>(n)", [&] { return timed([&] { return std::vector<float>(n); }, zeros, "vector", 1); }, {}},
-      {"zeroed_floats, 1 thread", [&] { return timed([&] { return zeroed_floats(n); }, zeros, "zeroed 1", 1); }, {}},
-      {"zeroed_floats, " + std::to_string(threads) + " threads",
-       [&] { return timed([&] { return zeroed_floats(n); }, zeros, "zeroed N", threads); }, {}},
-      {"std::vector copy", [&] { return timed([&] { return std::vector<float>(source); }, same, "copy", 1); }, {}},
-      {"copied_floats, " + std::to_string(threads) + " threads",
-       [&] { return timed([&] { return copied_floats(source); }, same, "copied N", threads); }, {}},
+      {"std::vector<float>(n)", [&] { return std::vector<float>(n); }, false, 1, 0},
+      {"zeroed_floats, 1 thread", [&] { return zeroed_floats(n); }, false, 1, 0},
+      {"zeroed_floats, " + all, [&] { return zeroed_floats(n); }, false, threads, 0},
+      {"std::vector copy", [&] { return std::vector<float>(source); }, true, 1, 3},
+      {"copied_floats, " + all, [&] { return copied_floats(source); }, true, threads, 3},
   };
   // Each repeat starts with the next kind, so that none always follows the same one (a buffer
-  // just freed is memory the kernel may hand to the next one, faster on a virtual machine).
+  // just freed is memory the kernel may hand to the next one, faster on a virtual machine). A
+  // buffer is checked, then freed, outside its time.
   for (int r = 0; r < repeats; ++r)
     for (size_t i = 0; i < kinds.size(); ++i) {
-      auto& k = kinds[(size_t(r) + i) % kinds.size()];
-      k.s.push_back(k.run());
+      Kind& k = kinds[(size_t(r) + i) % kinds.size()];
+      set_compute_threads(k.threads);
+      const double t0 = now();
+      std::vector<float> v = k.make();
+      k.s.push_back(now() - t0);
+      check(v, n, k.copy ? &source : nullptr, k.name.c_str());
     }
   std::printf("%zu MiB buffers, %d repeats, kinds alternating in rotating order\n", mib, repeats);
   std::printf("%-28s %10s %10s %14s\n", "buffer", "median s", "best s", "median ratio");
-  double base[2] = {0, 0};
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    auto s = kinds[i].s;
+  auto median = [](std::vector<double> s) {
     std::sort(s.begin(), s.end());
-    const double med = s[s.size() / 2];
-    if (i == 0) base[0] = med;
-    if (i == 3) base[1] = med;
-    const double ref = i < 3 ? base[0] : base[1];
-    std::printf("%-28s %10.3f %10.3f %13.3fx\n", kinds[i].name.c_str(), med, s.front(), med / ref);
-  }
+    return s[s.size() / 2];
+  };
+  for (const Kind& k : kinds)
+    std::printf("%-28s %10.3f %10.3f %13.3fx\n", k.name.c_str(), median(k.s), *std::min_element(k.s.begin(), k.s.end()),
+                median(k.s) / median(kinds[k.base].s));
   return 0;
 }
