@@ -535,14 +535,17 @@ class Sync:
         if not self._stepped:
             raise _loco.Error("sync.step() was called without an inner optimizer step since the last one "
                               "(call inner_opt.step() first, once per step)")
-        if tokens is not None and not _whole_count(tokens):
+        record = self._out_dir is not None and loss is not None
+        # Checked where they are used (a run directory), before the step: reading a tensor's value
+        # waits for the device, which a step without a record must not do.
+        if record and not isinstance(loss, (numbers.Real, _torch.Tensor)):
+            raise _loco.Error(f"sync.step(): loss is this step's loss, a number (got {type(loss).__name__})")
+        if record and tokens is not None and not _whole_count(tokens):
             raise _loco.Error(f"sync.step(): tokens is the number of tokens of this step, a non-negative integer "
                               f"(got {tokens!r})")
-        if loss is not None and not isinstance(loss, (numbers.Real, _torch.Tensor)):
-            raise _loco.Error(f"sync.step(): loss is this step's loss, a number (got {type(loss).__name__})")
         self._stepped = False
         self._clock.timed("hooks", self._step_hooks)
-        if self._out_dir is not None and loss is not None:
+        if record:
             self._losses.append(float(loss))
             self._tokens += int(tokens or 0)
             if self._done % self._core.log_interval == 0:

@@ -4,6 +4,7 @@ python.torch; `python3 tests/python/test_torch.py` with PYTHONPATH=build/python.
 import copy
 import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -357,16 +358,18 @@ expect_error("a module as blocks", "blocks: a list of the model's modules, in or
              lambda: stepped({"blocks": make_model(0).embed_tokens}))
 expect_error("another model's block", "blocks: block 0 (Block) holds none of the model's parameters",
              lambda: stepped({"blocks": [blocks_of[0]]}))
-expect_error("negative tokens", "tokens is the number of tokens of this step, a non-negative integer (got -5)",
-             lambda: stepped({}, {"loss": 1.0, "tokens": -5}))
-expect_error("tokens as text", "a non-negative integer (got '64')", lambda: stepped({}, {"loss": 1.0, "tokens": "64"}))
-expect_error("loss as text", "loss is this step's loss, a number (got str)", lambda: stepped({}, {"loss": "1.0"}))
+with tempfile.TemporaryDirectory() as d:  # loss and tokens are used (and checked) with a run directory
+    expect_error("negative tokens", "tokens is the number of tokens of this step, a non-negative integer (got -5)",
+                 lambda: stepped({"out_dir": d + "/a"}, {"loss": 1.0, "tokens": -5}))
+    expect_error("tokens as text", "a non-negative integer (got '64')",
+                 lambda: stepped({"out_dir": d + "/b"}, {"loss": 1.0, "tokens": "64"}))
+    expect_error("loss as text", "loss is this step's loss, a number (got str)",
+                 lambda: stepped({"out_dir": d + "/c"}, {"loss": "1.0"}))
 expect_error("a step past train_steps", "sync.step() past train_steps = 3", lambda: stepped({"train_steps": 3}, steps=3))
 expect_error("a step after close", "sync.step() after close()", lambda: stepped({}, close=True))
 
 # A non-finite loss is recorded (as null) and finish() still writes the run directory.
 import json
-import tempfile
 with tempfile.TemporaryDirectory() as d:
     model = make_model(0)
     opt = make_opt(model)
