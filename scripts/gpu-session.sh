@@ -42,6 +42,15 @@ for t in partial outer; do
   LOCO_TEST_DEVICE=$dev timeout 50 $py tests/python/test_$t.py > "$out/test_${t}_$dev.log" 2>&1
   echo "test_$t on $dev: exit $? ($(grep -c '^ok' "$out/test_${t}_$dev.log") ok, $(grep -c '^FAIL' "$out/test_${t}_$dev.log") FAIL)"
 done
+# With a second GPU: the outer state's tests on the model of cuda:1 while cuda:0 stays current (a
+# loop that moves its model without torch.cuda.set_device; every stream and event loco uses must
+# be the model's device's). The machine lent so far has one GPU: then it says so.
+if [ "$dev" = cuda ] && [ "$($py -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  LOCO_TEST_DEVICE=cuda:1 timeout 50 $py tests/python/test_outer.py > "$out/test_outer_cuda1.log" 2>&1
+  echo "test_outer on cuda:1 (cuda:0 current): exit $? ($(grep -c '^ok' "$out/test_outer_cuda1.log") ok)"
+else
+  echo "test_outer on a second GPU: not run ($dev, one device)"
+fi
 # A partial run's model through save_pretrained and from_pretrained (needs transformers).
 LOCO_TEST_DEVICE=$dev timeout 40 $py tests/python/hf_partial.py > "$out/hf_partial_$dev.log" 2>&1
 echo "hf_partial on $dev: exit $?"; tail -n 6 "$out/hf_partial_$dev.log"

@@ -40,7 +40,11 @@ class Copier:
     """Copies between a model's device tensor and the method's host buffer, counted. On CUDA the
     copies run on the current stream (after the work that produced the values, before the work
     that reads them); the host waits only for what it is about to read (an event), and an event
-    marks when the host buffer is free again after copies from it."""
+    marks when the host buffer is free again after copies from it.
+
+    Every stream and event is the model's device's, whatever device is current: a loop may train
+    a model on cuda:1 with cuda:0 current (torch runs each operation on its tensors' device, but
+    an event recorded on the current device's stream would order nothing of the model's work)."""
 
     def __init__(self, device, clock=None):
         self._device = device
@@ -53,8 +57,9 @@ class Copier:
         self._read = []         # the host address ranges those copies read
 
     def _event(self):
+        """An event marking the work queued so far on the model's device's current stream."""
         ev = _torch.cuda.Event()
-        ev.record()
+        ev.record(_torch.cuda.current_stream(self._device))
         return ev
 
     def event(self):
@@ -62,14 +67,21 @@ class Copier:
         return self._event() if self.cuda else None
 
     def stream(self):
-        """The current stream (None off CUDA): where another thread's work goes with on()."""
-        return _torch.cuda.current_stream() if self.cuda else None
+        """The current stream of the model's device (None off CUDA): where another thread's work
+        goes with on()."""
+        return _torch.cuda.current_stream(self._device) if self.cuda else None
 
     def on(self, stream):
         """Context: this thread's device work queued on `stream` (the training loop's, taken by
         stream() on the loop's thread), after what the loop queued before handing it over; a
-        thread of its own starts on the default stream."""
+        thread of its own starts on the default stream (and device 0: the context makes the
+        stream's device current too)."""
         return _torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def device(self):
+        """Context: the model's device current (CUDA), for what takes the current device, such as
+        page-locking host memory (else a context is made on device 0 for it)."""
+        return _torch.cuda.device(self._device) if self.cuda else contextlib.nullcontext()
 
     def host_free(self, pairs=None):
         """Before the host buffers are written (by the method or by copies into them). With
@@ -147,7 +159,8 @@ class Copier:
 
     def host_tensor(self, n):
         """n float32 values on the host to copy to the device (page-locked on CUDA)."""
-        return _torch.empty(n, dtype=_torch.float32, pin_memory=self.cuda)
+        with self.device():
+            return _torch.empty(n, dtype=_torch.float32, pin_memory=self.cuda)
 
     def aside_to_device(self, staged):
         """A host tensor's values (host_tensor's) in a new tensor on the device, counted, the copy
@@ -168,17 +181,16 @@ class Copier:
         with _torch.cuda.stream(side):
             out.copy_(staged, non_blocking=True)
             ev = _torch.cuda.Event()
-            ev.record()
+            ev.record(side)
         out.record_stream(side)
         self.bytes += staged.numel() * staged.element_size()
         return out, ev
 
-    @staticmethod
-    def ready(event):
+    def ready(self, event):
         """The current stream's work queued from now on waits for `event` (on the device: the host
         does not wait)."""
         if event is not None:
-            _torch.cuda.current_stream().wait_event(event)
+            _torch.cuda.current_stream(self._device).wait_event(event)
 
     def wait(self):
         """Until every copy issued so far on the current stream and on loco's (into the host
@@ -187,9 +199,7 @@ class Copier:
         if self.cuda:
             if self._side is not None:
                 self._clock.timed("copies_waiting", self._side.synchronize)
-            ev = _torch.cuda.Event()
-            ev.record()
-            self._synchronize(ev)
+            self._synchronize(self._event())
 
     def _synchronize(self, ev):
         self._clock.timed("copies_waiting", ev.synchronize)
@@ -204,7 +214,8 @@ def staged_to_device(arrays, device):
         return _torch.empty(0, dtype=_torch.uint8, device=device), 0
     if device.type != "cuda":
         return (hosts[0] if len(hosts) == 1 else _torch.cat(hosts)).to(device), n
-    return _stage(hosts).to(device, non_blocking=True), n
+    with _torch.cuda.device(device):
+        return _stage(hosts).to(device, non_blocking=True), n
 
 
 def _stage(hosts):

@@ -400,10 +400,12 @@ class Sync:
                 p.data = view
         self._data_ptrs = [p.data_ptr() for p in self._params]
         if self._device.type == "cuda":  # page-locked, so that the copies run at full speed, asynchronously
-            for buf in (self._flat, self._gbuf):
-                if buf is not None and buf.numel():
-                    _torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
-                    self._pinned.append(buf.data_ptr())
+            with self._copier.device():
+                for buf in (self._flat, self._gbuf):
+                    if buf is not None and buf.numel():
+                        rc = _torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
+                        if int(rc) == 0:  # else the copies go through pageable memory: slower, still right
+                            self._pinned.append(buf.data_ptr())
 
     def _ranges(self, ranges):
         """(host view, device view) of each (begin, end) range of the flat buffers."""
@@ -733,7 +735,8 @@ class Sync:
 
     def _host_bytes(self, n):
         """A host buffer for n bytes crossing from the device (page-locked on CUDA)."""
-        return _torch.empty(n, dtype=_torch.uint8, pin_memory=self._device.type == "cuda")
+        with self._copier.device():
+            return _torch.empty(n, dtype=_torch.uint8, pin_memory=self._device.type == "cuda")
 
     def _record(self, val_loss=float("nan")):
         # A record without new steps (finish's) repeats the last training loss, as loco train's does.
@@ -895,8 +898,9 @@ class Sync:
         self._core.close()
         self._copier.wait()       # no copy may still write or read a buffer about to be unregistered
         self._copier.host_free()
-        while self._pinned:
-            _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
+        with self._copier.device():
+            while self._pinned:
+                _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
 
 
 def _whole_count(x):

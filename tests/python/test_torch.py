@@ -525,7 +525,10 @@ check(waited >= 0.002 * FakeEvent.waits, f"device path: the copies' waits are co
 # at a sync's start runs on loco's stream after the work queued on the training stream; the
 # training stream waits for it (on the device) before the next work that writes the parameters,
 # once; the synchronized values come to the device on loco's stream, and the merge waits for them.
+# Every stream and event is asked for on the model's device, never the current one (a model on
+# cuda:1 with cuda:0 current): a call that leaves the device out is logged as such.
 log = []
+MODEL_DEVICE = torch.device("cpu")  # the copier's; a CUDA device in real use
 
 
 class FakeStream:
@@ -543,8 +546,10 @@ class FakeStream:
 
 
 class LoggedEvent:
-    def record(self):
-        self.at = current[-1].name
+    def record(self, stream=None):
+        if stream is None:
+            log.append("event on the current device's stream")
+        self.at = (stream or current[-1]).name
         log.append(f"event on {self.at}")
 
     def synchronize(self):
@@ -566,10 +571,19 @@ current = [FakeStream("training")]
 saved = {k: getattr(torch.cuda, k) for k in ("Stream", "Event", "stream", "current_stream")}
 saved_record = torch.Tensor.record_stream
 torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream = FakeStream, LoggedEvent, Within
-torch.cuda.current_stream = lambda device=None: current[-1]
+
+
+
+def current_stream(device=None):
+    if device != MODEL_DEVICE:
+        log.append(f"current stream of device {device}")
+    return current[-1]
+
+
+torch.cuda.current_stream = current_stream
 torch.Tensor.record_stream = lambda t, stream: log.append(f"tensor of {t.numel()} used on {stream.name}")
 try:
-    copier = Copier(torch.device("cpu"))
+    copier = Copier(MODEL_DEVICE)
     copier.cuda = True
     host, dev = torch.zeros(100), torch.arange(100.0)
     ev = copier.to_host([(host[0:50], dev[0:50])], wait=False, aside=True)
@@ -586,14 +600,17 @@ try:
             "loco waits for training", "event on loco", "training waits for event loco", "event on training"]
     check(log == want and copied and ev is not None and arrived_right,
           f"device path: copies aside on loco's stream, after the training stream's work, waited for by it "
-          f"before the parameters are written, once; the values' tensor marked as used on loco's stream ({log})")
+          f"before the parameters are written, once; the values' tensor marked as used on loco's stream; "
+          f"streams and events of the model's device ({log})")
     # Closing waits for the copies on both streams before the host buffers are unregistered, also
     # for a copy aside nothing waited for (its sync's background work failed first).
     del log[:]
     copier.to_host([(host[0:10], dev[0:10])], wait=False, aside=True)
     copier.wait()
-    check(log[-3:] == ["host waits for loco", "event on training", "host waits for event training"],
-          f"device path: waiting for the copies covers loco's stream and the training stream ({log})")
+    check(log[-3:] == ["host waits for loco", "event on training", "host waits for event training"]
+          and copier.stream() is current[-1] and not any("device" in line for line in log),
+          f"device path: waiting for the copies covers loco's stream and the training stream, of the model's "
+          f"device ({log})")
 finally:
     for k, v in saved.items():
         setattr(torch.cuda, k, v)
