@@ -4,12 +4,13 @@
 # and a dry run on CPU tensors: LOCO_GPU_DRY=1 bash scripts/gpu-session.sh.
 # On the device (the `device` tool's run, carry [".gpukit"], kind nvidia-h200: 2 members of the
 # 0.85B model with their outer state on the GPU need about 2 x 40 GB), at most about 10 minutes
-# (build 40 s, tests 2 x 50 s, from_pretrained 40 s, the model 170 + 180 s, profiles 2 x 75 s; give
-# the run what the device has left: what a step leaves when cut off still comes back; a row that
-# runs out of memory is reported as FAILED and the rest go on):
+# (build 40 s, tests 2 x 50 s, GradScaler 30 s, from_pretrained 40 s, the model 170 + 180 s,
+# profiles 2 x 75 s; give the run what the device has left: what a step leaves when cut off still
+# comes back; a row that runs out of memory is reported as FAILED and the rest go on):
 #   bash scripts/gpu-session.sh
-# Writes under $OUT: build.log; test_partial_cuda.log (partial updates on CUDA against the
-# plain-torch reference on CUDA, deterministic kernels); test_outer_cuda.log (the outer state on
+# Writes under $OUT: build.log; amp_scaler_cuda.log (fp16 with GradScaler's skipped steps);
+# test_partial_cuda.log (partial updates on CUDA against the plain-torch reference on CUDA,
+# deterministic kernels); test_outer_cuda.log (the outer state on
 # the GPU against it on the host, bit for bit: codecs, outer step, runs); hf_partial_cuda.log (a
 # partial run's model through save_pretrained/from_pretrained); steps.log (what one member's
 # Streaming DiLoCo steps spend their time on, a round included); hf1.json/.log and hf2.json/.log
@@ -51,6 +52,9 @@ if [ "$dev" = cuda ] && [ "$($py -c 'import torch; print(torch.cuda.device_count
 else
   echo "test_outer on a second GPU: not run ($dev, one device)"
 fi
+# fp16 with torch's GradScaler (its skipped steps): DiLoCo against plain torch, data-parallel members equal.
+LOCO_TEST_DEVICE=$dev timeout 30 $py tests/python/amp_scaler.py > "$out/amp_scaler_$dev.log" 2>&1
+echo "amp_scaler on $dev: exit $?"; tail -n 4 "$out/amp_scaler_$dev.log"
 # A partial run's model through save_pretrained and from_pretrained (needs transformers).
 LOCO_TEST_DEVICE=$dev timeout 40 $py tests/python/hf_partial.py > "$out/hf_partial_$dev.log" 2>&1
 echo "hf_partial on $dev: exit $?"; tail -n 6 "$out/hf_partial_$dev.log"

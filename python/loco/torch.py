@@ -341,6 +341,7 @@ class Sync:
             self._outer = _DeviceOuter(self._core, self._dflat, config, method)
         self._done = self._core.step
         self._stepped = self._synced = False
+        self._skipped = 0  # steps without an inner optimizer step (a GradScaler's skipped steps)
         if out_dir is not None and elastic:
             out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
         self._out_dir = out_dir
@@ -528,15 +529,13 @@ class Sync:
         """After the inner optimizer's step: the method's end of step (outer steps, syncs).
         With out_dir, pass this member's loss (a float) and its tokens of the step: every
         log_interval steps the members' mean loss, bytes and waits go to out_dir/metrics.jsonl
-        (every member must pass them at the same steps)."""
+        (every member must pass them at the same steps). A step whose optimizer step was skipped
+        (a GradScaler's) is a step too: call sync.step() after it as after any other."""
         if self._closed:
             raise _loco.Error("sync.step() after close(): this sync has ended (wrap the model again to go on)")
         if self._done >= self._train_steps:
             raise _loco.Error(f"sync.step() past train_steps = {self._train_steps}: the run ended at its last step "
                               "(its final syncs); wrap with a larger train_steps to train longer")
-        if not self._stepped:
-            raise _loco.Error("sync.step() was called without an inner optimizer step since the last one "
-                              "(call inner_opt.step() first, once per step)")
         record = self._out_dir is not None and loss is not None
         # Checked where they are used (a run directory), before the step: reading a tensor's value
         # waits for the device, which a step without a record must not do.
@@ -545,6 +544,8 @@ class Sync:
         if record and tokens is not None and not _whole_count(tokens):
             raise _loco.Error(f"sync.step(): tokens is the number of tokens of this step, a non-negative integer "
                               f"(got {tokens!r})")
+        if not self._stepped:
+            self._clock.timed("hooks", self._without_inner_step)
         self._stepped = False
         self._clock.timed("hooks", self._step_hooks)
         if record:
@@ -552,6 +553,27 @@ class Sync:
             self._tokens += int(tokens or 0)
             if self._done % self._core.log_interval == 0:
                 self._record()
+
+    def _without_inner_step(self):
+        """A step whose inner optimizer step did not run: a GradScaler skipped it (fp16 gradients
+        holding an Inf or a NaN), or the loop left it out. The method's step goes on (its schedule
+        counts steps, the same on every member), its gradient hook run here if it has not run. A
+        step whose gradients the method combines across the members (data-parallel, DiLoCo's
+        steps before outer.start_step) is refused unless they were combined (sync_gradients())
+        before the optimizer's step was skipped: each member would otherwise decide on its own
+        gradients, and a member that stepped would have averaged in those that were skipped."""
+        if not self._synced:
+            if not self._quiet():
+                self._clock.timed("waiting_background", self._bg.join)
+                if self._core.access()[0]:
+                    raise _loco.Error(
+                        "sync.step() without an inner optimizer step at a step whose gradients the method averages "
+                        f"({self.method}): call sync.sync_gradients() after backward and before deciding to skip "
+                        "the step (with a GradScaler: before scaler.unscale_() or scaler.step()), so that every "
+                        "member decides on the same averaged gradients; or call inner_opt.step()")
+            self._sync_gradients()
+        self._synced = False
+        self._skipped += 1
 
     def _step_hooks(self):
         if self._on_device:
@@ -808,7 +830,8 @@ class Sync:
         wrap() (0 for a CPU model, whose parameters are views of them), syncs_in_background:
         the steps whose end (a sync starting) ran on loco's thread while the loop went on, and
         gradients_copied_in_backward: data-parallel on a device, the gradients copied to the host
-        by the parameters' hooks as backward produced them (the others after backward).
+        by the parameters' hooks as backward produced them (the others after backward), and
+        inner_steps_skipped: the steps whose inner optimizer step did not run (a GradScaler's).
 
         loop_seconds: where the time of loco's hooks on the loop's thread went since wrap(), by
         phase: hooks (all of it: sync.step() and the gradient hook in the optimizer's step),
@@ -827,6 +850,7 @@ class Sync:
         out["host_device_bytes"] = self._copier.bytes + (self._outer.bytes if self._outer is not None else 0)
         out["syncs_in_background"] = self._background_syncs
         out["gradients_copied_in_backward"] = self._copied_in_backward
+        out["inner_steps_skipped"] = self._skipped
         out["loop_seconds"] = self._clock.snapshot()
         out["background_seconds"] = self._bg_clock.snapshot()
         return out

@@ -43,12 +43,13 @@ def run_members(M, fn):
     return out
 
 
-def run_loco(method, M, steps, clip=None, inspect=None, **kwargs):
+def run_loco(method, M, steps, clip=None, inspect=None, skip=(), **kwargs):
     """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
     replica from replica 0's parameters) with loco.torch; returns per member (params, eval
     params, metrics, report), and with inspect, the list of what inspect(t, model, opt, sync)
     returned at each step t, called after the optimizer's step (the gradients still there) and
-    before sync.step()."""
+    before sync.step(). skip: the (replica, step) pairs whose optimizer step is left out (as a
+    GradScaler skips one), sync.step() called all the same."""
     models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
 
     def member(r, endpoint):
@@ -60,7 +61,8 @@ def run_loco(method, M, steps, clip=None, inspect=None, **kwargs):
             if clip is not None:  # the averaged gradients clipped, as loco train does
                 sync.sync_gradients()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
+            if (r, t) not in skip:
+                opt.step()
             if inspect is not None:
                 seen.append(inspect(t, model, opt, sync))
             opt.zero_grad()

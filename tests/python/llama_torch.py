@@ -46,9 +46,9 @@ def params_of(model):
     return [v.detach().clone() for v in model.state_dict().values()]
 
 
-def reference_ddp(M, steps, clip=None):
+def reference_ddp(M, steps, clip=None, skip=()):
     """One model per replica, gradients averaged (then clipped to norm `clip`) before each AdamW
-    step."""
+    step; no optimizer step at the steps in skip."""
     models, opts = _replicas(M)
     for t in range(steps):
         for r in range(M):
@@ -62,7 +62,8 @@ def reference_ddp(M, steps, clip=None):
             for m in models:
                 torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
         for o in opts:
-            o.step()
+            if t not in skip:
+                o.step()
             o.zero_grad()
     return [params_of(m) for m in models]
 
@@ -73,11 +74,13 @@ def _replicas(M, seed=0):
     return models, [make_opt(m) for m in models]
 
 
-def _inner_steps(models, opts, step):
-    """Step `step` of every replica on its own data."""
+def _inner_steps(models, opts, step, skip=()):
+    """Step `step` of every replica on its own data (its optimizer step left out where (replica,
+    step) is in skip)."""
     for r, (m, o) in enumerate(zip(models, opts)):
         inner_step(m, o, r, step)
-        o.step()
+        if (r, step) not in skip:
+            o.step()
         o.zero_grad()
 
 
@@ -86,13 +89,14 @@ def _outer(model0, lr, momentum, nesterov=True):
     return outer, torch.optim.SGD(outer, lr=lr, momentum=momentum, nesterov=nesterov)
 
 
-def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0):
+def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0, skip=()):
     """DiLoCo: every H steps the outer gradient theta - mean(theta_m) takes an SGD step with
-    Nesterov momentum, and every replica restarts from the outer parameters."""
+    Nesterov momentum, and every replica restarts from the outer parameters. skip: (replica,
+    step) pairs without an optimizer step."""
     models, opts = _replicas(M, seed)
     outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
     for t in range(steps):
-        _inner_steps(models, opts, t)
+        _inner_steps(models, opts, t, skip)
         if (t + 1) % H == 0:
             with torch.no_grad():
                 for i, o in enumerate(outer):
@@ -168,17 +172,18 @@ def reference_partial(M, steps, H, outer_lr, outer_momentum, N, heads=False):
     return [params_of(m) for m in models], [o.detach().clone() for o in outer]
 
 
-def reference_streaming(M, steps, H, outer_lr, outer_momentum, fragments, tau, alpha):
+def reference_streaming(M, steps, H, outer_lr, outer_momentum, fragments, tau, alpha, skip=()):
     """Streaming DiLoCo: fragment j (a list of parameter indices) syncs at steps offset_j + kH
     (offset_j = j floor(H / F)); its outer step is taken on the replicas' mean when the sync
-    starts, and merged tau steps later as alpha local + (1 - alpha) outer."""
+    starts, and merged tau steps later as alpha local + (1 - alpha) outer. skip: (replica, step)
+    pairs without an optimizer step."""
     models, opts = _replicas(M)
     outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
     F = len(fragments)
     offsets = [j * (H // F) for j in range(F)]
     pending = []
     for done in range(1, steps + 1):
-        _inner_steps(models, opts, done - 1)
+        _inner_steps(models, opts, done - 1, skip)
         for j, frag in enumerate(fragments):
             if done > offsets[j] and (done - offsets[j]) % H == 0:
                 with torch.no_grad():

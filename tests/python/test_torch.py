@@ -311,13 +311,43 @@ expect_error("an old sync collected after close leaves its successor's endpoint 
              collected_after_close_frees_nothing)
 
 
-def step_without_optimizer():
-    model = make_model(0)
-    sync = loco.torch.wrap(model, make_opt(model), endpoint=loco.inprocess(1)[0])
-    sync.step()
-
-
-expect_error("step without an optimizer step", "without an inner optimizer step", step_without_optimizer)
+# A step whose optimizer step was skipped (as a GradScaler skips one whose fp16 gradients hold an
+# Inf or a NaN) is a step of the method all the same, on both paths: DiLoCo members skipping
+# different steps (one the last of a round) equal the reference that skips them; data-parallel
+# members that averaged their gradients (sync_gradients) and skip the same step equal theirs;
+# data-parallel members that skip without having averaged are refused, saying what to do.
+SKIP = {(0, 2), (0, 5), (1, 7), (1, 11)}
+ref_skip = reference_diloco(2, 12, 4, 0.7, 0.9, skip=SKIP)[0]
+apart = max(max_diff(a, b) for a, b in zip(ref_skip, reference_diloco(2, 12, 4, 0.7, 0.9)[0]))
+check(apart > 1e-3, f"skipped steps: the reference that skips differs from the one that does not ({apart:.2e})")
+for path in ("", "device path "):
+    if path:
+        os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    try:
+        got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, skip=SKIP)
+        compare(f"{path}diloco, optimizer steps skipped", got, ref_skip)
+        counted = [g[2]["inner_steps_skipped"] for g in got]
+        check(counted == [2, 2], f"{path}diloco: metrics count each member's skipped steps ({counted})")
+        # tau 2: a step between a sync's start and its merge (7, 9: on the device path its hooks
+        # queue behind the sync's background work), a merge's and a start's (8, 10)
+        skip = {(0, 7), (0, 10), (1, 8), (1, 9)}
+        got = run_loco("streaming", 2, 18, inner_steps=6, outer_lr=0.7, outer_momentum=0.9, fragment_blocks=1,
+                       tau=2, alpha=0.5, skip=skip)
+        compare(f"{path}streaming fp32 tau 2, optimizer steps skipped", got,
+                reference_streaming(2, 18, 6, 0.7, 0.9, frag, 2, 0.5, skip=skip))
+        if path:
+            check(got[0][2]["syncs_in_background"] > 0, f"{path}streaming tau 2: syncs ran in the background "
+                                                        f"({got[0][2]['syncs_in_background']})")
+        got = run_loco("ddp", 2, 6, clip=0.5, skip={(0, 3), (1, 3)})
+        compare(f"{path}ddp, sync_gradients then a step skipped", got, reference_ddp(2, 6, clip=0.5, skip={3}))
+        try:
+            run_loco("ddp", 2, 4, skip={(0, 1), (1, 1)})
+            check(False, f"{path}ddp: a skipped step without sync_gradients: no error")
+        except RuntimeError as e:
+            check(str(e).count("call sync.sync_gradients() after backward") == 2,
+                  f"{path}ddp: a skipped step without sync_gradients is refused on every member ({e})")
+    finally:
+        os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
 
 
 def stepped(sync_kw, step_kw=None, steps=1, close=False):
