@@ -103,11 +103,38 @@ def _scalars(obj, skip=()):
     return ",".join(out)
 
 
+_FROZEN_PIECE = 1 << 23  # values summed at a time: |bits| < 2^31 times weights <= 255, exact in int64
+
+
+def frozen_digest(model):
+    """The values of the model's frozen parameters (requires_grad False, e.g. a pretrained base
+    under adapters), as a digest: loco neither sends nor averages them, so the members must start
+    from the same ones. Each tensor's bits as integers, weighted by position and summed on its
+    device (exact in any order: the same sum on the CPU and on a GPU, one wait for the device per
+    tensor), then BLAKE2b over the names, dtypes, shapes and sums."""
+    lines = []
+    with _torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                continue
+            flat = p.detach().reshape(-1)
+            size = flat.element_size()
+            bits = flat.view(_torch.uint8 if size == 1 else _torch.int16 if size == 2 else _torch.int32)
+            total = _torch.zeros((), dtype=_torch.int64, device=bits.device)
+            for i in range(0, bits.numel(), _FROZEN_PIECE):
+                piece = bits[i:i + _FROZEN_PIECE].to(_torch.int64)
+                weight = _torch.arange(i, i + piece.numel(), dtype=_torch.int64, device=bits.device) % 255 + 1
+                total += (piece * weight).sum()
+            lines.append(f"{name}:{p.dtype}:{tuple(p.shape)}:{int(total)}")
+    return f"{len(lines)} tensors, {_digest(chr(10).join(lines))}" if lines else "none"
+
+
 def identity(model, opt):
-    """What the members of an elastic run must share beyond the parameters' names and shapes,
-    compared when a member joins: the model's architecture (a Hugging Face model's config; else
-    its modules' classes and plain settings, e.g. a head count that leaves every shape as it is)
-    and the inner optimizer's kind and settings (its learning rate aside, which a schedule moves)."""
+    """What the members must share beyond the parameters' names and shapes, compared when a
+    member joins an elastic run and when the members of a fixed world start: the model's
+    architecture (a Hugging Face model's config; else its modules' classes and plain settings,
+    e.g. a head count that leaves every shape as it is), the inner optimizer's kind and settings
+    (its learning rate aside, which a schedule moves) and the frozen parameters' values."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_dict"):
         d = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
@@ -120,7 +147,8 @@ def identity(model, opt):
         groups.append(",".join(f"{k}={v!r}" for k, v in sorted(g.items())
                                if k not in ("params", "lr", "initial_lr") and isinstance(v, (bool, int, float, str, tuple))))
     return {"model architecture": f"{type(model).__name__}, {_digest(arch)}",
-            "inner optimizer": f"{type(opt).__name__}, {_digest('|'.join(groups))}"}
+            "inner optimizer": f"{type(opt).__name__}, {_digest('|'.join(groups))}",
+            "frozen parameters": frozen_digest(model)}
 
 
 class InnerState:

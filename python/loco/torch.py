@@ -272,7 +272,7 @@ class Sync:
         # only for a method that reads them. Unused, it is never allocated.
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
                                   _InnerState(inner_opt) if elastic else None,
-                                  _identity(model, inner_opt) if elastic else {},
+                                  _identity(model, inner_opt),
                                   host_gradients=not self._on_device and not partial)
         if held:
             try:

@@ -70,7 +70,8 @@ nlohmann::json foreign_fingerprint(const RunConfig& cfg, const std::vector<Forei
   return out;
 }
 
-std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::json& run) {
+std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::json& run, const std::string& mine_label,
+                                    const std::string& run_label) {
   std::set<std::string> keys;
   for (const auto& [k, v] : mine.items()) keys.insert(k);
   for (const auto& [k, v] : run.items()) keys.insert(k);
@@ -80,7 +81,7 @@ std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::
   };
   for (const auto& k : keys) {
     const std::string a = show(mine, k), b = show(run, k);
-    if (a != b) out += (out.empty() ? "" : "; ") + k + ": this worker " + a + ", the run " + b;
+    if (a != b) out += (out.empty() ? "" : "; ") + k + ": " + mine_label + " " + a + ", " + run_label + " " + b;
   }
   return out;
 }

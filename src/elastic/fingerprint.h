@@ -26,7 +26,10 @@ nlohmann::json run_fingerprint(const RunConfig& cfg, const std::vector<int32_t>&
 // as above, and instead of the data files the model's tensors (names and shapes, by digest).
 nlohmann::json foreign_fingerprint(const RunConfig& cfg, const std::vector<ForeignTensor>& tensors);
 
-// The keys on which `mine` and `run` differ, each with both values, "; "-separated ("" if none).
-std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::json& run);
+// The keys on which `mine` and `run` differ, each with both values (named by the labels),
+// "; "-separated ("" if none).
+std::string fingerprint_differences(const nlohmann::json& mine, const nlohmann::json& run,
+                                    const std::string& mine_label = "this worker",
+                                    const std::string& run_label = "the run");
 
 }  // namespace loco

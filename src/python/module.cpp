@@ -183,9 +183,10 @@ class Method {
  public:
   // `inner`: for an elastic endpoint, the object whose save_inner() -> bytes and
   // load_inner(bytes) hold the caller's inner optimizer state (what a joiner receives).
-  // `identity`: what else the members of an elastic run must share, described by the caller
-  // (the model's architecture beyond its shapes, the inner optimizer's kind and settings),
-  // compared at join with the run's configuration.
+  // `identity`: what else the members must share, described by the caller (the model's
+  // architecture beyond its shapes, the inner optimizer's kind and settings, its frozen
+  // parameters' values), compared with the run's configuration: at join in an elastic run, by
+  // broadcast_params() in a fixed world.
   // host_gradients: the caller keeps its gradients in grads() (loco.torch's CPU model); else the
   // gradient buffer exists only for a method that reads gradients.
   Method(const Endpoint& ep, const std::vector<std::string>& settings, const std::vector<ForeignTensor>& tensors,
@@ -204,6 +205,8 @@ class Method {
     if (cfg_.distributed.replicas != comm_.size() && cfg_.distributed.replicas != 1)
       fail("distributed.replicas (" + std::to_string(cfg_.distributed.replicas) + ") differs from the world size (" +
            std::to_string(comm_.size()) + "); leave it unset");
+    fingerprint_ = foreign_fingerprint(cfg_, tensors);
+    for (const auto& [k, v] : identity_) fingerprint_[k] = v;
     params_at_ = w_.params.data();
     // 4 bytes per trained parameter that a method reading no gradients of a model on a GPU never touches.
     if (host_gradients || algo().uses_gradients(w_)) w_.grads = zeroed_floats(size_t(w_.trainable.size()));
@@ -237,10 +240,13 @@ class Method {
     busy_->store(false);
   }
 
-  // Every member takes member 0's parameters (the replicas must start equal).
+  // Every member takes member 0's parameters (the replicas must start equal), once every
+  // member's configuration, tensors and identity are found equal to member 0's (an elastic run
+  // compares them at join).
   void broadcast_params() {
     guard([&] {
       if (comm_.size() == 1) return;  // a lone member's are member 0's
+      if (!elastic_) agree();
       std::string bytes;
       if (comm_.rank() == 0) bytes.assign(reinterpret_cast<const char*>(w_.params.data()), w_.params.size() * 4);
       auto h = comm_.broadcast_start(&bytes, 0, "broadcast");
@@ -250,6 +256,27 @@ class Method {
              std::to_string(w_.params.size() * 4) + ": the members' models differ");
       if (comm_.rank() != 0) std::memcpy(w_.params.data(), bytes.data(), bytes.size());
     });
+  }
+  // Every member of a fixed world fails, naming each difference, unless all fingerprints equal
+  // member 0's: members with other settings, another architecture or optimizer, or other frozen
+  // weights would train on without a word (loco sends neither settings nor frozen parameters).
+  void agree() {
+    std::vector<std::string> all;
+    auto h = comm_.all_gather_start(fingerprint_.dump(), &all, "fingerprint");
+    comm_.wait(h);
+    if (all.size() != size_t(comm_.size())) fail("internal: the members' fingerprints are incomplete");
+    const auto first = nlohmann::json::parse(all[0], nullptr, false);
+    std::string why;
+    for (size_t k = 1; k < all.size(); ++k) {
+      const auto theirs = nlohmann::json::parse(all[k], nullptr, false);
+      const std::string diff = first.is_object() && theirs.is_object()
+                                   ? fingerprint_differences(theirs, first, "member " + std::to_string(k), "member 0")
+                                   : "a malformed fingerprint";
+      if (!diff.empty()) why += (why.empty() ? "" : "; ") + diff.substr(0, 400);
+    }
+    if (!why.empty())
+      fail("the members must share their settings, model and inner optimizer, and start from the same frozen "
+           "parameters; they differ from member 0's (" + why + ")");
   }
   void start(bool resumed) {
     guard([&] {
@@ -568,7 +595,7 @@ class Method {
     if (inner_.is_none()) fail("internal: an elastic method needs the inner optimizer's state hooks");
     ElasticOptions o = elastic_options(cfg_, ep.join_url, ep.worker);
     o.link = ep.link;
-    auto fingerprint = foreign_fingerprint(cfg_, tensors);
+    auto fingerprint = foreign_fingerprint(cfg_, tensors);  // fingerprint_ is made after the method
     for (const auto& [k, v] : identity_) fingerprint[k] = v;
     o.fingerprint = fingerprint.dump();
     o.foreign = std::make_shared<ForeignWorker>();
@@ -639,6 +666,7 @@ class Method {
   Worker w_;
   py::object inner_;  // elastic: the inner optimizer's state hooks (None otherwise)
   std::map<std::string, std::string> identity_;
+  nlohmann::json fingerprint_;  // what every member must share (agree())
   bool elastic_ = false;
   std::unique_ptr<Algorithm> algo_;
   std::pair<int, int> share_;  // this member's data slot and the members sharing the data

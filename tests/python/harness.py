@@ -43,14 +43,17 @@ def run_members(M, fn):
     return out
 
 
-def run_loco(method, M, steps, clip=None, inspect=None, skip=(), **kwargs):
+def run_loco(method, M, steps, clip=None, inspect=None, skip=(), prepare=None, **kwargs):
     """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
     replica from replica 0's parameters) with loco.torch; returns per member (params, eval
     params, metrics, report), and with inspect, the list of what inspect(t, model, opt, sync)
     returned at each step t, called after the optimizer's step (the gradients still there) and
     before sync.step(). skip: the (replica, step) pairs whose optimizer step is left out (as a
-    GradScaler skips one), sync.step() called all the same."""
+    GradScaler skips one), sync.step() called all the same. prepare(model): applied to each
+    member's model before its optimizer is made (e.g. freezing parameters)."""
     models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
+    for m in models if prepare is not None else []:
+        prepare(m)
 
     def member(r, endpoint):
         model, seen = models[r], []

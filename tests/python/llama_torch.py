@@ -68,9 +68,12 @@ def reference_ddp(M, steps, clip=None, skip=()):
     return [params_of(m) for m in models]
 
 
-def _replicas(M, seed=0):
-    """M replicas from one initialization (make_model(seed)), each with its own AdamW."""
+def _replicas(M, seed=0, prepare=None):
+    """M replicas from one initialization (make_model(seed), then prepare(model)), each with its
+    own AdamW."""
     models = [make_model(seed) for _ in range(M)]
+    for m in models if prepare is not None else []:
+        prepare(m)
     return models, [make_opt(m) for m in models]
 
 
@@ -89,11 +92,12 @@ def _outer(model0, lr, momentum, nesterov=True):
     return outer, torch.optim.SGD(outer, lr=lr, momentum=momentum, nesterov=nesterov)
 
 
-def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0, skip=()):
+def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0, skip=(), prepare=None):
     """DiLoCo: every H steps the outer gradient theta - mean(theta_m) takes an SGD step with
     Nesterov momentum, and every replica restarts from the outer parameters. skip: (replica,
-    step) pairs without an optimizer step."""
-    models, opts = _replicas(M, seed)
+    step) pairs without an optimizer step; prepare: as _replicas' (frozen parameters keep their
+    values: their outer gradient is 0)."""
+    models, opts = _replicas(M, seed, prepare)
     outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
     for t in range(steps):
         _inner_steps(models, opts, t, skip)

@@ -227,7 +227,8 @@ sizes = [sum(list(model.parameters())[i].numel() for i in f) for f in frag]
 syncs = {0: [6, 12], 1: [8, 12], 2: [10, 12]}
 expect = sum(loco._loco.codec_bytes("fp4-e3m0", sizes[j]) * len(s) for j, s in syncs.items())
 ops = got[0][3]["traffic"]["by_operation"]
-sent = sum(v["bytes_sent"] for k, v in ops.items() if k != "broadcast")  # the start's parameters aside
+# the start's parameters and the members' fingerprints (compared before it) aside
+sent = sum(v["bytes_sent"] for k, v in ops.items() if k not in ("broadcast", "fingerprint"))
 check(sent == expect, f"streaming fp4: bytes sent {sent} == the fp4 formula {expect}")
 
 # NoLoCo: 4 replicas in random groups of 2 (loco's partition, exposed as noloco_groups).
@@ -309,6 +310,81 @@ def collected_after_close_frees_nothing():
 
 expect_error("an old sync collected after close leaves its successor's endpoint taken", "already runs a training method",
              collected_after_close_frees_nothing)
+
+
+# Frozen parameters (requires_grad False: a pretrained base under adapters) are not the method's:
+# DiLoCo with the embedding, q_proj, k_proj and the head frozen (the same values on every member,
+# as a loaded base) equals the reference with them frozen, which keep their values, on both paths;
+# the method's buffer holds the trained parameters only. Members must start from the same frozen
+# values, settings and inner optimizer: otherwise every member is refused at wrap(), the
+# difference named (before, they trained on without a word).
+FROZEN = ("embed_tokens.weight", "q_proj.weight", "k_proj.weight", "lm_head.weight")
+base = make_model(0)
+
+
+def frozen_base(m):
+    for (n, p), b in zip(m.named_parameters(), base.parameters()):
+        if n.endswith(FROZEN):
+            p.requires_grad_(False)
+            p.data.copy_(b)
+
+
+def trained_count(m):
+    return sum(p.numel() for p in m.parameters() if p.requires_grad)
+
+
+ref_frozen = reference_diloco(2, 12, 4, 0.7, 0.9, prepare=frozen_base)[0]
+start = [v.clone() for v in params_of(base)]
+for path in ("", "device path "):
+    if path:
+        os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    try:
+        sizes = []
+        got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, prepare=frozen_base,
+                       inspect=lambda t, model, opt, sync: sync._flat.numel() if t == 0 else None)
+        compare(f"{path}diloco with frozen parameters", got, ref_frozen)
+        names = list(base.state_dict())
+        kept = all(bool((g[0][i] == start[i]).all()) for g in got for i, n in enumerate(names) if n.endswith(FROZEN))
+        m = make_model(0)
+        frozen_base(m)
+        held = got[0][4][0]
+        check(kept and held == trained_count(m) < sum(p.numel() for p in m.parameters()),
+              f"{path}diloco with frozen parameters: they keep their values ({kept}); the method holds the "
+              f"{trained_count(m)} trained values ({held})")
+    finally:
+        os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
+
+
+def differing(what, **per_member):
+    """Two members wrapping with what differs between them (per_member[key]: their two values of a
+    wrap keyword, or of 'frozen' / 'weight_decay'); the error every member raises."""
+    models = [make_model(0), make_model(0)]
+    for r, m in enumerate(models):
+        frozen_base(m)
+        if "frozen" in per_member:
+            with torch.no_grad():
+                m.embed_tokens.weight.add_(per_member["frozen"][r])
+
+    def member(r, endpoint):
+        model = models[r]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=per_member.get("weight_decay", (0.1, 0.1))[r])
+        kw = {k: v[r] for k, v in per_member.items() if k not in ("frozen", "weight_decay")}
+        loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, inner_steps=4, **kw).close()
+
+    try:
+        run_members(2, member)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+for what, kw, named in (("frozen parameters", {"frozen": (0.0, 1e-3)}, "frozen parameters: member 1 "),
+                        ("settings", {"outer_lr": (0.7, 0.5)}, "outer.lr: member 1 0.5, member 0 0.7"),
+                        ("inner optimizer", {"weight_decay": (0.1, 0.0)}, "inner optimizer: member 1 AdamW")):
+    said = differing(what, **kw)
+    check(said.count("they differ from member 0's") == 2 and named in said,
+          f"members with other {what} are refused on every member, the difference named ({said[:300]})")
+check(differing("nothing") == "no error", "members that share everything start")
 
 
 # A step whose optimizer step was skipped (as a GradScaler skips one whose fp16 gradients hold an
