@@ -129,12 +129,18 @@ def frozen_digest(model):
     return f"{len(lines)} tensors, {_digest(chr(10).join(lines))}" if lines else "none"
 
 
+# Parameter-group entries members may hold apart: the learning rate (a schedule moves it) and how
+# the step is computed rather than what (a GPU member's fused kernels, a CPU member's loop).
+_NOT_COMPARED = ("params", "lr", "initial_lr", "foreach", "fused", "capturable", "differentiable")
+
+
 def identity(model, opt):
     """What the members must share beyond the parameters' names and shapes, compared when a
     member joins an elastic run and when the members of a fixed world start: the model's
     architecture (a Hugging Face model's config; else its modules' classes and plain settings,
     e.g. a head count that leaves every shape as it is), the inner optimizer's kind and settings
-    (its learning rate aside, which a schedule moves) and the frozen parameters' values."""
+    (its learning rate aside, which a schedule moves, and its implementation flags: fused,
+    foreach, ...) and the frozen parameters' values."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_dict"):
         d = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
@@ -145,7 +151,7 @@ def identity(model, opt):
     groups = []
     for g in getattr(opt, "param_groups", []):
         groups.append(",".join(f"{k}={v!r}" for k, v in sorted(g.items())
-                               if k not in ("params", "lr", "initial_lr") and isinstance(v, (bool, int, float, str, tuple))))
+                               if k not in _NOT_COMPARED and isinstance(v, (bool, int, float, str, tuple))))
     return {"model architecture": f"{type(model).__name__}, {_digest(arch)}",
             "inner optimizer": f"{type(opt).__name__}, {_digest('|'.join(groups))}",
             "frozen parameters": frozen_digest(model)}

@@ -357,7 +357,7 @@ for path in ("", "device path "):
 
 def differing(what, **per_member):
     """Two members wrapping with what differs between them (per_member[key]: their two values of a
-    wrap keyword, or of 'frozen' / 'weight_decay'); the error every member raises."""
+    wrap keyword, or of 'frozen', 'weight_decay' or 'foreach'); the error every member raises."""
     models = [make_model(0), make_model(0)]
     for r, m in enumerate(models):
         frozen_base(m)
@@ -367,8 +367,9 @@ def differing(what, **per_member):
 
     def member(r, endpoint):
         model = models[r]
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=per_member.get("weight_decay", (0.1, 0.1))[r])
-        kw = {k: v[r] for k, v in per_member.items() if k not in ("frozen", "weight_decay")}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=per_member.get("weight_decay", (0.1, 0.1))[r],
+                                foreach=per_member.get("foreach", (None, None))[r])
+        kw = {k: v[r] for k, v in per_member.items() if k not in ("frozen", "weight_decay", "foreach")}
         loco.torch.wrap(model, opt, "diloco", endpoint=endpoint, inner_steps=4, **kw).close()
 
     try:
@@ -385,6 +386,8 @@ for what, kw, named in (("frozen parameters", {"frozen": (0.0, 1e-3)}, "frozen p
     check(said.count("they differ from member 0's") == 2 and named in said,
           f"members with other {what} are refused on every member, the difference named ({said[:300]})")
 check(differing("nothing") == "no error", "members that share everything start")
+check(differing("foreach", foreach=(True, False)) == "no error",
+      "members whose optimizers differ in how they compute the step (foreach) start")
 
 
 # A step whose optimizer step was skipped (as a GradScaler skips one whose fp16 gradients hold an
