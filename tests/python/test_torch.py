@@ -312,6 +312,7 @@ expect_error("an old sync collected after close leaves its successor's endpoint 
              collected_after_close_frees_nothing)
 
 
+# Tied weights (one parameter in two modules) are one parameter of the method, on both paths.
 # Frozen parameters (requires_grad False: a pretrained base under adapters) are not the method's:
 # DiLoCo with the embedding, q_proj, k_proj and the head frozen (the same values on every member,
 # as a loaded base) equals the reference with them frozen, which keep their values, on both paths;
@@ -333,7 +334,12 @@ def trained_count(m):
     return sum(p.numel() for p in m.parameters() if p.requires_grad)
 
 
+def tied(m):  # the head's weight is the embedding's (one parameter in two modules)
+    m.lm_head.weight = m.embed_tokens.weight
+
+
 ref_frozen = reference_diloco(2, 12, 4, 0.7, 0.9, prepare=frozen_base)[0]
+ref_tied = reference_diloco(2, 12, 4, 0.7, 0.9, prepare=tied)[0]
 start = [v.clone() for v in params_of(base)]
 for path in ("", "device path "):
     if path:
@@ -343,6 +349,8 @@ for path in ("", "device path "):
         got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, prepare=frozen_base,
                        inspect=lambda t, model, opt, sync: sync._flat.numel() if t == 0 else None)
         compare(f"{path}diloco with frozen parameters", got, ref_frozen)
+        compare(f"{path}diloco with tied embedding and head",
+                run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, prepare=tied), ref_tied)
         names = list(base.state_dict())
         kept = all(bool((g[0][i] == start[i]).all()) for g in got for i, n in enumerate(names) if n.endswith(FROZEN))
         m = make_model(0)
