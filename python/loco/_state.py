@@ -148,57 +148,79 @@ def identity(model, opt):
     else:
         arch = ";".join(f"{name}:{type(m).__name__}({_scalars(m, skip=('training',))})"
                         for name, m in model.named_modules())
+    opts = opt if isinstance(opt, (list, tuple)) else [opt]
     groups = []
-    for g in getattr(opt, "param_groups", []):
-        groups.append(",".join(f"{k}={v!r}" for k, v in sorted(g.items())
-                               if k not in _NOT_COMPARED and isinstance(v, (bool, int, float, str, tuple))))
+    for o in opts:
+        for g in getattr(o, "param_groups", []):
+            groups.append(",".join(f"{k}={v!r}" for k, v in sorted(g.items())
+                                   if k not in _NOT_COMPARED and isinstance(v, (bool, int, float, str, tuple))))
+        groups.append("/")  # where one optimizer's groups end
+    kinds = " + ".join(type(o).__name__ for o in opts)
     return {"model architecture": f"{type(model).__name__}, {_digest(arch)}",
-            "inner optimizer": f"{type(opt).__name__}, {_digest('|'.join(groups))}",
+            "inner optimizer": f"{kinds}, {_digest('|'.join(groups))}",
             "frozen parameters": frozen_digest(model)}
 
 
 class InnerState:
-    """What an elastic member's session calls: the inner optimizer's state for a joiner, and
-    installing it in one."""
+    """What an elastic member's session calls: the inner optimizers' state for a joiner (one
+    optimizer's state_dict, or a list of them for several), and installing it in one."""
 
-    def __init__(self, opt):
-        self._opt = opt
+    def __init__(self, opts):
+        self._opts = list(opts) if isinstance(opts, (list, tuple)) else [opts]
 
     def save_inner(self):
-        return pack_state(self._opt.state_dict())
+        states = [o.state_dict() for o in self._opts]
+        return pack_state(states[0] if len(states) == 1 else states)
 
     def load_inner(self, data):
         state = unpack_state(data)
-        bad = []
+        if len(self._opts) > 1:
+            if not isinstance(state, list) or len(state) != len(self._opts):
+                raise _loco.Error(f"the inner optimizer state received does not fit this member's {len(self._opts)} "
+                                  "optimizers; the members must use the same optimizers")
+        else:
+            state = [state]
+        for opt, one in zip(self._opts, state):  # all checked before any is installed
+            _check_one(opt, one)
+        for opt, one in zip(self._opts, state):
+            _load_one(opt, one)
 
-        def finite(x, where):
-            if isinstance(x, _torch.Tensor):
-                if x.is_floating_point() and not bool(_torch.isfinite(x).all()):
-                    bad.append(where)
-            elif isinstance(x, dict):
-                for k, v in x.items():
-                    finite(v, f"{where}[{k!r}]")
-            elif isinstance(x, (list, tuple)):
-                for i, v in enumerate(x):
-                    finite(v, f"{where}[{i}]")
-            elif isinstance(x, float) and (x != x or abs(x) == float("inf")):
+
+def _check_one(opt, state):
+    """One optimizer's state received from a peer, checked before anything is installed."""
+    bad = []
+
+    def finite(x, where):
+        if isinstance(x, _torch.Tensor):
+            if x.is_floating_point() and not bool(_torch.isfinite(x).all()):
                 bad.append(where)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                finite(v, f"{where}[{k!r}]")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                finite(v, f"{where}[{i}]")
+        elif isinstance(x, float) and (x != x or abs(x) == float("inf")):
+            bad.append(where)
 
-        finite(state, "state")
-        if bad:  # a member whose optimizer state went wrong must not hand it on
-            raise _loco.Error(f"the inner optimizer state received holds non-finite values ({', '.join(bad[:3])}"
-                              f"{', ...' if len(bad) > 3 else ''}); refusing it")
-        # torch takes another optimizer's state without a word and fails at its next step: the
-        # parameter groups must have this optimizer's settings and sizes.
-        mine = self._opt.state_dict()["param_groups"]
-        theirs = state.get("param_groups") if isinstance(state, dict) else None
-        shape = lambda gs: [(sorted(k for k in g if k != "params"), len(g.get("params", []))) for g in gs]
-        if not isinstance(theirs, list) or not all(isinstance(g, dict) for g in theirs) or shape(theirs) != shape(mine):
-            raise _loco.Error("the inner optimizer state received does not fit this member's optimizer (its "
-                              f"parameter groups differ: {type(self._opt).__name__} here); the members must use "
-                              "one kind of optimizer with the same settings")
-        try:
-            self._opt.load_state_dict(state)
-        except (KeyError, ValueError, TypeError) as e:
-            raise _loco.Error(f"the inner optimizer state received does not fit this member's optimizer "
-                              f"({type(e).__name__}: {e})") from None
+    finite(state, "state")
+    if bad:  # a member whose optimizer state went wrong must not hand it on
+        raise _loco.Error(f"the inner optimizer state received holds non-finite values ({', '.join(bad[:3])}"
+                          f"{', ...' if len(bad) > 3 else ''}); refusing it")
+    # torch takes another optimizer's state without a word and fails at its next step: the
+    # parameter groups must have this optimizer's settings and sizes.
+    mine = opt.state_dict()["param_groups"]
+    theirs = state.get("param_groups") if isinstance(state, dict) else None
+    shape = lambda gs: [(sorted(k for k in g if k != "params"), len(g.get("params", []))) for g in gs]
+    if not isinstance(theirs, list) or not all(isinstance(g, dict) for g in theirs) or shape(theirs) != shape(mine):
+        raise _loco.Error("the inner optimizer state received does not fit this member's optimizer (its "
+                          f"parameter groups differ: {type(opt).__name__} here); the members must use "
+                          "one kind of optimizer with the same settings")
+
+
+def _load_one(opt, state):
+    try:
+        opt.load_state_dict(state)
+    except (KeyError, ValueError, TypeError) as e:
+        raise _loco.Error(f"the inner optimizer state received does not fit this member's optimizer "
+                          f"({type(e).__name__}: {e})") from None

@@ -191,6 +191,7 @@ class Sync:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise _loco.Error("the model has no trainable parameters")
+        opts = _optimizers(inner_opt)
         for n, p in named:
             if p.dtype != _torch.float32:
                 raise _loco.Error(f"parameter {n} is {p.dtype}; loco's methods keep float32 parameters "
@@ -222,7 +223,7 @@ class Sync:
         num_blocks = max(block_of) + 1
         order = sorted(range(len(named)), key=lambda i: (block_of[i], i))
         self._model = model
-        self._opt = inner_opt
+        self._opts = opts
         self._names = [names[i] for i in order]
         self._params = [named[i][1] for i in order]
         self._shapes = [p.shape for p in self._params]
@@ -239,7 +240,8 @@ class Sync:
         # method starts, rewritten once the parameters live in loco's buffers.
         self._linears = {i: _partial.linear_of(model, self._names[i], self._params[i])
                          for i, kind in enumerate(self._mlp) if kind}
-        _partial.check_optimizer_fresh(inner_opt, [self._params[i] for i in self._linears])
+        for opt in opts:
+            _partial.check_optimizer_fresh(opt, [self._params[i] for i in self._linears])
         tensors = []
         for i, kind in zip(order, self._mlp):
             p = named[i][1]
@@ -271,8 +273,8 @@ class Sync:
         # updates, torch's own, only for what this member trains); a device model's cross to it
         # only for a method that reads them. Unused, it is never allocated.
         self._core = _loco.Method(endpoint, [f'algorithm="{method}"'] + settings, tensors, num_blocks,
-                                  _InnerState(inner_opt) if elastic else None,
-                                  _identity(model, inner_opt),
+                                  _InnerState(opts) if elastic else None,
+                                  _identity(model, opts),
                                   host_gradients=not self._on_device and not partial)
         if held:
             try:
@@ -331,7 +333,7 @@ class Sync:
                     if self._gbuf is not None:
                         p.grad = self._as_param(self._gbuf, i)
         if self._partial:
-            self._slice_modules(inner_opt)
+            self._slice_modules(opts)
         self._ids = [id(p) for p in self._params]
         self._core.start(False)  # elastic: waits for the run's start, or joins it (its state, its step)
         if self._on_device and (self.size > 1 or elastic):  # member 0's parameters, or the run's
@@ -354,19 +356,22 @@ class Sync:
                 raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
             os.makedirs(out_dir, exist_ok=True)
             _write_atomic(os.path.join(out_dir, "config.toml"), self._core.config_toml())
-        original = inner_opt.step
+        self._original_steps = [opt.step for opt in opts]
+        for opt in opts:
+            opt.step = self._hooked_step(opt.step)
 
+    def _hooked_step(self, original):
+        """An inner optimizer's step, the method's gradient hook run first once per step (with
+        several optimizers, before the first one's step: every one sees the same gradients)."""
         @functools.wraps(original)  # keeps what a learning-rate scheduler marked on it
         def step(*args, **kwargs):
             if not self._synced:
                 self.sync_gradients()
-            self._synced = False
             self._stepped = True
             self._copier.before_writes()  # a sync's start may still be copying the parameters aside
             return original(*args, **kwargs)
 
-        inner_opt.step = step
-        self._original_step = original
+        return step
 
     def _outer_device(self, outer_device, method):
         """Whether the outer state lives on the model's device (wrap's outer_device)."""
@@ -422,10 +427,10 @@ class Sync:
             raise _loco.Error("the model's parameters were moved or replaced since loco.torch.wrap "
                               "(e.g. model.to() or a new .data); wrap the model again")
 
-    def _slice_modules(self, opt):
+    def _slice_modules(self, opts):
         """Partial updates: each sliced projection's module rewritten so that this member's rows
         of it (gate, up; columns of down) are the parameter it trains, a view of the same buffer
-        as the rest of the weight; the inner optimizer pointed at the new parameters."""
+        as the rest of the weight; the inner optimizers pointed at the new parameters."""
         storage = self._dflat if self._on_device else self._flat
         trained = [tuple(r) for r in self._core.trainable_ranges]
         new_of = {}
@@ -439,7 +444,8 @@ class Sync:
             self._params[i] = _partial.slice_linear(module, self._as_param(storage, i), rows.t() if down else rows,
                                                     1 if down else 0, (lo - a) // cols, (hi - a) // cols)
             new_of[id(old)] = self._params[i]
-        _partial.repoint_optimizer(opt, new_of)
+        for opt in opts:
+            _partial.repoint_optimizer(opt, new_of)
         if self._on_device:
             self._data_ptrs = [p.data_ptr() for p in self._params]
 
@@ -546,7 +552,7 @@ class Sync:
                               f"(got {tokens!r})")
         if not self._stepped:
             self._clock.timed("hooks", self._without_inner_step)
-        self._stepped = False
+        self._stepped = self._synced = False
         self._clock.timed("hooks", self._step_hooks)
         if record:
             self._losses.append(float(loss))
@@ -572,7 +578,6 @@ class Sync:
                         "the step (with a GradScaler: before scaler.unscale_() or scaler.step()), so that every "
                         "member decides on the same averaged gradients; or call inner_opt.step()")
             self._sync_gradients()
-        self._synced = False
         self._skipped += 1
 
     def _step_hooks(self):
@@ -911,7 +916,8 @@ class Sync:
         """Ends communication and gives the optimizer its own step back. Call it when done: until
         then the optimizer's wrapped step keeps this object (and its communication) alive."""
         self._closed = True
-        self._opt.step = self._original_step
+        for opt, original in zip(self._opts, self._original_steps):
+            opt.step = original
         try:
             self._bg.join()  # its error, if any, was the loop's to see; closing goes on
         except Exception:
@@ -925,6 +931,23 @@ class Sync:
         with self._copier.device():
             while self._pinned:
                 _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
+
+
+def _optimizers(inner_opt):
+    """wrap()'s inner_opt as a list: one optimizer, or a list or tuple of them (e.g. Muon for the
+    matrices and AdamW for the rest), none holding a parameter another holds."""
+    opts = list(inner_opt) if isinstance(inner_opt, (list, tuple)) else [inner_opt]
+    if not opts or not all(isinstance(o, _torch.optim.Optimizer) for o in opts):
+        kinds = sorted({type(o).__name__ for o in opts})
+        raise _loco.Error(f"inner_opt: a torch.optim.Optimizer or a list of them (got {', '.join(kinds) or 'an empty list'})")
+    owner = {}
+    for k, opt in enumerate(opts):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if owner.setdefault(id(p), k) != k:
+                    raise _loco.Error(f"inner_opt: optimizers {owner[id(p)]} and {k} both hold a parameter "
+                                      f"of shape {tuple(p.shape)}; each parameter must have one optimizer")
+    return opts
 
 
 def _whole_count(x):
@@ -945,7 +968,9 @@ def _write_atomic(path, text):
 
 
 def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, outer_device=None, **config):
-    """Binds `method` ("ddp", "diloco", "streaming", "noloco") to `model` trained by `inner_opt`.
+    """Binds `method` ("ddp", "diloco", "streaming", "noloco") to `model` trained by `inner_opt`
+    (a torch optimizer, or a list of them, e.g. Muon for the matrices and AdamW for the rest, each
+    parameter in one: the method's gradient hook runs before the first one's step of a step).
 
     endpoint: this member's loco Endpoint (default: loco.init()'s). blocks: a list of modules
     whose parameters form the model's blocks, in order (Streaming DiLoCo's fragments are made

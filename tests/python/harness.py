@@ -6,7 +6,7 @@ import torch
 
 import loco
 import loco.torch
-from llama_torch import inner_step, make_model, make_opt, max_diff, params_of
+from llama_torch import inner_step, make_model, make_opt, max_diff, opt_step, opt_zero, params_of
 
 TOL = 1e-6
 failures = []
@@ -43,21 +43,22 @@ def run_members(M, fn):
     return out
 
 
-def run_loco(method, M, steps, clip=None, inspect=None, skip=(), prepare=None, **kwargs):
+def run_loco(method, M, steps, clip=None, inspect=None, skip=(), prepare=None, opt_of=None, **kwargs):
     """Each of M threads trains its own model (initialized with its own seed: wrap() starts every
     replica from replica 0's parameters) with loco.torch; returns per member (params, eval
     params, metrics, report), and with inspect, the list of what inspect(t, model, opt, sync)
     returned at each step t, called after the optimizer's step (the gradients still there) and
     before sync.step(). skip: the (replica, step) pairs whose optimizer step is left out (as a
     GradScaler skips one), sync.step() called all the same. prepare(model): applied to each
-    member's model before its optimizer is made (e.g. freezing parameters)."""
+    member's model before its optimizer is made (e.g. freezing parameters). opt_of(model): the
+    inner optimizer, or a list of them (default make_opt)."""
     models = [make_model(r) for r in range(M)]  # here: torch's seed is global to the process
     for m in models if prepare is not None else []:
         prepare(m)
 
     def member(r, endpoint):
         model, seen = models[r], []
-        opt = make_opt(model)
+        opt = (opt_of or make_opt)(model)
         sync = loco.torch.wrap(model, opt, method, endpoint=endpoint, **kwargs)
         for t in range(steps):
             inner_step(model, opt, r, t)
@@ -65,10 +66,10 @@ def run_loco(method, M, steps, clip=None, inspect=None, skip=(), prepare=None, *
                 sync.sync_gradients()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if (r, t) not in skip:
-                opt.step()
+                opt_step(opt)
             if inspect is not None:
                 seen.append(inspect(t, model, opt, sync))
-            opt.zero_grad()
+            opt_zero(opt)
             sync.step()
         out = (params_of(model), list(sync.eval_parameters().values()), sync.metrics(), sync.report())
         sync.close()

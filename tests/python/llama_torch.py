@@ -25,6 +25,17 @@ def make_opt(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
 
 
+def opt_step(opt):
+    """opt.step(), for one optimizer or a list of them."""
+    for o in opt if isinstance(opt, list) else [opt]:
+        o.step()
+
+
+def opt_zero(opt):
+    for o in opt if isinstance(opt, list) else [opt]:
+        o.zero_grad()
+
+
 def batch(replica, step):
     """Replica `replica`'s batch of step `step` (its own data)."""
     g = torch.Generator().manual_seed(1000 * replica + step)
@@ -46,10 +57,11 @@ def params_of(model):
     return [v.detach().clone() for v in model.state_dict().values()]
 
 
-def reference_ddp(M, steps, clip=None, skip=()):
+def reference_ddp(M, steps, clip=None, skip=(), opt_of=None):
     """One model per replica, gradients averaged (then clipped to norm `clip`) before each AdamW
-    step; no optimizer step at the steps in skip."""
-    models, opts = _replicas(M)
+    step (opt_of(model): another optimizer, or a list of them); no optimizer step at the steps in
+    skip."""
+    models, opts = _replicas(M, opt_of=opt_of)
     for t in range(steps):
         for r in range(M):
             inner_step(models[r], opts[r], r, t)
@@ -63,18 +75,18 @@ def reference_ddp(M, steps, clip=None, skip=()):
                 torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
         for o in opts:
             if t not in skip:
-                o.step()
-            o.zero_grad()
+                opt_step(o)
+            opt_zero(o)
     return [params_of(m) for m in models]
 
 
-def _replicas(M, seed=0, prepare=None):
+def _replicas(M, seed=0, prepare=None, opt_of=None):
     """M replicas from one initialization (make_model(seed), then prepare(model)), each with its
-    own AdamW."""
+    own AdamW (or opt_of(model))."""
     models = [make_model(seed) for _ in range(M)]
     for m in models if prepare is not None else []:
         prepare(m)
-    return models, [make_opt(m) for m in models]
+    return models, [(opt_of or make_opt)(m) for m in models]
 
 
 def _inner_steps(models, opts, step, skip=()):
@@ -83,8 +95,8 @@ def _inner_steps(models, opts, step, skip=()):
     for r, (m, o) in enumerate(zip(models, opts)):
         inner_step(m, o, r, step)
         if (r, step) not in skip:
-            o.step()
-        o.zero_grad()
+            opt_step(o)
+        opt_zero(o)
 
 
 def _outer(model0, lr, momentum, nesterov=True):
@@ -92,12 +104,12 @@ def _outer(model0, lr, momentum, nesterov=True):
     return outer, torch.optim.SGD(outer, lr=lr, momentum=momentum, nesterov=nesterov)
 
 
-def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0, skip=(), prepare=None):
+def reference_diloco(M, steps, H, outer_lr, outer_momentum, seed=0, skip=(), prepare=None, opt_of=None):
     """DiLoCo: every H steps the outer gradient theta - mean(theta_m) takes an SGD step with
     Nesterov momentum, and every replica restarts from the outer parameters. skip: (replica,
     step) pairs without an optimizer step; prepare: as _replicas' (frozen parameters keep their
-    values: their outer gradient is 0)."""
-    models, opts = _replicas(M, seed, prepare)
+    values: their outer gradient is 0); opt_of: as _replicas'."""
+    models, opts = _replicas(M, seed, prepare, opt_of)
     outer, outer_opt = _outer(models[0], outer_lr, outer_momentum)
     for t in range(steps):
         _inner_steps(models, opts, t, skip)

@@ -266,13 +266,13 @@ def not_a_linear():
 expect_error("partial, optimizer stepped before wrap()", "before the optimizer's first step", stepped_before_wrap)
 expect_error("partial, a gate_proj that is not an nn.Linear", "not the weight of an nn.Linear", not_a_linear)
 expect_error("partial mlp+heads without head counts", "pass num_heads=",
-             lambda: loco.torch.wrap(make_model(0), None, "diloco", endpoint=loco.inprocess(2)[0], partial_slices=2,
-                                     partial_strategy="mlp+heads"))
+             lambda: loco.torch.wrap(m := make_model(0), make_opt(m), "diloco", endpoint=loco.inprocess(2)[0],
+                                     partial_slices=2, partial_strategy="mlp+heads"))
 expect_error("partial mlp+heads, a head count that does not fit q_proj", "model.num_heads must divide",
-             lambda: loco.torch.wrap(make_model(0), None, "diloco", endpoint=loco.inprocess(2)[0], partial_slices=2,
-                                     partial_strategy="mlp+heads", num_heads=6))
+             lambda: loco.torch.wrap(m := make_model(0), make_opt(m), "diloco", endpoint=loco.inprocess(2)[0],
+                                     partial_slices=2, partial_strategy="mlp+heads", num_heads=6))
 expect_error("partial without an MLP", "no parameter named like",
-             lambda: loco.torch.wrap(torch.nn.Sequential(torch.nn.Linear(4, 4)), None, "diloco",
+             lambda: loco.torch.wrap(m := torch.nn.Sequential(torch.nn.Linear(4, 4)), make_opt(m), "diloco",
                                      endpoint=loco.inprocess(2)[0], partial_slices=2))
 
 if failures:

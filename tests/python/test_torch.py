@@ -398,6 +398,77 @@ check(differing("foreach", foreach=(True, False)) == "no error",
       "members whose optimizers differ in how they compute the step (foreach) start")
 
 
+# Several inner optimizers (e.g. Muon for the matrices, AdamW for the rest): AdamW for the
+# matrices and SGD with momentum for the norms' vectors. DiLoCo equals the reference with the same
+# two, on both paths; data-parallel too, its gradients averaged once a step (the bytes of a run
+# with one optimizer); an elastic joiner's state holds both (InnerState); a parameter in two
+# optimizers, or something that is not an optimizer, is refused.
+def two_opts(m):
+    mats = [p for p in m.parameters() if p.dim() == 2]
+    vecs = [p for p in m.parameters() if p.dim() != 2]
+    return [torch.optim.AdamW(mats, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1),
+            torch.optim.SGD(vecs, lr=0.05, momentum=0.9)]
+
+
+for path in ("", "device path "):
+    if path:
+        os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    try:
+        got = run_loco("diloco", 2, 12, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, opt_of=two_opts)
+        compare(f"{path}diloco, two inner optimizers", got,
+                reference_diloco(2, 12, 4, 0.7, 0.9, opt_of=two_opts)[0])
+        got = run_loco("ddp", 2, 6, clip=0.5, opt_of=two_opts)
+        compare(f"{path}ddp, two inner optimizers", got, reference_ddp(2, 6, clip=0.5, opt_of=two_opts))
+        one = run_loco("ddp", 2, 6, clip=0.5)
+        sent = [sum(v["bytes_sent"] for k, v in g[0][3]["traffic"]["by_operation"].items() if k != "fingerprint")
+                for g in (got, one)]  # the fingerprints name the optimizers
+        check(sent[0] == sent[1] > 0, f"{path}ddp, two inner optimizers: the gradients averaged once a step "
+                                      f"({sent[0]} bytes sent, {sent[1]} with one optimizer)")
+    finally:
+        os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
+
+def partial_two_opts(r, endpoint):
+    m = make_model(0)
+    opts = two_opts(m)
+    loco.torch.wrap(m, opts, endpoint=endpoint, partial_slices=2).close()
+    held = [{id(p) for g in o.param_groups for p in g["params"]} for o in opts]
+    sliced = {id(mod.weight_slice) for mod in m.modules() if hasattr(mod, "weight_slice")}
+    return len(sliced), bool(sliced) and sliced <= held[0] and held[0] | held[1] == {id(p) for p in m.parameters()}
+
+
+got = run_members(2, partial_two_opts)
+check(all(ok for _, ok in got), f"partial updates, two inner optimizers: the one holding the MLPs now holds "
+                                f"their slices ({[n for n, _ in got]}), both together the model's parameters")
+
+from loco._state import InnerState  # noqa: E402
+
+trained = make_model(0)
+opts = two_opts(trained)
+for t in range(2):
+    inner_step(trained, None, 0, t)
+    for o in opts:
+        o.step()
+        o.zero_grad()
+fresh = two_opts(make_model(1))
+InnerState(fresh).load_inner(InnerState(opts).save_inner())
+same = all(str(a.state_dict()) == str(b.state_dict()) for a, b in zip(opts, fresh))
+check(same, "two inner optimizers: a joiner's state holds both, installed as sent")
+expect_error("one optimizer's state for two", "does not fit this member's 2 optimizers",
+             lambda: InnerState(two_opts(make_model(1))).load_inner(InnerState(opts[0]).save_inner()))
+
+
+def shared_parameter():
+    m = make_model(0)
+    opts = two_opts(m)
+    opts[1].add_param_group({"params": [m.lm_head.weight]})
+    loco.torch.wrap(m, opts, endpoint=loco.inprocess(1)[0])
+
+
+expect_error("a parameter in two optimizers", "both hold a parameter of shape (64, 32)", shared_parameter)
+expect_error("not an optimizer", "a torch.optim.Optimizer or a list of them (got str)",
+             lambda: loco.torch.wrap(make_model(0), ["sgd"], endpoint=loco.inprocess(1)[0]))
+
+
 # A step whose optimizer step was skipped (as a GradScaler skips one whose fp16 gradients hold an
 # Inf or a NaN) is a step of the method all the same, on both paths: DiLoCo members skipping
 # different steps (one the last of a round) equal the reference that skips them; data-parallel
