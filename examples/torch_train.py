@@ -4,9 +4,13 @@
   scripts/brown-data.sh                  # data/brown/tok4k: Brown tokenized by loco data prepare
   mpirun -np 2 python3 examples/torch_train.py --method diloco --out runs/torch-diloco
   build/loco report runs/torch-diloco    # the run's page: loss, bytes, waits, per member
+
+With --device cuda each process trains on its own GPU (its local rank's under mpirun, bf16
+autocast); its model need not be on the current device: no torch.cuda.set_device is needed.
 """
 import argparse
 import math
+import os
 
 import numpy as np
 import torch
@@ -23,6 +27,7 @@ p.add_argument("--seq", type=int, default=128)
 p.add_argument("--lr", type=float, default=2e-3)
 p.add_argument("--inner-steps", type=int, default=30, help="H: inner steps per round (not ddp)")
 p.add_argument("--out", default="runs/torch-train", help="run directory (loco report reads it)")
+p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: this process's GPU")
 args = p.parse_args()
 
 
@@ -41,7 +46,9 @@ rank, size = 0, 1
 rank, size = loco.init().rank, loco.world_size()  # loco
 train, vocab = read_tokens(f"{args.data}/train.tok")
 val, _ = read_tokens(f"{args.data}/val.tok")
-model = Llama(vocab, d=128, layers=4, heads=4, f=344)
+local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
+dev = torch.device("cuda", local % torch.cuda.device_count()) if args.device == "cuda" else torch.device("cpu")
+model = Llama(vocab, d=128, layers=4, heads=4, f=344).to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
 warmup = max(1, args.steps // 20)
 schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -53,13 +60,14 @@ def batch(step):
     """This replica's windows of step `step` (replicas draw different ones)."""
     g = torch.Generator().manual_seed(step * size + rank)
     starts = torch.randint(0, len(train) - args.seq - 1, (args.batch,), generator=g)
-    w = torch.stack([train[s:s + args.seq + 1] for s in starts])
+    w = torch.stack([train[s:s + args.seq + 1] for s in starts]).to(dev)
     return w[:, :-1], w[:, 1:]
 
 
 for step in range(args.steps):
     x, y = batch(step)
-    loss = model.loss(x, y)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        loss = model.loss(x, y)
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -71,7 +79,7 @@ for step in range(args.steps):
 model.load_state_dict(sync.eval_parameters(), strict=False)  # loco
 with torch.no_grad():
     n = min(32, (len(val) - 1) // args.seq)
-    w = val[: n * args.seq + 1]
+    w = val[: n * args.seq + 1].to(dev)
     val_loss = model.loss(w[:-1].view(n, args.seq), w[1:].view(n, args.seq)).item()
 if rank == 0:
     print(f"validation loss {val_loss:.4f}")
