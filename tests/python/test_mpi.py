@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import loco
 import loco.torch
-from llama_torch import inner_step, make_model, make_opt, max_diff, params_of
+from llama_torch import batch, inner_step, make_model, make_opt, max_diff, params_of
 
 TOL = 1e-6
 H, STEPS, OUTER_LR, MOMENTUM = 4, 12, 0.7, 0.9
@@ -79,6 +79,45 @@ got, _ = loco_run("streaming", fragment_blocks=1, tau=0, alpha=0.0)
 d = max_diff(got, reference(frag, [0, 1, 2]))  # offsets j floor(4 / 3)
 ok = d <= TOL
 print(f"rank {rank}: streaming over MPI vs torch.distributed: max diff {d:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+failures += not ok
+
+# A member that is a node of several GPUs: each rank's model inside torch's DDP (the two ranks one
+# node's processes, their gradients averaged in backward by gloo) and loco's DiLoCo across the
+# same ranks. wrap() takes the DDP module (its parameters named module.*); the result equals DDP
+# with the same outer steps written in torch.
+def ddp_inside(use_loco):
+    model = make_model(0)
+    model.forward = model.loss
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(ddp, opt, "diloco", inner_steps=H, outer_lr=OUTER_LR, outer_momentum=MOMENTUM) \
+        if use_loco else None
+    outer = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    outer_opt = torch.optim.SGD(outer, lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+    for t in range(STEPS):
+        ddp(*batch(rank, t)).backward()
+        opt.step()
+        opt.zero_grad()
+        if use_loco:
+            sync.step()
+        elif (t + 1) % H == 0:
+            for o, p in zip(outer, model.parameters()):
+                avg = p.detach().clone()
+                dist.all_reduce(avg)
+                o.grad = o.detach() - avg / size
+            outer_opt.step()
+            with torch.no_grad():
+                for o, p in zip(outer, model.parameters()):
+                    p.copy_(o)
+    if use_loco:
+        sync.close()
+    return params_of(model)
+
+
+d = max_diff(ddp_inside(True), ddp_inside(False))
+ok = d <= TOL
+print(f"rank {rank}: diloco around torch DDP vs DDP with torch's outer steps: max diff {d:.2e} "
+      f"{'ok' if ok else 'FAIL'}", flush=True)
 failures += not ok
 
 # loco.init() without threads= gives loco 1 compute thread; wrap() of a model on a GPU (its
