@@ -103,28 +103,33 @@ def _scalars(obj, skip=()):
     return ",".join(out)
 
 
-_FROZEN_PIECE = 1 << 23  # values summed at a time: |bits| < 2^31 times weights <= 255, exact in int64
+_FROZEN_PIECE = 1 << 23  # values summed at a time: |bits| < 2^31 times weights <= 128, exact in int64
 
 
 def frozen_digest(model):
     """The values of the model's frozen parameters (requires_grad False, e.g. a pretrained base
     under adapters), as a digest: loco neither sends nor averages them, so the members must start
-    from the same ones. Each tensor's bits as integers, weighted by position and summed on its
-    device (exact in any order: the same sum on the CPU and on a GPU, one wait for the device per
-    tensor), then BLAKE2b over the names, dtypes, shapes and sums."""
-    lines = []
+    from the same ones. Each tensor's bits as integers, weighted by their position within pieces
+    of 2^23 values and summed on its device (exact in any order: the same sum on the CPU and on a
+    GPU, one wait for the device per tensor), then BLAKE2b over the names, dtypes, shapes and
+    sums."""
+    frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
+    piece = min(_FROZEN_PIECE, max((p.numel() for _, p in frozen), default=0))
+    lines, work = [], {}  # device -> (an int64 piece to convert into, the positions' weights)
     with _torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                continue
+        for name, p in frozen:
             flat = p.detach().reshape(-1)
             size = flat.element_size()
             bits = flat.view(_torch.uint8 if size == 1 else _torch.int16 if size == 2 else _torch.int32)
+            if bits.device not in work:  # made once: new memory's first touch is what costs on a CPU
+                positions = _torch.arange(piece, dtype=_torch.int64, device=bits.device)
+                work[bits.device] = (_torch.empty_like(positions), positions.bitwise_and_(127).add_(1))
+            buf, weight = work[bits.device]
             total = _torch.zeros((), dtype=_torch.int64, device=bits.device)
             for i in range(0, bits.numel(), _FROZEN_PIECE):
-                piece = bits[i:i + _FROZEN_PIECE].to(_torch.int64)
-                weight = _torch.arange(i, i + piece.numel(), dtype=_torch.int64, device=bits.device) % 255 + 1
-                total += (piece * weight).sum()
+                piece = bits[i:i + _FROZEN_PIECE]
+                n = piece.numel()
+                total += buf[:n].copy_(piece).mul_(weight[:n]).sum()
             lines.append(f"{name}:{p.dtype}:{tuple(p.shape)}:{int(total)}")
     return f"{len(lines)} tensors, {_digest(chr(10).join(lines))}" if lines else "none"
 
