@@ -1,9 +1,10 @@
 """A model on a device (python/loco/torch.py's GPU path): the copies between its tensors and
-the method's page-locked host buffers, and data-parallel's gradient copies made as backward
-produces the gradients."""
+the method's page-locked host buffers, data-parallel's gradient copies made as backward
+produces the gradients, and the thread that runs a sync's work while the loop goes on."""
 import collections
 import contextlib
 import functools
+import queue
 import threading
 import time
 
@@ -34,6 +35,49 @@ class Clock:
     def snapshot(self):
         with self._lock:
             return dict(self.seconds)
+
+
+class Background:
+    """One thread that runs a method's hooks in the order given, while the training loop goes on
+    (the hooks release Python's lock). The first error is raised by the next join()."""
+
+    def __init__(self, clock):
+        self._jobs = queue.Queue()
+        self._thread = None
+        self._error = None
+        self._clock = clock  # "busy": the seconds its jobs ran
+
+    def submit(self, job):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="loco.torch sync", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self):
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    self._clock.timed("busy", job)
+            except BaseException as e:  # raised again by join() on the loop's thread
+                self._error = e
+            finally:
+                self._jobs.task_done()
+
+    def join(self):
+        """Waits for every job submitted; raises the first error of one."""
+        if self._thread is not None:
+            self._jobs.join()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self):
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 class Copier:

@@ -29,9 +29,6 @@ import functools
 import json
 import numbers
 import os
-import queue
-import re
-import threading
 import time
 import tomllib
 
@@ -41,145 +38,14 @@ import torch as _torch
 import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
-from loco._device import Clock as _Clock, Copier as _Copier, GradientCopies as _GradientCopies
+from loco._device import (Background as _Background, Clock as _Clock, Copier as _Copier,
+                          GradientCopies as _GradientCopies)
 from loco._outer import DeviceOuter as _DeviceOuter, applied_within as _applied_within, mix as _mix
-from loco._state import InnerState as _InnerState, identity as _identity, pack_state, unpack_state
-
-METHODS = ("ddp", "diloco", "streaming", "noloco")
-
-
-def _as_device():
-    """LOCO_TORCH_AS_DEVICE=1: CPU models take the path of GPU ones (read at wrap())."""
-    return os.environ.get("LOCO_TORCH_AS_DEVICE", "0") not in ("", "0")
-
-
-# The config sections a method reads first, so that a keyword means that method's key: NoLoCo's
-# outer_lr is noloco.outer_lr, Streaming DiLoCo's inner_steps outer.inner_steps.
-# Data-parallel reads no method keys; it takes outer.* ones like DiLoCo, unused, so that one loop
-# can pass the same keywords to every method.
-_SECTIONS = {"ddp": ["outer"], "diloco": ["outer"], "streaming": ["streaming", "outer"], "noloco": ["noloco"]}
-
-
-def _config_key(name, keys, method):
-    """The config key keyword `name` names (rules above)."""
-    dotted = name.replace("_", ".", 1)
-    own = [f"{sec}.{name}" for sec in _SECTIONS.get(method, []) if f"{sec}.{name}" in keys]
-    if own:
-        key = own[0]
-    elif dotted in keys:
-        key = dotted
-    else:
-        matches = [k for k in keys if k.rsplit(".", 1)[-1] == name]
-        if len(matches) == 1:
-            key = matches[0]
-        elif matches:
-            raise _loco.Error(f"keyword {name} is ambiguous: it could be {', '.join(matches)} "
-                              f"(write the full key with an underscore for the dot, e.g. {matches[0].replace('.', '_', 1)})")
-        else:
-            raise _loco.Error(f"unknown keyword {name}: no loco config key {dotted} or ending in .{name} "
-                              "(docs/configs.md lists them)")
-    return key
-
-
-def _toml(name, value):
-    """`value` as a TOML value for `key=value` settings."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, (int, float)):
-        text = repr(value)
-    elif isinstance(value, str):
-        text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    else:
-        raise _loco.Error(f"keyword {name}: expected a number, a string or a bool, got {type(value).__name__}")
-    return text
-
-
-_BLOCK = re.compile(r"^(.*?)\.(\d+)\.")
-_MLP = {"gate_proj.weight": "gate", "up_proj.weight": "up", "down_proj.weight": "down"}
-_HEADS = {"q_proj.weight": "q", "k_proj.weight": "k", "v_proj.weight": "v"}
-
-
-def _sliced_kind(name, heads):
-    """"gate", "up" or "down" for a block's MLP projection named as in Hugging Face's Llama
-    (...mlp.gate_proj.weight), with heads also "q", "k" or "v" for its attention projections,
-    else ""."""
-    kinds = {**_MLP, **_HEADS} if heads else _MLP
-    return next((k for suffix, k in kinds.items() if name.endswith(suffix)), "")
-
-
-def _head_settings(model, values):
-    """Partial updates of the heads: the head counts, given or from a Hugging Face config."""
-    if "model.num_heads" in values:
-        return []
-    config = getattr(model, "config", None)
-    heads = getattr(config, "num_attention_heads", None)
-    if not isinstance(heads, int):
-        raise _loco.Error('partial_strategy="mlp+heads" slices the attention heads: pass num_heads= (and '
-                          "num_kv_heads= with grouped-query attention), or wrap a model with a Hugging Face config")
-    kv = getattr(config, "num_key_value_heads", None)
-    return [f"model.num_heads={heads}"] + ([f"model.num_kv_heads={kv}"] if isinstance(kv, int) else [])
-
-
-def _auto_blocks(names):
-    """Block index of each parameter name: the numbered children of the module list with the
-    most of them (model.layers.3.mlp... -> 3); -1 for the rest."""
-    counts = {}
-    for n in names:
-        m = _BLOCK.match(n)
-        if m:
-            counts.setdefault(m.group(1), set()).add(int(m.group(2)))
-    if not counts:
-        return [-1] * len(names)
-    prefix = max(counts, key=lambda p: (len(counts[p]), -len(p)))
-    order = {i: b for b, i in enumerate(sorted(counts[prefix]))}
-    out = []
-    for n in names:
-        m = _BLOCK.match(n)
-        out.append(order[int(m.group(2))] if m and m.group(1) == prefix else -1)
-    return out
-
-
-class _Background:
-    """One thread that runs a method's hooks in the order given, while the training loop goes on
-    (the hooks release Python's lock). The first error is raised by the next join()."""
-
-    def __init__(self, clock):
-        self._jobs = queue.Queue()
-        self._thread = None
-        self._error = None
-        self._clock = clock  # "busy": the seconds its jobs ran
-
-    def submit(self, job):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="loco.torch sync", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-
-    def _run(self):
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                if self._error is None:
-                    self._clock.timed("busy", job)
-            except BaseException as e:  # raised again by join() on the loop's thread
-                self._error = e
-            finally:
-                self._jobs.task_done()
-
-    def join(self):
-        """Waits for every job submitted; raises the first error of one."""
-        if self._thread is not None:
-            self._jobs.join()
-        if self._error is not None:
-            raise self._error
-
-    def stop(self):
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
+from loco._state import InnerState as _InnerState, identity as _identity
+from loco._state import pack_state, unpack_state  # noqa: F401 (loco.torch.pack_state: public)
+from loco._wrap_args import (METHODS, as_device as _as_device, auto_blocks as _auto_blocks, config_key as _config_key,
+                             head_settings as _head_settings, optimizers as _optimizers, sliced_kind as _sliced_kind,
+                             toml as _toml)
 
 
 class Sync:
@@ -931,23 +797,6 @@ class Sync:
         with self._copier.device():
             while self._pinned:
                 _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
-
-
-def _optimizers(inner_opt):
-    """wrap()'s inner_opt as a list: one optimizer, or a list or tuple of them (e.g. Muon for the
-    matrices and AdamW for the rest), none holding a parameter another holds."""
-    opts = list(inner_opt) if isinstance(inner_opt, (list, tuple)) else [inner_opt]
-    if not opts or not all(isinstance(o, _torch.optim.Optimizer) for o in opts):
-        kinds = sorted({type(o).__name__ for o in opts})
-        raise _loco.Error(f"inner_opt: a torch.optim.Optimizer or a list of them (got {', '.join(kinds) or 'an empty list'})")
-    owner = {}
-    for k, opt in enumerate(opts):
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if owner.setdefault(id(p), k) != k:
-                    raise _loco.Error(f"inner_opt: optimizers {owner[id(p)]} and {k} both hold a parameter "
-                                      f"of shape {tuple(p.shape)}; each parameter must have one optimizer")
-    return opts
 
 
 def _whole_count(x):
