@@ -114,7 +114,7 @@ def frozen_digest(model):
     GPU, one wait for the device per tensor), then BLAKE2b over the names, dtypes, shapes and
     sums."""
     frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
-    piece = min(_FROZEN_PIECE, max((p.numel() for _, p in frozen), default=0))
+    longest = min(_FROZEN_PIECE, max((p.numel() for _, p in frozen), default=0))
     lines, work = [], {}  # device -> (an int64 piece to convert into, the positions' weights)
     with _torch.no_grad():
         for name, p in frozen:
@@ -122,14 +122,14 @@ def frozen_digest(model):
             size = flat.element_size()
             bits = flat.view(_torch.uint8 if size == 1 else _torch.int16 if size == 2 else _torch.int32)
             if bits.device not in work:  # made once: new memory's first touch is what costs on a CPU
-                positions = _torch.arange(piece, dtype=_torch.int64, device=bits.device)
+                positions = _torch.arange(longest, dtype=_torch.int64, device=bits.device)
                 work[bits.device] = (_torch.empty_like(positions), positions.bitwise_and_(127).add_(1))
             buf, weight = work[bits.device]
             total = _torch.zeros((), dtype=_torch.int64, device=bits.device)
             for i in range(0, bits.numel(), _FROZEN_PIECE):
-                piece = bits[i:i + _FROZEN_PIECE]
-                n = piece.numel()
-                total += buf[:n].copy_(piece).mul_(weight[:n]).sum()
+                part = bits[i:i + _FROZEN_PIECE]
+                n = part.numel()
+                total += buf[:n].copy_(part).mul_(weight[:n]).sum()
             lines.append(f"{name}:{p.dtype}:{tuple(p.shape)}:{int(total)}")
     return f"{len(lines)} tensors, {_digest(chr(10).join(lines))}" if lines else "none"
 

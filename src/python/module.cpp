@@ -178,6 +178,15 @@ py::tuple access_tuple(const StepAccess& a) {
   return py::make_tuple(a.gradients, pairs(a.reads), pairs(a.writes));
 }
 
+// What the members of a run must share: the config and tensors (foreign_fingerprint) and what
+// the caller adds (`identity`: architecture, inner optimizer, frozen parameters).
+nlohmann::json fingerprint_of(const RunConfig& cfg, const std::vector<ForeignTensor>& tensors,
+                              const std::map<std::string, std::string>& identity) {
+  auto out = foreign_fingerprint(cfg, tensors);
+  for (const auto& [k, v] : identity) out[k] = v;
+  return out;
+}
+
 // A training method around a foreign model's flat parameter and gradient buffers.
 class Method {
  public:
@@ -199,14 +208,12 @@ class Method {
         w_(cfg_, comm_, ParamLayout::foreign(tensors, num_blocks, cfg_.model.num_heads, cfg_.model.num_kv_heads),
            false),
         inner_(std::move(inner)),
-        identity_(std::move(identity)),
-        algo_(ep.join_url.empty() ? make_algorithm(cfg_, w_) : make_elastic(ep, tensors)),
+        fingerprint_(fingerprint_of(cfg_, tensors, identity)),
+        algo_(ep.join_url.empty() ? make_algorithm(cfg_, w_) : make_elastic(ep)),
         share_{comm_.rank(), comm_.size()} {
     if (cfg_.distributed.replicas != comm_.size() && cfg_.distributed.replicas != 1)
       fail("distributed.replicas (" + std::to_string(cfg_.distributed.replicas) + ") differs from the world size (" +
            std::to_string(comm_.size()) + "); leave it unset");
-    fingerprint_ = foreign_fingerprint(cfg_, tensors);
-    for (const auto& [k, v] : identity_) fingerprint_[k] = v;
     params_at_ = w_.params.data();
     // 4 bytes per trained parameter that a method reading no gradients of a model on a GPU never touches.
     if (host_gradients || algo().uses_gradients(w_)) w_.grads = zeroed_floats(size_t(w_.trainable.size()));
@@ -261,9 +268,7 @@ class Method {
   // member 0's: members with other settings, another architecture or optimizer, or other frozen
   // weights would train on without a word (loco sends neither settings nor frozen parameters).
   void agree() {
-    std::vector<std::string> all;
-    auto h = comm_.all_gather_start(fingerprint_.dump(), &all, "fingerprint");
-    comm_.wait(h);
+    const auto all = comm_.all_gather(fingerprint_.dump(), "fingerprint");
     if (all.size() != size_t(comm_.size())) fail("internal: the members' fingerprints are incomplete");
     const auto first = nlohmann::json::parse(all[0], nullptr, false);
     std::string why;
@@ -591,13 +596,11 @@ class Method {
 
   // The elastic method of cfg_.algorithm, its session given this model's hooks: the caller's
   // inner optimizer state (inner_) for joiners, and the data share of each round's members.
-  std::unique_ptr<Algorithm> make_elastic(const Endpoint& ep, const std::vector<ForeignTensor>& tensors) {
+  std::unique_ptr<Algorithm> make_elastic(const Endpoint& ep) {
     if (inner_.is_none()) fail("internal: an elastic method needs the inner optimizer's state hooks");
     ElasticOptions o = elastic_options(cfg_, ep.join_url, ep.worker);
     o.link = ep.link;
-    auto fingerprint = foreign_fingerprint(cfg_, tensors);  // fingerprint_ is made after the method
-    for (const auto& [k, v] : identity_) fingerprint[k] = v;
-    o.fingerprint = fingerprint.dump();
+    o.fingerprint = fingerprint_.dump();
     o.foreign = std::make_shared<ForeignWorker>();
     // Called on this member's own thread, inside a hook that released Python's lock. A Python
     // exception becomes loco's error here, with the lock held: no Python object crosses the
@@ -665,8 +668,7 @@ class Method {
   Communicator comm_;
   Worker w_;
   py::object inner_;  // elastic: the inner optimizer's state hooks (None otherwise)
-  std::map<std::string, std::string> identity_;
-  nlohmann::json fingerprint_;  // what every member must share (agree())
+  nlohmann::json fingerprint_;  // what every member must share: compared at join, or by agree()
   bool elastic_ = false;
   std::unique_ptr<Algorithm> algo_;
   std::pair<int, int> share_;  // this member's data slot and the members sharing the data
