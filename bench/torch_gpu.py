@@ -45,6 +45,7 @@ import torch
 
 import loco
 import loco.torch
+from device_timer import median_seconds
 from loco import _partial
 
 p = argparse.ArgumentParser()
@@ -176,22 +177,33 @@ def train_step(model, opt, sync, batch):
 
 def turn_step(model, opt, sync, batch, rank, shared):
     """One step with --turns: this member's compute alone on the device (the others wait for the
-    lock), then every member's sync.step() at once. Returns its seconds (compute + sync) and the
+    lock), then every member's sync.step() at once. Returns its seconds (compute + sync), the
     device memory it allocated above what was allocated when its turn began (its own peak less
-    what every member holds between steps, which turn_step returns too)."""
+    what every member holds between steps, which turn_step returns too), and that peak by phase:
+    the forward's, the backward's and the optimizer step's, and what each left allocated."""
+    phases = {}
     with shared["lock"]:
         if cuda:
             torch.cuda.synchronize(device)
             held = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
+
+        def phase(label, f):
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            out = f()
+            if cuda:
+                phases[label] = torch.cuda.max_memory_allocated(device) - held
+                phases[label + "_end"] = torch.cuda.memory_allocated(device) - held
+            return out
+
         start = time.perf_counter()
-        loss = loss_of(model, batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        opt.step()
+        loss = phase("forward", lambda: loss_of(model, batch[:, :-1], batch[:, 1:]))
+        phase("backward", loss.backward)
+        phase("optimizer", opt.step)
         opt.zero_grad(set_to_none=True)
         loss.item()
         compute = time.perf_counter() - start
-        above = torch.cuda.max_memory_allocated(device) - held if cuda else 0
+        above = max(phases.get(k, 0) for k in ("forward", "backward", "optimizer"))
     barrier = shared["barrier"]
     if barrier.wait() == 0 and cuda:  # every member's compute done: the syncs' own peak next
         torch.cuda.synchronize(device)
@@ -206,7 +218,7 @@ def turn_step(model, opt, sync, batch, rank, shared):
     if barrier.wait() == 0 and cuda and shared["timed"]:  # the members' syncs at once: an even share of their peak
         shared["sync_peak"] = max(shared["sync_peak"], torch.cuda.max_memory_allocated(device) / barrier.parties)
     barrier.wait()
-    return took, above, held if cuda else 0
+    return took, above, held if cuda else 0, phases
 
 
 def member(method, endpoint, rank, out, barrier, shared):
@@ -221,7 +233,7 @@ def member(method, endpoint, rank, out, barrier, shared):
     if cuda:
         torch.cuda.synchronize(device)
     wrap_s = time.perf_counter() - t0
-    times, bytes0, m0, own_peak = [], 0, {}, 0
+    times, bytes0, m0, own_peak, own_phases = [], 0, {}, 0, {}
     for t in range(args.warmup + args.steps):
         if t == args.warmup:
             if cuda and rank == 0:
@@ -231,10 +243,12 @@ def member(method, endpoint, rank, out, barrier, shared):
             barrier.wait()
             shared["timed"], shared["sync_peak"] = True, 0
         if args.turns:
-            took, above, held = turn_step(model, opt, sync, data[t % 8], rank, shared)
+            took, above, held, phases = turn_step(model, opt, sync, data[t % 8], rank, shared)
             times.append(took)
             if t >= args.warmup:  # what every member holds between steps is shared evenly (members alike)
                 own_peak = max(own_peak, held / len(out) + above)
+                own_phases = {k: max(v, own_phases.get(k, v)) for k, v in phases.items()}
+                own_phases["held"] = held / len(out)
         else:
             times.append(train_step(model, opt, sync, data[t % 8]))
     row = {"wrap_s": wrap_s, "times": times[args.warmup:], "host_bytes": rss_bytes() - rss0,
@@ -254,6 +268,7 @@ def member(method, endpoint, rank, out, barrier, shared):
         row["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
         if args.turns:  # one member's: its own step's (above an even share of what all hold) or the syncs' share
             row["peak_own_step_bytes"], row["peak_sync_share_bytes"] = own_peak, shared["sync_peak"]
+            row["step_phase_bytes"] = own_phases
             row["peak_device_bytes"] = len(out) * max(own_peak, shared["sync_peak"])
     out[rank] = row
     del model, opt, sync
@@ -301,6 +316,39 @@ def run(method, members):
         row["peak_device_bytes"] -= before
         row["device_bytes_before"] = before
     return row
+
+
+def skipped_products(method):
+    """Seconds a step of the weight-gradient products a member of `method` skips (partial updates:
+    the products of the projections' rows or columns it does not train), each timed alone on the
+    device in bf16 (CUDA events) or float32 (the CPU): every layer's full products less those of
+    one slice, as python/loco/_partial.py computes them (gate and up: the slice's output units
+    times the input; down: the output gradient times the slice's input units; with the heads, q,
+    k and v as gate and up)."""
+    k, n = slices_of(method), args.batch * args.seq
+    dtype = torch.bfloat16 if cuda else torch.float32
+    h, kv = args.hidden, args.hidden * (args.kv_heads or args.heads) // args.heads
+    shapes = [(args.mlp, h, 0), (args.mlp, h, 0), (h, args.mlp, 1)]  # (outputs, inputs, sliced dim)
+    if method.endswith("h"):
+        shapes += [(h, h, 0), (kv, h, 0), (kv, h, 0)]
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def seconds(f):
+        return median_seconds(f, device, 7)
+
+    total = 0.0
+    with torch.no_grad():
+        for out_units, in_units, dim in shapes:
+            gy = torch.randn(n, out_units, generator=g, device=device).to(dtype)
+            x = torch.randn(n, in_units, generator=g, device=device).to(dtype)
+            full = seconds(lambda: gy.t().mm(x))
+            if dim == 0:
+                part = seconds(lambda: gy[:, :out_units // k].t().mm(x))
+            else:
+                xs = x[:, :in_units // k].contiguous()
+                part = seconds(lambda: gy.t().mm(xs))
+            total += full - part
+    return total * args.layers
 
 
 nparams = sum(q.numel() for q in make_model(0).parameters())
@@ -415,6 +463,18 @@ for members in [int(x) for x in args.members.split(",")]:
               f"background syncs {row.get('syncs_in_background', 0)}" +
               (f", outer state on {row['outer_device']} ({row['outer_state_bytes'] / 2**30:.2f} GiB)"
                if row.get("outer_device") else ""), flush=True)
+        if "step_phase_bytes" in row:
+            ph = {k: v / 2**30 for k, v in row["step_phase_bytes"].items()}
+            print(f"{'':>13}one member's step above what it holds between steps ({ph.get('held', 0):.2f} GiB), GiB: "
+                  f"forward peak {ph.get('forward', 0):.2f} (kept at its end {ph.get('forward_end', 0):.2f}), "
+                  f"backward peak {ph.get('backward', 0):.2f} (kept {ph.get('backward_end', 0):.2f}), "
+                  f"optimizer step peak {ph.get('optimizer', 0):.2f}", flush=True)
+        if slices_of(method) > 1:
+            row["skipped_products_s"] = skipped_products(method)
+            print(f"{'':>13}the weight-gradient products its slices skip, timed alone: "
+                  f"{row['skipped_products_s'] * 1e3:.1f} ms a step" +
+                  (f" (its median step {(diloco['median_s'] - row['median_s']) * 1e3:.1f} ms below DiLoCo's)"
+                   if diloco is not None else ""), flush=True)
         if "loop_seconds_per_step" in row:
             ms = lambda d: ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(d.items()) if k not in ("hooks", "busy"))
             loop, bg = row["loop_seconds_per_step"], row["background_seconds_per_step"]

@@ -122,6 +122,30 @@ class Copier:
         stream's device current too)."""
         return _torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
+    def after(self, event):
+        """Context: this thread's device work queued on loco's stream, after `event` (recorded on
+        the training stream by the loop's thread: the work that made what it reads), so that it
+        runs beside the training steps queued meanwhile instead of between them. Tensors it reads
+        that were made on the training stream must be passed to read_aside(); those it makes and
+        the training stream reads, to read_by(). Off CUDA: nothing."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        side = self._side_stream()
+        if event is not None:
+            side.wait_event(event)
+        return _torch.cuda.stream(side)
+
+    def read_aside(self, t):
+        """t (made on the training stream) is read by work on loco's stream: its memory is not
+        handed to new work before that work is done, even once t is dropped."""
+        if self.cuda:
+            t.record_stream(self._side_stream())
+
+    def read_by(self, t, stream):
+        """t (made on loco's stream) is read by work on `stream`: the same, for that work."""
+        if self.cuda:
+            t.record_stream(stream)
+
     def device(self):
         """Context: the model's device current (CUDA), for what takes the current device, such as
         page-locking host memory (else a context is made on device 0 for it)."""

@@ -74,6 +74,20 @@ def mix(local, synced, alpha, spend=False):
     local.mul_(a).add_(taken)
 
 
+def outer_sgd_step(theta, mom, avg, mu, lr, nesterov):
+    """outer_sgd_step (algo/algorithm.h) in place on theta and mom (float32 tensors, avg of their
+    size), one rounding per operation: the momentum v = mu mom + delta, then theta = avg + (delta -
+    lr (delta + mu v)) with Nesterov, avg + (delta - lr v) without. Returns delta = theta - avg (theta
+    before the step), a new tensor."""
+    mu, lr = _scalar(mu, theta), _scalar(lr, theta)
+    delta = theta - avg
+    mom.mul_(mu).add_(delta)
+    lr_d = (mom * mu).add_(delta).mul_(lr) if nesterov else mom * lr
+    _torch.sub(delta, lr_d, out=lr_d)
+    _torch.add(avg, lr_d, out=theta)
+    return delta
+
+
 class Codec:
     """The outer gradients' codecs with round-to-nearest (comm/codec.h has the bit layouts), on
     tensors of any device; encode() gives the bytes the C++ codec gives, decode_add() adds what
@@ -84,15 +98,16 @@ class Codec:
             raise _loco.Error(f"outer_device: outer.codec = {name!r} runs on the host only; on a device: "
                               f"{', '.join(FORMATS)}")
         self.name, self.block = name, int(block)
-        self._grid = {}
+        self._tables = {}  # (what, device) -> the grid, its midpoints or the codes' signed values
 
     def bytes(self, n):
         return _loco.codec_bytes(self.name, n, self.block)
 
     def _grid_on(self, device):
-        if device not in self._grid:
-            self._grid[device] = _torch.tensor(_GRIDS[self.name][0](), dtype=_torch.float32, device=device)
-        return self._grid[device]
+        key = ("grid", device)
+        if key not in self._tables:
+            self._tables[key] = _torch.tensor(_GRIDS[self.name][0](), dtype=_torch.float32, device=device)
+        return self._tables[key]
 
     def _per(self):
         """Values per piece of encoding or decoding: whole blocks, about CHUNK values (each block
@@ -133,35 +148,76 @@ class Codec:
         return _torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _encode_blocks(self, xb):
-        """Rows of one length: each row a block, encoded and laid out as the C++ codec does."""
-        maxabs = xb.abs().amax(1)
+        """Rows of one length: each row a block, encoded and laid out as the C++ codec does (its
+        nearest-rounding paths, GridCodec::encode_nearest8 and encode_nearest_e4m3), in few passes
+        over int32 and uint8 tensors: the encode of a Streaming DiLoCo fragment is memory-bound on
+        a GPU, and it runs beside the training loop's work."""
+        y = xb.abs()
+        maxabs = y.amax(1)
         if self.name == "int8":
             scale = maxabs / _scalar(127.0, xb)
             safe = _torch.where(scale > 0, scale, _torch.ones_like(scale))
-            y = _torch.where(scale[:, None] > 0, xb / safe[:, None], _torch.zeros_like(xb))
-            q = _torch.round(y).clamp_(-127, 127).to(_torch.int8).view(_torch.uint8)
+            q = _torch.where(scale[:, None] > 0, xb / safe[:, None], _torch.zeros_like(xb))
+            q = _torch.round(q).clamp_(-127, 127).to(_torch.int8).view(_torch.uint8)
             return _torch.cat([scale[:, None].contiguous().view(_torch.uint8), q], 1).reshape(-1)
         grid = self._grid_on(xb.device)
         bits = _GRIDS[self.name][1]
-        last = grid.numel() - 1
-        t = maxabs / grid[last]
+        t = maxabs / grid[grid.numel() - 1]
         m, e = _torch.frexp(t)
         s = _torch.where(m == 0.5, e - 1, e).clamp_(-127, 127)
         s = _torch.where(t <= 0, _torch.full_like(s, -127), s)
-        y = xb.abs() * _pow2(-s)[:, None]
-        lo = (_torch.searchsorted(grid, y, right=True) - 1).clamp_(0, last - 1)
-        a, up = grid[lo], grid[lo + 1]
-        da, db = y - a, up - y
-        tie = _torch.where(lo % 2 == 0, lo, lo + 1)
-        code = _torch.where(da < db, lo, _torch.where(da > db, lo + 1, tie))
-        code = _torch.where(y >= grid[last], _torch.full_like(code, last), code)
-        code = code | (_torch.signbit(xb).to(code.dtype) << (bits - 1))
+        y.mul_(_pow2(-s)[:, None])  # y = |x| / 2^s, exactly as the C++ codec's |x| * (1 / 2^s)
+        code = self._nearest8(y) if bits == 4 else self._nearest_e4m3(y)
         code = code.to(_torch.uint8)
+        code |= _torch.signbit(xb).to(_torch.uint8) << (bits - 1)
         if bits == 4:
             if code.shape[1] % 2:
                 code = _torch.cat([code, _torch.zeros_like(code[:, :1])], 1)
             code = code[:, 0::2] | (code[:, 1::2] << 4)
         return _torch.cat([(s + 127).to(_torch.uint8)[:, None], code], 1).reshape(-1)
+
+    def _nearest8(self, y):
+        """The nearest of a grid of 8 (fp4) to each y >= 0, a tie to the even code: the number of
+        midpoints below y, plus one at a midpoint above an odd code (encode_nearest8, which says
+        why that is the nearest grid value for both grids), in one search (int32): y >= a float m
+        is y > the float below m, so the boundaries are the midpoints, those above an odd code
+        each replaced by the float below it."""
+        return _torch.bucketize(y, self._bounds_on(y.device), out_int32=True)
+
+    @staticmethod
+    def _nearest_e4m3(y):
+        """E4M3's nearest code to each y >= 0 (at most the grid's top, 448), a tie to the even
+        code, from y's bits (encode_nearest_e4m3): below 2^-6, y 2^9 rounded to an integer (2^23
+        added and taken away in float32); above, y's bits rounded to 3 mantissa bits, rebiased.
+        int32."""
+        two23 = _scalar(8388608.0, y)
+        sub = y.mul(_scalar(512.0, y)).add_(two23).sub_(two23).to(_torch.int32)
+        b = y.view(_torch.int32)
+        normal = (b >> 20).bitwise_and_(1).add_(b).add_(0x7FFFF)
+        normal >>= 20
+        return _torch.where(y < _scalar(0.015625, y), sub, normal.sub_(120 << 3).clamp_(max=126))
+
+    def _bounds_on(self, device):
+        """_nearest8's boundaries: the grid's midpoints (each exact in float32, as GridCodec's
+        mid_), those between codes k and k + 1 with k odd lowered to the float below them."""
+        key = ("bounds", device)
+        if key not in self._tables:
+            g = self._grid_on(device)
+            mids = (g[:-1] + g[1:]) / 2
+            odd = _torch.arange(mids.numel(), device=device) % 2 == 1
+            self._tables[key] = _torch.where(odd, _torch.nextafter(mids, _torch.full_like(mids, -1.0)), mids)
+        return self._tables[key]
+
+    def _signed_on(self, device):
+        """Each code's value (its grid value with the code's sign; fp8's NaN codes, never produced,
+        0), as GridCodec's signed_."""
+        key = ("signed", device)
+        if key not in self._tables:
+            g = _GRIDS[self.name][0]()
+            half = 1 << (_GRIDS[self.name][1] - 1)
+            mags = [g[c] if c < len(g) else 0.0 for c in range(half)]
+            self._tables[key] = _torch.tensor(mags + [-v for v in mags], dtype=_torch.float32, device=device)
+        return self._tables[key]
 
     def _decode_add(self, payload, acc):
         n, b = acc.numel(), self.block
@@ -183,17 +239,16 @@ class Codec:
             scale = rows[:, :4].reshape(-1).clone().view(_torch.float32)[:, None]
             acc += rows[:, 4:].view(_torch.int8).to(_torch.float32) * scale
             return
-        grid = self._grid_on(acc.device)
-        bits = _GRIDS[self.name][1]
         scale = _pow2(rows[:, 0].to(_torch.int32) - 127)[:, None]
         data = rows[:, 1:]
-        if bits == 4:
+        if _GRIDS[self.name][1] == 4:
             code = _torch.stack([data & 0x0F, data >> 4], 2).reshape(data.shape[0], -1)[:, :length]
         else:
             code = data
-        sign = (code >> (bits - 1)) & 1
-        v = grid[(code & ((1 << (bits - 1)) - 1)).long()] * scale
-        acc += _torch.where(sign.bool(), -v, v)
+        # The code's signed grid value times the block's scale, to the bit as the C++ codec's
+        # signed_[code] * scale: -(g s) = (-g) s.
+        v = self._signed_on(acc.device).index_select(0, code.reshape(-1).to(_torch.int32)).view(code.shape)
+        acc += v.mul_(scale)
 
 
 class DeviceOuter:
@@ -284,9 +339,9 @@ class DeviceOuter:
 
     def prepare(self, r):
         """A completed sync ahead of its merge (a dict from the core's peek_outer_results), on the
-        background thread: its average parameters on the device, kept for apply(). Fragment j's
-        outer parameters change only at its own merge, so theta - the mean outer gradient is
-        what apply() would compute then."""
+        background thread: its average parameters on the device, kept for apply() and returned.
+        Fragment j's outer parameters change only at its own merge, so theta - the mean outer
+        gradient is what apply() would compute then."""
         j = r["fragment"]
         with _torch.no_grad():
             if r["avg"] is not None:
@@ -295,6 +350,7 @@ class DeviceOuter:
                 avg = self._decode_mean(r, sum(e - b for b, e, _, _ in self._segments[j]))
                 self._theta_minus(j, avg)
         self._ready[j] = avg
+        return avg
 
     def _theta_minus(self, j, delta):
         """delta := fragment j's outer parameters - delta, in place (the average parameters)."""
@@ -328,7 +384,7 @@ class DeviceOuter:
                 # subtracts in double): ||theta - avg|| from the step's delta, ||theta - local||
                 # the same with one replica (avg is the replica's own parameters).
                 mine = _norm(theta - local) if self._diloco and avg is not None else None
-                delta = self._outer_step(theta, mom, avg_c)
+                delta = outer_sgd_step(theta, mom, avg_c, self._mu, self._lr, self._nesterov)
                 if self._diloco:
                     outer = _norm(delta)
                     sq.append(_torch.stack([outer, outer if mine is None else mine]) ** 2)
@@ -356,22 +412,11 @@ class DeviceOuter:
             for size in sizes:
                 self.codec.decode_add(data[at:at + size], delta)
                 at += size
-            return delta.div_(_scalar(float(len(sizes)), delta))
+            return delta if len(sizes) == 1 else delta.div_(_scalar(float(len(sizes)), delta))  # x / 1 is x
         shards = len(sizes)
         for k, size in enumerate(sizes):
             self.codec.decode_add(data[at:at + size], delta[n * k // shards:n * (k + 1) // shards])
             at += size
-        return delta
-
-    def _outer_step(self, theta, mom, avg):
-        """outer_sgd_step (algo/algorithm.h) in place on theta and mom, one rounding per operation;
-        returns delta = theta - avg (theta before the step)."""
-        mu, lr = _scalar(self._mu, theta), _scalar(self._lr, theta)
-        delta = theta - avg
-        v = mu * mom + delta
-        mom.copy_(v)
-        d = delta + mu * v if self._nesterov else v
-        theta.copy_(avg + (delta - lr * d))
         return delta
 
     # -- checkpoints -------------------------------------------------------------------------

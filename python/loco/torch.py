@@ -157,6 +157,7 @@ class Sync:
         self._closed = False
         self._alpha = None
         self._merged = {}  # fragment -> its synchronized values on the device and their copy's event
+        self._prepared = None  # event: the syncs decoded ahead of their merge on loco's stream (outer on the device)
         if self._on_device and not held and self._core.mix_merges_elsewhere():
             self._alpha = float(config["streaming"]["alpha"])
             self._segments = self._core.outer_segments()
@@ -562,7 +563,10 @@ class Sync:
                         local.copy_(theirs)
 
     def _apply_outer_results(self):
-        """The syncs the core completed, applied to the outer state on the device."""
+        """The syncs the core completed, applied to the outer state on the device (after the
+        decoding done ahead on loco's stream)."""
+        self._copier.ready(self._prepared)
+        self._prepared = None
         for r in self._core.take_outer_results():
             if r["in_params"]:  # DiLoCo in fp32 with others: the average in the (page-locked) host buffer
                 avg = _torch.empty_like(self._dflat)
@@ -590,13 +594,18 @@ class Sync:
             if delta is not None:
                 deltas[j] = delta
         ready = copier.to_host(self._ranges(reads), wait=False) if reads else None
-        stream = copier.stream()  # the training stream: the background queues its work there too
+        stream = copier.stream()  # the training stream
         background = bool(starts) and not writes
+        # In the background, the device work (encode, decode) goes on loco's stream after the
+        # training stream's work so far (its outer gradients), beside the steps queued after it.
+        started = copier.event() if background else None
         clock.add("start", time.perf_counter() - t0)
         on = self._bg_clock if background else clock  # the thread begin() runs on
 
         def begin():
-            with copier.on(stream):
+            with copier.after(started) if background else copier.on(stream):
+                for d in deltas.values():
+                    copier.read_aside(d)
                 payloads = {j: outer.encode(d, self._host_bytes) for j, d in deltas.items()}
                 encoded = copier.event() if payloads else None
             deltas.clear()
@@ -611,9 +620,12 @@ class Sync:
             core.after_step()
             if background:
                 core.prepare_merges()  # its reduction waited for (and the payloads checked) here too
-                with copier.on(stream):
-                    for r in core.peek_outer_results():
-                        outer.prepare(r)
+                with copier.after(None):  # after `started` still: loco's stream waited for it above
+                    prepared = [outer.prepare(r) for r in core.peek_outer_results()]
+                    if prepared:
+                        for avg in prepared:
+                            copier.read_by(avg, stream)
+                        self._prepared = copier.event()  # the merges' work waits for it
 
         if background:  # applied tau >= 1 steps later: the communication starts in the background
             quiet = core.quiet_until()
@@ -766,6 +778,8 @@ class Sync:
         outer = self._outer.check(core) if self._outer is not None else None
         self._core.load_state(core)
         if outer is not None:
+            self._copier.ready(self._prepared)  # nothing of loco's stream reads the outer state as it is written
+            self._prepared = None
             self._outer.load(outer)
         self._merged.clear()
         self._done = self._core.step

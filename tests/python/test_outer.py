@@ -17,6 +17,7 @@ import loco.torch
 from harness import check, expect_error, failures, run_members
 from llama_torch import DEVICE, inner_step, make_model, make_opt, max_diff, params_of
 from loco import _loco
+import loco._outer as _outer
 from loco._outer import Codec
 
 os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
@@ -52,8 +53,30 @@ for name in ("bf16", "fp8", "fp4-e3m0", "fp4-e2m1", "int8"):
     check(bad == 0, f"codec {name}: the torch encode/decode give the C++ codec's bytes and values "
                     f"(4 block sizes x 6 lengths; {bad} differ)")
 
+# Every grid point and every midpoint between two (a tie), each also one float below and above,
+# with either sign, in blocks scaled by powers of two from 2^-140 to 2^119 (each block's largest
+# magnitude the grid's top, so the points keep their place): the C++ codec's bytes and values.
+for name in ("fp8", "fp4-e3m0", "fp4-e2m1"):
+    grid = torch.tensor(_outer._GRIDS[name][0]())
+    pts = torch.cat([(grid[:-1] + grid[1:]) / 2, grid])
+    n = 128 * 400
+    v = pts[torch.randint(0, pts.numel(), (n,), generator=g)]
+    v = torch.where(torch.rand(n, generator=g) < 0.5, -v, v)
+    side = torch.randint(-1, 2, (n,), generator=g)
+    v = torch.where(side == 0, v, torch.nextafter(v, side.float() * float("inf")))
+    xb = v.view(-1, 128)
+    xb[:, 0] = grid[-1]
+    xb *= torch.pow(2.0, torch.randint(-140, 120, (xb.shape[0], 1), generator=g).float())
+    dec, ref = _loco.codec_roundtrip(name, v.numpy(), "nearest", 128, 0)
+    c = Codec(name, 128)
+    enc = c.encode(v.to(DEVICE))
+    acc = torch.zeros(n, device=DEVICE)
+    c.decode_add(enc, acc)
+    check(enc.cpu().numpy().tobytes() == ref and np.array_equal(bits(acc.cpu()), bits(dec)),
+          f"codec {name}: grid points, ties and their neighbours in blocks scaled 2^-140..2^119: the C++ "
+          "codec's bytes and values")
+
 # The same in pieces (python/loco/_outer.py's CHUNK, here a few blocks): the whole's bytes.
-import loco._outer as _outer
 chunk, _outer.CHUNK = _outer.CHUNK, 300
 x = torch.randn(5000, generator=g)
 for name in ("bf16", "fp8", "fp4-e2m1", "int8"):
@@ -75,18 +98,8 @@ for nesterov in (True, False):
     t_ref, m_ref = theta.numpy().copy(), mom.numpy().copy()
     _loco.outer_step(t_ref, m_ref, avg.numpy(), 0.7, 0.9, nesterov)
 
-    class Core:  # what DeviceOuter reads of the core
-        size, outer_shards = 1, 1
-
-        def outer_segments(self):
-            return [[(0, 10000, 0, False)]]
-
-    cfg = {"outer": {"codec": "fp32", "block": 128, "lr": 0.7, "momentum": 0.9, "nesterov": nesterov,
-                     "start_step": 0}, "streaming": {"alpha": 0.0, "eval": "outer"}}
-    from loco._outer import DeviceOuter
-    d = DeviceOuter(Core(), theta.to(DEVICE), cfg, "diloco")
     t, m = theta.to(DEVICE), mom.to(DEVICE)
-    d._outer_step(t, m, avg.to(DEVICE))
+    _outer.outer_sgd_step(t, m, avg.to(DEVICE), 0.9, 0.7, nesterov)
     check(np.array_equal(bits(t.cpu()), bits(t_ref)) and np.array_equal(bits(m.cpu()), bits(m_ref)),
           f"outer step (nesterov={nesterov}): the C++ outer step's bits")
 

@@ -829,6 +829,87 @@ check(asides and all("before writes" in order[i + 1:order.index("step", i + 1)] 
       f"device path: each copy aside ({len(asides)}) is followed by before_writes() before the next optimizer step")
 
 
+# ... and with the outer state on the device: a sync started in the background encodes on loco's
+# stream after an event the loop recorded on the training stream at the start (so that the
+# encode runs beside the steps queued after it, and the host waits for loco's stream only), the
+# outer gradient marked as read there; the syncs decoded ahead of their merge there too, each
+# average marked as read by the training stream, which waits for loco's stream before the merge
+# applies them. CUDA's streams stood in for with a current stream per thread, as CUDA's; the run
+# equals the same run without them, bit for bit.
+class ThreadStreams(threading.local):
+    def __init__(self):
+        self.current = [FakeStream("training")]
+
+
+per_thread = ThreadStreams()
+
+
+class ThreadWithin(Within):
+    def __enter__(self):
+        per_thread.current.append(self.stream)
+
+    def __exit__(self, *exc):
+        per_thread.current.pop()
+
+
+class ThreadEvent(LoggedEvent):
+    def record(self, stream=None):
+        self.at = (stream or per_thread.current[-1]).name
+        log.append(f"{threading.current_thread().name}: event on {self.at}")
+
+    def synchronize(self):
+        log.append(f"{threading.current_thread().name}: host waits for event {self.at}")
+
+
+def held_streaming(fake):
+    model = make_model(0)
+    opt = make_opt(model)
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    sync = loco.torch.wrap(model, opt, "streaming", endpoint=loco.inprocess(1)[0], inner_steps=6, fragment_blocks=1,
+                           tau=1, alpha=0.5, codec="fp4-e3m0", outer_device="model")
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "0"
+    if fake:
+        sync._copier.cuda = True
+        apply = sync._outer.apply
+        sync._outer.apply = lambda r, flat: (log.append(f"apply {r['fragment']}"), apply(r, flat))[1]
+    for t in range(14):
+        inner_step(model, opt, 0, t)
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    starts = sync.metrics()["syncs_in_background"]
+    sync.close()
+    return params_of(model), starts
+
+
+saved = {k: getattr(torch.cuda, k) for k in ("Stream", "Event", "stream", "current_stream", "device")}
+del log[:]
+torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream = FakeStream, ThreadEvent, ThreadWithin
+torch.cuda.device = lambda device: ThreadWithin(per_thread.current[-1])  # the model's device current: no stream change
+torch.cuda.current_stream = lambda device=None: per_thread.current[-1]
+torch.Tensor.record_stream = lambda t, stream: log.append(f"tensor of {t.numel()} used on {stream.name}")
+try:
+    faked, starts = held_streaming(True)
+finally:
+    for k, v in saved.items():
+        setattr(torch.cuda, k, v)
+    torch.Tensor.record_stream = saved_record
+plain, _ = held_streaming(False)
+bg = [line for line in log if line.startswith("loco.torch sync")]
+waits = [line for line in bg if "host waits" in line]
+applied = [i for i, line in enumerate(log) if line.startswith("apply")]
+prepared_before = all(
+    any(log[k] == "training waits for event loco" for k in range(max((j for j in range(i) if "event on loco" in log[j]),
+                                                                    default=i), i)) for i in applied)
+check(starts > 0 and log.count("loco waits for event training") == starts
+      and waits and all(line.endswith("event loco") for line in waits)
+      and sum("used on loco" in line for line in log) >= starts
+      and sum("used on training" in line for line in log) >= len(applied) > 0 and prepared_before
+      and all(torch.equal(a, b) for a, b in zip(faked, plain)),
+      f"device path, outer state on the device: {starts} syncs started in the background encode and decode on "
+      f"loco's stream after the training stream's event, their tensors marked for the other stream, each merge "
+      f"after loco's stream; the run equals it without stood-in streams ({log[:14]} ...)")
+
 # Where the hooks' time goes (metrics' loop_seconds and background_seconds), with the method's
 # hooks slowed by 10 ms each: a merge's time in the loop's merge phase, a sync start's hook on the
 # background thread, the other steps' hooks in core; every phase within the hooks' whole, the

@@ -1,0 +1,85 @@
+"""Where a Streaming DiLoCo sync's device work goes, with the outer state on the model's device
+(python/loco/_outer.py): each part timed on its own over one fragment of --n values, in the
+order a sync runs them: the start (the outer gradient theta - params), the encode and its
+finiteness flag, the decode of the members' payloads into their mean and the average parameters
+(theta - mean), the outer step, and the merge's mix into the model's parameters. On a GPU these
+run in the training stream's order, so their sum is about what a sync adds to the step it
+lands in (bench/torch_gpu.py measures that step; docs/results/torch-gpu.md).
+
+    python3 bench/torch_sync_parts.py --device cuda            # a 0.85B Llama block's fragment
+    python3 bench/torch_sync_parts.py --n 4000000 --repeat 3   # on the CPU, in seconds
+
+Prints each part's milliseconds (median of --repeat, after one untimed run) and their sum."""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "python"))
+from loco import _outer  # noqa: E402
+from device_timer import median_seconds  # noqa: E402
+
+p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+p.add_argument("--device", default="cpu")
+p.add_argument("--n", type=int, default=0,
+               help="values in the fragment (default: 44,052,480 on a GPU, a block of bench/torch_gpu.py's "
+                    "0.85B Llama; 4,000,000 on the CPU)")
+p.add_argument("--codecs", default="fp4-e3m0,fp4-e2m1,fp8,int8,bf16")
+p.add_argument("--members", type=int, default=1, help="payloads decoded at the merge (one per member)")
+p.add_argument("--repeat", type=int, default=5)
+args = p.parse_args()
+device = torch.device(args.device)
+cuda = device.type == "cuda"
+n = args.n or (44_052_480 if cuda else 4_000_000)
+if not cuda:
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def timed(f):
+    return median_seconds(f, device, args.repeat)
+
+
+g = torch.Generator().manual_seed(0)
+params = (torch.randn(n, generator=g) * 0.02).to(device)
+theta = params + (torch.randn(n, generator=g) * 1e-3).to(device)
+mom = torch.zeros(n, device=device)
+local = params.clone()
+print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else 'CPU'}), torch {torch.__version__}, "
+      f"fragment {n:,} values, {args.members} member(s)' payloads")
+
+
+def decode_mean(codec, payload):
+    """The members' payloads decoded, summed and divided by their count, as DeviceOuter does."""
+    acc = torch.zeros(n, device=device)
+    for _ in range(args.members):
+        codec.decode_add(payload, acc)
+    return acc if args.members == 1 else acc.div_(args.members)
+
+
+with torch.no_grad():
+    for name in args.codecs.split(","):
+        codec = _outer.Codec(name) if name != "fp32" else None
+        delta = theta - params
+        payload = codec.encode(delta) if codec else None
+        parts = [("start: theta - params", lambda: theta - params)]
+        if codec:
+            parts += [
+                ("encode", lambda: codec.encode(delta)),
+                ("finite flag", lambda: torch.isfinite(delta).all()),
+                ("decode: the mean outer gradient", lambda: decode_mean(codec, payload)),
+                ("theta - mean", lambda: theta - delta),
+            ]
+        avg = theta - delta
+        th, mo = theta.clone(), mom.clone()
+        parts += [
+            ("outer step (Nesterov)", lambda: _outer.outer_sgd_step(th, mo, avg, 0.9, 0.7, True)),
+            ("merge: mix with alpha 0.5", lambda: _outer.mix(local, th, 0.5)),
+        ]
+        total = 0.0
+        print(f"\n{name}:")
+        for label, f in parts:
+            s = timed(f)
+            total += s
+            print(f"  {label:<34} {s * 1e3:9.3f} ms")
+        print(f"  {'a sync in all':<34} {total * 1e3:9.3f} ms")
