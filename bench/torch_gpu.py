@@ -22,7 +22,8 @@ about a GPU. --out FILE also writes the rows as JSON.
 
 Rows diloco and streaming (Streaming DiLoCo: a fragment per block, fp4-e3m0, tau 1) keep the outer
 state on the device (outer_device="model"), diloco-host and streaming-host on the host; the
-partial rows on the device.
+partial rows on the device. A Streaming DiLoCo row named with -tauN (streaming-tau2,
+streaming-host-tau2) merges N steps after each start instead of 1.
 
 Partial updates (methods partial2, partial4, partial2h: DiLoCo where each member trains 1/2 or
 1/4 of the MLPs, or 1/2 of the MLPs and 1/2 of the heads; rows only for member counts they divide,
@@ -138,20 +139,29 @@ def slices_of(method):
     return int(method[len("partial"):].rstrip("h")) if method.startswith("partial") else 1
 
 
+def tau_of(method):
+    """A Streaming DiLoCo row's tau: 1, or N for a row named with -tauN (e.g. streaming-host-tau2)."""
+    head, _, n = method.rpartition("-tau")
+    return int(n) if head and n.isdigit() else 1
+
+
 def base(method):
     """The method a row runs ("diloco-host": DiLoCo with its outer state on the host)."""
+    method = method.rpartition("-tau")[0] if "-tau" in method else method
     return "diloco" if slices_of(method) > 1 else method.removesuffix("-host")
 
 
 def settings(method):
     if method == "ddp":
         return {}
+    tau = tau_of(method)
+    method = method.rpartition("-tau")[0] if "-tau" in method else method
     where = {"outer_device": "cpu" if method.endswith("-host") else "model"}
     if device.type == "cpu" and os.environ.get("LOCO_TORCH_AS_DEVICE", "0") != "1":
         where = {}  # a CPU model's parameters are loco's buffers: the outer state is there too
     method = method.removesuffix("-host")
     if method == "streaming":
-        return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": 1, **where}
+        return {"inner_steps": args.inner_steps, "fragment_blocks": 1, "codec": "fp4-e3m0", "tau": tau, **where}
     if slices_of(method) > 1:
         out = {"inner_steps": args.inner_steps, "partial_slices": slices_of(method), **where}
         if method.endswith("h"):  # the heads too (a Hugging Face model gives its head counts)

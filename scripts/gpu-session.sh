@@ -5,7 +5,7 @@
 # On the device (the `device` tool's run, carry [".gpukit"], kind nvidia-h200: 2 members of the
 # 0.85B model with their outer state on the GPU need about 2 x 40 GB), at most about 10 minutes
 # (build 40 s, tests 2 x 50 s, GradScaler 30 s, from_pretrained 40 s, a sync's parts 60 s, the
-# model 190 + 180 s, profiles 2 x 75 s; give the run what the device has left: what a step leaves when cut off still
+# model 230 + 180 s, a profile 75 s; give the run what the device has left: what a step leaves when cut off still
 # comes back; a row that runs out of memory is reported as FAILED and the rest go on):
 #   bash scripts/gpu-session.sh
 # Writes, packed in $OUT/gpu-session.tgz: session.log (this script's output); build.log; amp_scaler_cuda.log (fp16 with GradScaler's skipped steps);
@@ -31,7 +31,7 @@ if [ "${LOCO_GPU_DRY:-0}" = 1 ]; then  # the same steps on CPU tensors, small, t
   export PYTHONPATH=build/python:tests/python:examples LOCO_TORCH_AS_DEVICE=1
   py=/usr/bin/python3
   model=(--layers 2 --hidden 64 --mlp 172 --vocab 512)
-  hf1=("${model[@]}" --steps 4 --warmup 1 --inner-steps 2)
+  hf1=("${model[@]}" --steps 4 --warmup 1 --inner-steps 4)
   hf2=("${hf1[@]}")
   parts=(--n 100000 --repeat 1)
   dev=cpu
@@ -73,9 +73,12 @@ echo "sync parts: exit $?"; cat "$out/sync_parts.log"
 pack
 # The 0.85B model, one member then two (rows measured before: docs/results/torch-gpu.md); each
 # JSON is rewritten after each row, so a row cut off by the time limit leaves the others.
-timeout 190 $py bench/torch_gpu.py "${hf1[@]}" --members 1 \
-  --methods plain,ddp,diloco,streaming,diloco-host,streaming-host --out "$out/hf1.json" > "$out/hf1.log" 2>&1
-echo "0.85B model, 1 member: exit $?"; tail -n 18 "$out/hf1.log"
+# streaming-host-tau2: the host's work for the largest fragment (embeddings and head, 131M of the
+# 853M parameters) given two steps instead of one.
+timeout 230 $py bench/torch_gpu.py "${hf1[@]}" --members 1 \
+  --methods plain,ddp,diloco,streaming,diloco-host,streaming-host,streaming-host-tau2 \
+  --out "$out/hf1.json" > "$out/hf1.log" 2>&1
+echo "0.85B model, 1 member: exit $?"; tail -n 20 "$out/hf1.log"
 pack
 # Two members taking turns for their steps' compute (--turns): each one's peak memory and step
 # time its own, the round's with both.
@@ -83,10 +86,9 @@ timeout 180 $py bench/torch_gpu.py "${hf2[@]}" --members 2 --methods plain,diloc
   --out "$out/hf2.json" > "$out/hf2.log" 2>&1
 echo "0.85B model, 2 members: exit $?"; tail -n 16 "$out/hf2.log"
 pack
-# Where one member's steps spend their time (torch.profiler): DiLoCo's round at step 30, and
-# Streaming DiLoCo's 17 fragment syncs (steps 30 to 46) with their merges.
-for m in "diloco --warmup 27 --steps 4" "streaming --warmup 29 --steps 19"; do
-  timeout 75 $py bench/torch_gpu.py "${model[@]}" --inner-steps 30 --profile-steps $m 2>&1 | head -70
-done > "$out/steps.log"
+# Where one member's steps spend their time (torch.profiler): Streaming DiLoCo's 17 fragment
+# syncs (steps 30 to 46) with their merges, the outer state on the GPU.
+timeout 75 $py bench/torch_gpu.py "${model[@]}" --inner-steps 30 --profile-steps streaming --warmup 29 --steps 19 \
+  2>&1 | head -70 > "$out/steps.log"
 grep "steps profiled" "$out/steps.log"
 pack
