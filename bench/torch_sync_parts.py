@@ -2,9 +2,10 @@
 (python/loco/_outer.py): each part timed on its own over one fragment of --n values, in the
 order a sync runs them: the start (the outer gradient theta - params), the encode and its
 finiteness flag, the decode of the members' payloads into their mean and the average parameters
-(theta - mean), the outer step, and the merge's mix into the model's parameters. On a GPU these
-run in the training stream's order, so their sum is about what a sync adds to the step it
-lands in (bench/torch_gpu.py measures that step; docs/results/torch-gpu.md).
+(theta - mean), the outer step, and at the merge the new outer state copied in and mixed into
+the model's parameters. With tau >= 1 the start and the merge run on the training stream, the
+rest on loco's own stream beside the training steps (python/loco/torch.py); each line says
+which. bench/torch_gpu.py measures what a sync adds to the steps (docs/results/torch-gpu.md).
 
     python3 bench/torch_sync_parts.py --device cuda            # a 0.85B Llama block's fragment
     python3 bench/torch_sync_parts.py --n 4000000 --repeat 3   # on the CPU, in seconds
@@ -62,24 +63,28 @@ with torch.no_grad():
         codec = _outer.Codec(name) if name != "fp32" else None
         delta = theta - params
         payload = codec.encode(delta) if codec else None
-        parts = [("start: theta - params", lambda: theta - params)]
+        # (label, on the training stream?, the work)
+        parts = [("start: theta - params", True, lambda: theta - params)]
         if codec:
             parts += [
-                ("encode", lambda: codec.encode(delta)),
-                ("finite flag", lambda: torch.isfinite(delta).all()),
-                ("decode: the mean outer gradient", lambda: decode_mean(codec, payload)),
-                ("theta - mean", lambda: theta - delta),
+                ("encode", False, lambda: codec.encode(delta)),
+                ("finite flag", False, lambda: torch.isfinite(delta).all()),
+                ("decode: the mean outer gradient", False, lambda: decode_mean(codec, payload)),
+                ("theta - mean", False, lambda: theta - delta),
             ]
         avg = theta - delta
-        th, mo = theta.clone(), mom.clone()
+        th, mo, new_mom = theta.clone(), mom.clone(), torch.empty_like(mom)
         parts += [
-            ("outer step (Nesterov)", lambda: _outer.outer_sgd_step(th, mo, avg, 0.9, 0.7, True)),
-            ("merge: mix with alpha 0.5", lambda: _outer.mix(local, th, 0.5)),
+            ("outer step (Nesterov), ahead", False,
+             lambda: _outer.outer_sgd_step(th, mo, avg, 0.9, 0.7, True, theta_out=th, mom_out=new_mom)),
+            ("merge: the new outer state in", True, lambda: (th.copy_(avg), mo.copy_(new_mom))),
+            ("merge: mix with alpha 0.5", True, lambda: _outer.mix(local, th, 0.5)),
         ]
-        total = 0.0
+        totals = {True: 0.0, False: 0.0}
         print(f"\n{name}:")
-        for label, f in parts:
+        for label, training, f in parts:
             s = timed(f)
-            total += s
-            print(f"  {label:<34} {s * 1e3:9.3f} ms")
-        print(f"  {'a sync in all':<34} {total * 1e3:9.3f} ms")
+            totals[training] += s
+            print(f"  {label:<34} {s * 1e3:9.3f} ms  {'training stream' if training else 'loco stream (background)'}")
+        print(f"  {'a sync in all':<34} {sum(totals.values()) * 1e3:9.3f} ms, of which on the training stream "
+              f"{totals[True] * 1e3:.3f} ms")

@@ -74,17 +74,18 @@ def mix(local, synced, alpha, spend=False):
     local.mul_(a).add_(taken)
 
 
-def outer_sgd_step(theta, mom, avg, mu, lr, nesterov):
-    """outer_sgd_step (algo/algorithm.h) in place on theta and mom (float32 tensors, avg of their
-    size), one rounding per operation: the momentum v = mu mom + delta, then theta = avg + (delta -
-    lr (delta + mu v)) with Nesterov, avg + (delta - lr v) without. Returns delta = theta - avg (theta
-    before the step), a new tensor."""
+def outer_sgd_step(theta, mom, avg, mu, lr, nesterov, theta_out=None, mom_out=None):
+    """outer_sgd_step (algo/algorithm.h) on float32 tensors of one size, one rounding per
+    operation: the momentum v = mu mom + delta, then theta = avg + (delta - lr (delta + mu v)) with
+    Nesterov, avg + (delta - lr v) without; in place, or into theta_out and mom_out (theta_out may
+    be avg). Returns delta = theta - avg (theta before the step), a new tensor."""
     mu, lr = _scalar(mu, theta), _scalar(lr, theta)
     delta = theta - avg
-    mom.mul_(mu).add_(delta)
-    lr_d = (mom * mu).add_(delta).mul_(lr) if nesterov else mom * lr
+    v = mom.mul_(mu) if mom_out is None else _torch.mul(mom, mu, out=mom_out)
+    v.add_(delta)
+    lr_d = (v * mu).add_(delta).mul_(lr) if nesterov else v * lr
     _torch.sub(delta, lr_d, out=lr_d)
-    _torch.add(avg, lr_d, out=theta)
+    _torch.add(avg, lr_d, out=theta if theta_out is None else theta_out)
     return delta
 
 
@@ -282,7 +283,7 @@ class DeviceOuter:
         return applied_within(self._segments[j], writes)
 
     def state_bytes(self):
-        kept = list(self._own.values()) + list(self._ready.values())
+        kept = list(self._own.values()) + [t for ts in self._ready.values() for t in ts if t is not None]
         return (self.theta.numel() + self.momentum.numel() + sum(t.numel() for t in kept)) * 4
 
     def _packed(self, t, j):
@@ -339,9 +340,12 @@ class DeviceOuter:
 
     def prepare(self, r):
         """A completed sync ahead of its merge (a dict from the core's peek_outer_results), on the
-        background thread: its average parameters on the device, kept for apply() and returned.
-        Fragment j's outer parameters change only at its own merge, so theta - the mean outer
-        gradient is what apply() would compute then."""
+        background thread: its average parameters on the device and, for Streaming DiLoCo, its
+        outer step, kept for apply(). Fragment j's outer parameters and momentum change only at
+        its own merge, so theta - the mean outer gradient, and the outer step from there, are
+        what apply() would compute then; the new outer parameters overwrite the average's buffer,
+        the new momentum takes one of its own, and the merge only copies them in and mixes.
+        Returns the tensors kept (the merge's work reads them)."""
         j = r["fragment"]
         with _torch.no_grad():
             if r["avg"] is not None:
@@ -349,8 +353,15 @@ class DeviceOuter:
             else:
                 avg = self._decode_mean(r, sum(e - b for b, e, _, _ in self._segments[j]))
                 self._theta_minus(j, avg)
-        self._ready[j] = avg
-        return avg
+            mom = None
+            if not (self._diloco or r["take"] or r["own"]):  # DiLoCo's step also gives the round's norms
+                mom = _torch.empty_like(avg)
+                for b, at, length, _ in self._chunks(j):
+                    ahead = avg[at:at + length]
+                    outer_sgd_step(self.theta[b:b + length], self.momentum[b:b + length], ahead, self._mu, self._lr,
+                                   self._nesterov, theta_out=ahead, mom_out=mom[at:at + length])
+        self._ready[j] = (avg, mom)
+        return [avg] if mom is None else [avg, mom]
 
     def _theta_minus(self, j, delta):
         """delta := fragment j's outer parameters - delta, in place (the average parameters)."""
@@ -361,14 +372,15 @@ class DeviceOuter:
         """One completed sync (a dict from the core's take_outer_results): the average, the outer
         step, and the merge into (or replacement of) this replica's parameters."""
         j = r["fragment"]
+        stepped = None  # the new momentum, with the new outer parameters in avg (prepare())
         with _torch.no_grad():
             if r["take"]:
                 self.theta.copy_(flat)
                 return
             if r["own"]:  # one replica, fp32: its parameters at the sync's start (now, with tau 0)
                 avg = self._own.pop(j, None)
-            elif j in self._ready:  # prepared on the background thread (prepare())
-                avg = self._ready.pop(j)
+            elif j in self._ready:  # prepared on the background thread (prepare()), its outer step too (stepped)
+                avg, stepped = self._ready.pop(j)
             elif isinstance(r["avg"], _torch.Tensor):  # already on the device (the caller copied it)
                 avg = r["avg"]
             elif r["avg"] is not None:
@@ -379,15 +391,19 @@ class DeviceOuter:
             sq = []
             for b, at, length, trained in self._chunks(j):
                 theta, mom, local = self.theta[b:b + length], self.momentum[b:b + length], flat[b:b + length]
-                avg_c = local if avg is None else avg[at:at + length]
-                # The round's norms for the records (to float rounding of the C++ DiLoCo's, which
-                # subtracts in double): ||theta - avg|| from the step's delta, ||theta - local||
-                # the same with one replica (avg is the replica's own parameters).
-                mine = _norm(theta - local) if self._diloco and avg is not None else None
-                delta = outer_sgd_step(theta, mom, avg_c, self._mu, self._lr, self._nesterov)
-                if self._diloco:
-                    outer = _norm(delta)
-                    sq.append(_torch.stack([outer, outer if mine is None else mine]) ** 2)
+                if stepped is not None:
+                    theta.copy_(avg[at:at + length])
+                    mom.copy_(stepped[at:at + length])
+                else:
+                    avg_c = local if avg is None else avg[at:at + length]
+                    # The round's norms for the records (to float rounding of the C++ DiLoCo's,
+                    # which subtracts in double): ||theta - avg|| from the step's delta, ||theta -
+                    # local|| the same with one replica (avg is the replica's own parameters).
+                    mine = _norm(theta - local) if self._diloco and avg is not None else None
+                    delta = outer_sgd_step(theta, mom, avg_c, self._mu, self._lr, self._nesterov)
+                    if self._diloco:
+                        outer = _norm(delta)
+                        sq.append(_torch.stack([outer, outer if mine is None else mine]) ** 2)
                 if r["replace"] or not trained or self._alpha == 0:
                     local.copy_(theta)
                 else:

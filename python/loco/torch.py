@@ -621,10 +621,10 @@ class Sync:
             if background:
                 core.prepare_merges()  # its reduction waited for (and the payloads checked) here too
                 with copier.after(None):  # after `started` still: loco's stream waited for it above
-                    prepared = [outer.prepare(r) for r in core.peek_outer_results()]
+                    prepared = [t for r in core.peek_outer_results() for t in outer.prepare(r)]
                     if prepared:
-                        for avg in prepared:
-                            copier.read_by(avg, stream)
+                        for t in prepared:
+                            copier.read_by(t, stream)
                         self._prepared = copier.event()  # the merges' work waits for it
 
         if background:  # applied tau >= 1 steps later: the communication starts in the background
