@@ -59,8 +59,8 @@ class _SlicedLinear(_torch.autograd.Function):
             x2 = kept.reshape(-1, kept.shape[-1])
             if ctx.dim == 0:  # rows [lo, hi): their outputs' gradients times the input
                 gpart = g2[:, ctx.lo:ctx.hi].t().mm(x2)
-            else:  # columns [lo, hi): the outputs' gradients times those input units
-                gpart = g2.t().mm(x2)
+            else:  # columns [lo, hi): the outputs' gradients times those input units, made transposed
+                gpart = x2.t().mm(g2).t()  # as the slice is laid (a column-major view): no copy to match it
             gpart = gpart.to(ctx.part_dtype)
         return gx, None, gpart, None, None, None
 
