@@ -343,20 +343,17 @@ def skipped_products(method):
         shapes += [(h, h, 0), (kv, h, 0), (kv, h, 0)]
     g = torch.Generator(device=device).manual_seed(0)
 
-    def seconds(f):
-        return median_seconds(f, device, 7)
-
     total = 0.0
     with torch.no_grad():
         for out_units, in_units, dim in shapes:
             gy = torch.randn(n, out_units, generator=g, device=device).to(dtype)
             x = torch.randn(n, in_units, generator=g, device=device).to(dtype)
-            full = seconds(lambda: gy.t().mm(x))
+            full = median_seconds(lambda: gy.t().mm(x), device, 7)
             if dim == 0:
-                part = seconds(lambda: gy[:, :out_units // k].t().mm(x))
+                part = median_seconds(lambda: gy[:, :out_units // k].t().mm(x), device, 7)
             else:
                 xs = x[:, :in_units // k].contiguous()
-                part = seconds(lambda: gy.t().mm(xs))
+                part = median_seconds(lambda: gy.t().mm(xs), device, 7)
             total += full - part
     return total * args.layers
 

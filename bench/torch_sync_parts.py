@@ -37,10 +37,6 @@ if not cuda:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 
-def timed(f):
-    return median_seconds(f, device, args.repeat)
-
-
 g = torch.Generator().manual_seed(0)
 params = (torch.randn(n, generator=g) * 0.02).to(device)
 theta = params + (torch.randn(n, generator=g) * 1e-3).to(device)
@@ -83,7 +79,7 @@ with torch.no_grad():
         totals = {True: 0.0, False: 0.0}
         print(f"\n{name}:")
         for label, training, f in parts:
-            s = timed(f)
+            s = median_seconds(f, device, args.repeat)
             totals[training] += s
             print(f"  {label:<34} {s * 1e3:9.3f} ms  {'training stream' if training else 'loco stream (background)'}")
         print(f"  {'a sync in all':<34} {sum(totals.values()) * 1e3:9.3f} ms, of which on the training stream "

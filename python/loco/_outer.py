@@ -163,7 +163,7 @@ class Codec:
             return _torch.cat([scale[:, None].contiguous().view(_torch.uint8), q], 1).reshape(-1)
         grid = self._grid_on(xb.device)
         bits = _GRIDS[self.name][1]
-        t = maxabs / grid[grid.numel() - 1]
+        t = maxabs / grid[-1]
         m, e = _torch.frexp(t)
         s = _torch.where(m == 0.5, e - 1, e).clamp_(-127, 127)
         s = _torch.where(t <= 0, _torch.full_like(s, -127), s)
