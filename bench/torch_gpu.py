@@ -23,7 +23,11 @@ about a GPU. --out FILE also writes the rows as JSON.
 Rows diloco and streaming (Streaming DiLoCo: a fragment per block, fp4-e3m0, tau 1) keep the outer
 state on the device (outer_device="model"), diloco-host and streaming-host on the host; the
 partial rows on the device. A Streaming DiLoCo row named with -tauN (streaming-tau2,
-streaming-host-tau2) merges N steps after each start instead of 1.
+streaming-host-tau2) merges N steps after each start instead of 1. loco's compute threads (its
+host work: a sync's outer gradient, codec and outer step with the outer state on the host) are
+--loco-threads, by default what loco.init() gives a model on a GPU (half the host's cores: the
+loop's own thread, the one that launches the device's work, keeps a core); a row named with -tN
+(e.g. streaming-host-t16) runs with N.
 
 Partial updates (methods partial2, partial4, partial2h: DiLoCo where each member trains 1/2 or
 1/4 of the MLPs, or 1/2 of the MLPs and 1/2 of the heads; rows only for member counts they divide,
@@ -38,6 +42,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import threading
 import time
@@ -73,6 +78,9 @@ p.add_argument("--turns", action="store_true",
                     "device, then run sync.step() together: each member's step time and peak memory are its own, "
                     "not raised by the other member's steps (rows of methods whose optimizer step communicates, "
                     "data-parallel, are skipped)")
+p.add_argument("--loco-threads", type=int, default=0,
+               help="loco's compute threads (0: loco.init()'s choice for a model on a GPU, half the host's cores; "
+                    "all of them on the CPU, where the loop's own compute uses them too)")
 p.add_argument("--out", default="")
 p.add_argument("--profile-wrap", default="", metavar="METHOD",
                help="only profile one member's wrap() of METHOD (cProfile, the 15 costliest calls), then exit")
@@ -87,8 +95,9 @@ device = torch.device(args.device)
 cuda = device.type == "cuda"
 if not cuda:
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
-# loco's host work (the outer step, codecs) on every core: a GPU loop leaves the CPU idle.
-loco._loco.set_threads(max(1, (os.cpu_count() or 1)))
+if not args.loco_threads:
+    args.loco_threads = loco._device_threads() if cuda else max(1, (os.cpu_count() or 1))
+loco._loco.set_threads(args.loco_threads)
 
 
 def make_model(seed):
@@ -136,26 +145,30 @@ PAPER = {"partial2": (0.87 / 1.3, 14.87 / 19.36), "partial4": (0.67 / 1.3, 12.77
 
 
 def slices_of(method):
+    method = re.sub(r"(-(tau|t)\d+)+$", "", method)
     return int(method[len("partial"):].rstrip("h")) if method.startswith("partial") else 1
 
 
-def tau_of(method):
-    """A Streaming DiLoCo row's tau: 1, or N for a row named with -tauN (e.g. streaming-host-tau2)."""
-    head, _, n = method.rpartition("-tau")
-    return int(n) if head and n.isdigit() else 1
+def split_row(method):
+    """A row's name without its trailing -tauN and -tN, its tau (1 unless named with -tauN, e.g.
+    streaming-host-tau2) and loco's compute threads (--loco-threads unless named with -tN)."""
+    tau, threads = 1, args.loco_threads
+    while (m := re.fullmatch(r"(.+)-(tau|t)(\d+)", method)):
+        method, n = m.group(1), int(m.group(3))
+        tau, threads = (n, threads) if m.group(2) == "tau" else (tau, n)
+    return method, tau, threads
 
 
 def base(method):
     """The method a row runs ("diloco-host": DiLoCo with its outer state on the host)."""
-    method = method.rpartition("-tau")[0] if "-tau" in method else method
+    method = split_row(method)[0]
     return "diloco" if slices_of(method) > 1 else method.removesuffix("-host")
 
 
 def settings(method):
+    method, tau, _ = split_row(method)
     if method == "ddp":
         return {}
-    tau = tau_of(method)
-    method = method.rpartition("-tau")[0] if "-tau" in method else method
     where = {"outer_device": "cpu" if method.endswith("-host") else "model"}
     if device.type == "cpu" and os.environ.get("LOCO_TORCH_AS_DEVICE", "0") != "1":
         where = {}  # a CPU model's parameters are loco's buffers: the outer state is there too
@@ -273,6 +286,8 @@ def member(method, endpoint, rank, out, barrier, shared):
         row["syncs_in_background"] = m["syncs_in_background"]
         r = sync.report()
         row["outer_device"], row["outer_state_bytes"] = r.get("outer_device"), r.get("outer_state_bytes", 0)
+        if "tau" in r:  # Streaming DiLoCo's, as the method took it
+            row["tau"] = r["tau"]
         sync.close()
     if cuda and rank == 0:
         row["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -293,6 +308,8 @@ def run(method, members):
     if cuda:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated(device)
+    loco_threads = split_row(method)[2]
+    loco._loco.set_threads(loco_threads)  # between rows: no sync in flight
     endpoints = loco.inprocess(members) if method != "plain" else [None] * members
     out, errors = [None] * members, []
     barrier = threading.Barrier(members)
@@ -319,7 +336,7 @@ def run(method, members):
     # A step of the group ends when its slowest member's does.
     per_step = [max(o["times"][i] for o in out) for i in range(args.steps)]
     row = dict(out[0])
-    row.update(method=method, members=members, median_s=statistics.median(per_step),
+    row.update(method=method, members=members, loco_threads=loco_threads, median_s=statistics.median(per_step),
                mean_s=statistics.fmean(per_step), max_s=max(per_step), step_s=[round(t, 5) for t in per_step])
     del row["times"]
     if "peak_device_bytes" in row:  # above what was allocated before the run (a leak would show here)
@@ -339,7 +356,7 @@ def skipped_products(method):
     dtype = torch.bfloat16 if cuda else torch.float32
     h, kv = args.hidden, args.hidden * (args.kv_heads or args.heads) // args.heads
     shapes = [(args.mlp, h, 0), (args.mlp, h, 0), (h, args.mlp, 1)]  # (outputs, inputs, sliced dim)
-    if method.endswith("h"):
+    if split_row(method)[0].endswith("h"):
         shapes += [(h, h, 0), (kv, h, 0), (kv, h, 0)]
     g = torch.Generator(device=device).manual_seed(0)
 
@@ -361,8 +378,8 @@ def skipped_products(method):
 nparams = sum(q.numel() for q in make_model(0).parameters())
 name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or "cpu")
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-print(f"device: {name} ({device.type}); host CPU: {cpu}; torch {torch.__version__}; "
-      f"LOCO_TORCH_AS_DEVICE={os.environ.get('LOCO_TORCH_AS_DEVICE', '0')}")
+print(f"device: {name} ({device.type}); host CPU: {cpu} ({os.cpu_count()} cores), loco's compute threads "
+      f"{args.loco_threads}; torch {torch.__version__}; LOCO_TORCH_AS_DEVICE={os.environ.get('LOCO_TORCH_AS_DEVICE', '0')}")
 print(f"model: {'Hugging Face Llama' if args.hf else 'examples/llama.py'}, {nparams / 1e6:.1f}M parameters, "
       f"batch {args.batch} x {args.seq}, H = {args.inner_steps}, {args.steps} timed steps after {args.warmup}")
 if args.profile_wrap:
@@ -434,7 +451,7 @@ for members in [int(x) for x in args.members.split(",")]:
     for method in args.methods.split(","):
         if members % slices_of(method):
             continue  # each slice needs its members
-        if args.turns and method == "ddp" and members > 1:
+        if args.turns and base(method) == "ddp" and members > 1:
             print(f"{method:>9} x{members}: skipped with --turns (its optimizer step communicates)")
             continue
         row = run(method, members)

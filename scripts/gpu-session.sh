@@ -5,7 +5,7 @@
 # On the device (the `device` tool's run, carry [".gpukit"], kind nvidia-h200: 2 members of the
 # 0.85B model with their outer state on the GPU need about 2 x 40 GB), at most about 10 minutes
 # (build 40 s, tests 2 x 50 s, GradScaler 30 s, from_pretrained 40 s, a sync's parts 60 s, the
-# model 230 + 180 s, a profile 75 s; give the run what the device has left: what a step leaves when cut off still
+# model 250 + 180 s, a profile 75 s; give the run what the device has left: what a step leaves when cut off still
 # comes back; a row that runs out of memory is reported as FAILED and the rest go on):
 #   bash scripts/gpu-session.sh
 # Writes, packed in $OUT/gpu-session.tgz: session.log (this script's output); build.log; amp_scaler_cuda.log (fp16 with GradScaler's skipped steps);
@@ -74,9 +74,10 @@ pack
 # The 0.85B model, one member then two (rows measured before: docs/results/torch-gpu.md); each
 # JSON is rewritten after each row, so a row cut off by the time limit leaves the others.
 # streaming-host-tau2: the host's work for the largest fragment (embeddings and head, 131M of the
-# 853M parameters) given two steps instead of one.
-timeout 230 $py bench/torch_gpu.py "${hf1[@]}" --members 1 \
-  --methods plain,ddp,diloco,streaming,diloco-host,streaming-host,streaming-host-tau2 \
+# 853M parameters) given two steps instead of one. loco's compute threads: half the cores (what
+# loco.init() gives a model on a GPU); streaming-host-t$(nproc) with every core, as runs 3 to 5 had.
+timeout 250 $py bench/torch_gpu.py "${hf1[@]}" --members 1 \
+  --methods plain,ddp,diloco,streaming,diloco-host,streaming-host,streaming-host-t$(nproc),streaming-host-tau2 \
   --out "$out/hf1.json" > "$out/hf1.log" 2>&1
 echo "0.85B model, 1 member: exit $?"; tail -n 20 "$out/hf1.log"
 pack

@@ -30,13 +30,20 @@ _endpoint = None
 _threads_chosen = True  # False after loco.init() without threads=: wrap() of a model on a device picks them
 
 
+def _device_threads():
+    """loco's compute threads beside a model on a GPU: half the host's cores. A model on a GPU
+    leaves the cores to loco's host work (a sync's outer gradient, codec, outer step and merge),
+    but not all of them: the loop's own thread, which launches the device's work, and the data
+    loading keep the rest (with every core busy in loco's work beside the steps, the loop's thread
+    would wait for a core, and the device for it)."""
+    return max(1, (_os.cpu_count() or 2) // 2)
+
+
 def _threads_for_device():
-    """A model on a GPU leaves the host's cores to loco's host work (a sync's outer gradient,
-    codec, outer step and merge): unless loco.init() was given threads=, half of them (the loop's
-    own thread and the data loading keep the rest)."""
+    """Unless loco.init() was given threads=, _device_threads()."""
     global _threads_chosen
     if not _threads_chosen:
-        _loco.set_threads(max(1, (_os.cpu_count() or 2) // 2))
+        _loco.set_threads(_device_threads())
         _threads_chosen = True
 
 

@@ -54,9 +54,9 @@ PY
   gpu_bench)  # bench/torch_gpu.py, which a session lent a GPU runs (scripts/gpu-session.sh), on CPU tensors
     rm -rf "$work" && mkdir -p "$work"
     export LOCO_TORCH_AS_DEVICE=1
-    small=(--layers 2 --hidden 64 --mlp 172 --vocab 512 --steps 4 --warmup 2 --inner-steps 2)
+    small=(--layers 2 --hidden 64 --mlp 172 --vocab 512 --steps 4 --warmup 2 --inner-steps 4)
     timeout 300 "$py" "$here/../../bench/torch_gpu.py" "${small[@]}" --members 1 \
-      --methods plain,ddp,diloco,diloco-host,streaming,streaming-host --out "$work/one.json"
+      --methods plain,ddp,diloco,diloco-host,streaming,streaming-host,streaming-host-tau2-t1 --out "$work/one.json"
     timeout 300 "$py" "$here/../../bench/torch_gpu.py" "${small[@]}" --members 2 --turns \
       --methods plain,ddp,diloco,partial2 --out "$work/two.json"
     timeout 120 "$py" "$here/../../bench/loop_ops.py" | tee "$work/loop_ops.txt"
@@ -65,16 +65,20 @@ PY
 import json, sys
 one, two = (json.load(open(f))["rows"] for f in sys.argv[1:])
 bad = [f"{r['method']} x{r['members']}" for r in one + two if r.get("failed")]
-want_one = ["plain", "ddp", "diloco", "diloco-host", "streaming", "streaming-host"]
+want_one = ["plain", "ddp", "diloco", "diloco-host", "streaming", "streaming-host", "streaming-host-tau2-t1"]
 want_two = ["plain", "diloco", "partial2"]  # data-parallel skipped with --turns
 got = ([r["method"] for r in one], [r["method"] for r in two])
 methods = [r for r in one + two if r["method"] != "plain"]
 phases = all("hooks" in r["loop_seconds_per_step"] and "background_seconds_per_step" in r for r in methods)
 streaming = [r for r in one if r["method"].startswith("streaming")]
 steps = all(len(r["step_s"]) == 4 for r in one + two)
+# A row's name sets its tau and loco's threads (-tauN, -tN); the others keep tau 1 and the default threads.
+named = [(r["method"], r.get("tau"), r["loco_threads"]) for r in streaming]
+default = one[0]["loco_threads"]
 print(f"rows {got}, failed {bad}, phases reported {phases}, streaming syncs in the background "
-      f"{[r['syncs_in_background'] for r in streaming]}, 4 timed steps each {steps}")
+      f"{[r['syncs_in_background'] for r in streaming]}, 4 timed steps each {steps}, (row, tau, threads) {named}")
 ok = (not bad and got == (want_one, want_two) and phases and steps
+      and named == [("streaming", 1, default), ("streaming-host", 1, default), ("streaming-host-tau2-t1", 2, 1)]
       and all(r["syncs_in_background"] > 0 and r["background_seconds_per_step"].get("busy", 0) > 0 for r in streaming))
 sys.exit(0 if ok else 1)
 PY
