@@ -46,13 +46,7 @@ void outer_sgd_step_range(float* theta, float* momentum, const float* avg, int64
                           const OuterConfig& outer) {
   const float mu = float(outer.momentum), lr = float(outer.lr);
   const bool nesterov = outer.nesterov;
-  for (int64_t i = begin; i < end; ++i) {
-    const float delta = theta[i] - avg[i];
-    const float v = mu * momentum[i] + delta;
-    momentum[i] = v;
-    const float d = nesterov ? delta + mu * v : v;
-    theta[i] = avg[i] + (delta - lr * d);
-  }
+  for (int64_t i = begin; i < end; ++i) outer_sgd_entry(theta[i], momentum[i], avg[i], mu, lr, nesterov);
 }
 
 void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer) {

@@ -178,6 +178,15 @@ std::unique_ptr<Algorithm> make_noloco(const RunConfig& cfg, const Worker& w, st
 // theta = avg + (delta - lr d), which is the same update and exactly avg for lr = 1, mu = 0
 // (so DiLoCo with one replica and plain averaging reproduces ordinary training bit for bit).
 void outer_sgd_step(float* theta, float* momentum, const float* avg, int64_t n, const OuterConfig& outer);
+// The step of one entry (a loop that computes its average in the same pass). The files that
+// call it are compiled without fused multiply-adds, as the outer step's bits require.
+inline void outer_sgd_entry(float& theta, float& momentum, float avg, float mu, float lr, bool nesterov) {
+  const float delta = theta - avg;
+  const float v = mu * momentum + delta;
+  momentum = v;
+  const float d = nesterov ? delta + mu * v : v;
+  theta = avg + (delta - lr * d);
+}
 // The same step for entries [begin, end) on the calling thread (a caller that splits the work).
 void outer_sgd_step_range(float* theta, float* momentum, const float* avg, int64_t begin, int64_t end,
                           const OuterConfig& outer);

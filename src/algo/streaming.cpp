@@ -363,8 +363,8 @@ void Streaming::prepare_merges() {
   if (elastic_) return;
   if (!unwritten_.empty()) written_store();
   for (auto& p : pending_) {
-    complete(comm_, p);
-    if (!held_) step_outer(p);
+    complete(comm_, p, !held_);
+    if (!held_) step_outer(p);  // when completed before (a codec's completion takes it too)
   }
 }
 
@@ -510,20 +510,25 @@ void Streaming::save_state(TrainingState& st) {
   st.meta["outer.norm_history"] = norm_history_text(norm_history_);  // with the pending syncs' records
 }
 
-void Streaming::decode_mean(const Pending& p, std::vector<float>& delta) const {
+float Streaming::decode_sum(const Pending& p, std::vector<float>& delta) const {
   const int64_t n = int64_t(delta.size());
   if (p.reduce == EncodedReduce::AllGather) {
     for (const auto& payload : p.gathered) codec_->decode_add(payload, delta.data(), n);
-    const float M = float(p.gathered.size());
-    float* d = delta.data();
-    each_index(n, [=](int64_t k) { d[k] /= M; });
-    return;
+    return float(p.gathered.size());
   }
   const int M = int(p.gathered.size());
   for (int k = 0; k < M; ++k) {
     const int64_t b = shard_begin(n, M, k);
     codec_->decode_add(p.gathered[size_t(k)], delta.data() + b, shard_begin(n, M, k + 1) - b);
   }
+  return 1.0f;  // each shard is already its mean
+}
+
+void Streaming::decode_mean(const Pending& p, std::vector<float>& delta) const {
+  const float M = decode_sum(p, delta);
+  if (M == 1.0f) return;
+  float* d = delta.data();
+  each_index(int64_t(delta.size()), [=](int64_t k) { d[k] /= M; });
 }
 
 void Streaming::load_state(const TrainingState& st) {
@@ -642,11 +647,22 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
     return;
   }
   p.buffer = take_spare(size);
-  pack_ranges(params.data(), ranges, p.buffer);
-  apply_fault(fault_, p.apply_at - tau_, p.theta, p.buffer, fault_seed);
   float* delta = p.buffer.data();
   const float* theta = p.theta.data();
-  each_index(size, [=](int64_t k) { delta[k] = theta[k] - delta[k]; });  // Delta_{m,j}
+  if (fault_.kind == Fault::Kind::None) {  // Delta_{m,j} from the parameters in one pass, packed
+    int64_t at = 0;
+    for (const auto& r : ranges) {
+      const float* x = params.data() + r.begin;
+      float* d = delta + at;
+      const float* t = theta + at;
+      each_index(r.size(), [=](int64_t k) { d[k] = t[k] - x[k]; });
+      at += r.size();
+    }
+  } else {  // the parameters packed, corrupted as the fault says, then Delta_{m,j}
+    pack_ranges(params.data(), ranges, p.buffer);
+    apply_fault(fault_, p.apply_at - tau_, p.theta, p.buffer, fault_seed);
+    each_index(size, [=](int64_t k) { delta[k] = theta[k] - delta[k]; });
+  }
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
   const int64_t n = int64_t(p.buffer.size());
   p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
@@ -766,7 +782,7 @@ void Streaming::complete_robust(Communicator& comm, Pending& p) {
               << describe_rejections(p.screening, noun_) << "\n";
 }
 
-void Streaming::complete(Communicator& comm, Pending& p) {
+void Streaming::complete(Communicator& comm, Pending& p, bool step) {
   if (p.completed) return;
   if (held_) {  // the caller decodes the payloads (checked here first)
     if (!p.own && codec_->lossless()) {
@@ -797,11 +813,25 @@ void Streaming::complete(Communicator& comm, Pending& p) {
     std::vector<float> delta = take_spare(n);
     float* d = delta.data();
     each_index(n, [=](int64_t k) { d[k] = 0.0f; });
-    decode_mean(p, delta);
+    const float M = decode_sum(p, delta);
     p.avg = take_spare(n);
     float* avg = p.avg.data();
-    const float* theta = p.theta.data();
-    each_index(n, [=](int64_t k) { avg[k] = theta[k] - d[k]; });
+    float* theta = p.theta.data();
+    // The mean outer gradient (the sum / M, as decode_mean), the average parameters theta - mean
+    // and, when it is due now, the outer step: one pass, each entry's operations as apart.
+    if (step) {
+      float* mom = p.momentum.data();
+      const float mu = float(outer_.momentum), lr = float(outer_.lr);
+      const bool nesterov = outer_.nesterov;
+      each_index(n, [=](int64_t k) {
+        const float a = theta[k] - d[k] / M;
+        avg[k] = a;
+        outer_sgd_entry(theta[k], mom[k], a, mu, lr, nesterov);
+      });
+      p.stepped = true;
+    } else {
+      each_index(n, [=](int64_t k) { avg[k] = theta[k] - d[k] / M; });
+    }
     give_spare(delta);
   }
   give_spare(p.buffer);
@@ -810,7 +840,7 @@ void Streaming::complete(Communicator& comm, Pending& p) {
 }
 
 void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
-  complete(comm_, p);
+  complete(comm_, p, !held_);
   if (held_) {
     OuterResult r;
     r.fragment = p.fragment;

@@ -118,8 +118,10 @@ class Streaming : public Algorithm {
   // into `p` (placed in pending_ first: the communication thread writes into it).
   void begin_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, size_t j,
                   int64_t step, Pending& p);
-  // Waits for the reduction and computes the replicas' average parameters of the fragment.
-  void complete(Communicator& comm, Pending& p);
+  // Waits for the reduction and computes the replicas' average parameters of the fragment; with
+  // `step`, also the outer step when that pass can take it (p.stepped then; step_outer after it
+  // does nothing).
+  void complete(Communicator& comm, Pending& p, bool step = false);
   // The outer parameters and momentum with the outer step of every sync pending (and of `extra`,
   // if given) taken: the state a worker joining now starts from. Installing such a state leaves
   // no sync pending.
@@ -142,8 +144,11 @@ class Streaming : public Algorithm {
   // begin_sync's encoded paths: the payloads (one, or one per shard) all-gathered or reduce-scattered.
   void start_encoded(Communicator& comm, int rank, int replicas, std::vector<std::string> payloads, uint64_t stream,
                      Pending& p);
-  // A codec's payloads decoded and averaged (the mean outer gradient of the fragment, packed).
+  // A codec's payloads decoded and averaged (the mean outer gradient of the fragment, packed),
+  // into zeros; decode_sum leaves the division to the caller and returns the divisor (the
+  // members' count for all-gathered payloads, 1 for reduce-scattered shards, each a mean).
   void decode_mean(const Pending& p, std::vector<float>& delta) const;
+  float decode_sum(const Pending& p, std::vector<float>& delta) const;
   // begin_sync with the outer state held by the caller.
   void begin_held_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, uint64_t stream,
                        Pending& p);
