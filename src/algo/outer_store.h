@@ -29,6 +29,13 @@ class OuterStore {
   void write_all(const std::vector<float>& theta, const std::vector<float>& momentum);
 
   bool offloaded() const { return fd_ >= 0; }
+  // In memory: the outer parameters and momentum in the flat buffer's layout, to read or write
+  // in place (nullptr when offloaded). Valid until the store is destroyed; write() and
+  // write_all() change what they hold.
+  const float* resident_theta() const { return fd_ < 0 ? theta_.data() : nullptr; }
+  const float* resident_momentum() const { return fd_ < 0 ? momentum_.data() : nullptr; }
+  float* resident_theta() { return fd_ < 0 ? theta_.data() : nullptr; }
+  float* resident_momentum() { return fd_ < 0 ? momentum_.data() : nullptr; }
   int64_t resident_bytes() const { return int64_t(theta_.size() + momentum_.size()) * 4; }
 
  private:

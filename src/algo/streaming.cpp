@@ -307,6 +307,43 @@ void each_index(int64_t n, F f) {
   });
 }
 
+// A completed sync's pass over n entries: the average parameters avg = theta - d / M (d the
+// decoded sum of the outer gradients, M the divisor) and, in the last two, the outer step from
+// there. Functions of their own with restrict-qualified buffers, so that the loops vectorize.
+struct OuterStepArgs {
+  float M, mu, lr;
+  bool nesterov;
+};
+
+void average_only(const float* __restrict theta, const float* __restrict d, float* __restrict avg, int64_t n,
+                  const OuterStepArgs& s) {
+  for (int64_t k = 0; k < n; ++k) avg[k] = theta[k] - d[k] / s.M;
+}
+
+// The outer state stepped in place.
+void average_and_step(float* __restrict theta, float* __restrict mom, const float* __restrict d,
+                      float* __restrict avg, int64_t n, const OuterStepArgs& s) {
+  for (int64_t k = 0; k < n; ++k) {
+    const float a = theta[k] - d[k] / s.M;
+    avg[k] = a;
+    outer_sgd_entry(theta[k], mom[k], a, s.mu, s.lr, s.nesterov);
+  }
+}
+
+// The new outer state into theta1 and mom1, theta and mom left as they are.
+void average_and_step_into(const float* __restrict theta, const float* __restrict mom, const float* __restrict d,
+                           float* __restrict avg, float* __restrict theta1, float* __restrict mom1, int64_t n,
+                           const OuterStepArgs& s) {
+  for (int64_t k = 0; k < n; ++k) {
+    const float a = theta[k] - d[k] / s.M;
+    avg[k] = a;
+    float t = theta[k], m = mom[k];
+    outer_sgd_entry(t, m, a, s.mu, s.lr, s.nesterov);
+    theta1[k] = t;
+    mom1[k] = m;
+  }
+}
+
 }  // namespace
 
 void Streaming::copy_synced(size_t fragment, float* out, int64_t n) {
@@ -363,7 +400,7 @@ void Streaming::prepare_merges() {
   if (elastic_) return;
   if (!unwritten_.empty()) written_store();
   for (auto& p : pending_) {
-    complete(comm_, p, !held_);
+    complete(comm_, p, held_ ? Step::none : Step::ahead);
     if (!held_) step_outer(p);  // when completed before (a codec's completion takes it too)
   }
 }
@@ -373,8 +410,50 @@ bool Streaming::mix_merges_elsewhere() {
   return caller_mixes_;
 }
 
+void Streaming::read_outer_state(Pending& p) {
+  if (!p.in_store) return;
+  const int64_t n = total_size(ranges_[p.fragment]);
+  p.theta = take_spare(n);
+  p.momentum = take_spare(n);
+  store().read(p.fragment, p.theta, p.momentum);
+  p.in_store = false;
+}
+
+void Streaming::complete_in_store(Pending& p, const float* d, float M, Step step) {
+  OuterStore& st = store();
+  const int64_t n = int64_t(p.avg.size());
+  if (step == Step::ahead) {
+    p.theta = take_spare(n);
+    p.momentum = take_spare(n);
+  }
+  const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
+  int64_t at = 0;
+  for (const auto& r : ranges_[p.fragment]) {
+    float* theta = st.resident_theta() + r.begin;
+    float* mom = st.resident_momentum() + r.begin;
+    const float* dk = d + at;
+    float* avg = p.avg.data() + at;
+    float* theta1 = p.theta.data() + at;  // Step::ahead's
+    float* mom1 = p.momentum.data() + at;
+    parallel_for(r.size(), 1 << 16, [&](int64_t b, int64_t e) {
+      if (step == Step::none)
+        average_only(theta + b, dk + b, avg + b, e - b, s);
+      else if (step == Step::in_place)  // in the store
+        average_and_step(theta + b, mom + b, dk + b, avg + b, e - b, s);
+      else  // into p.theta and p.momentum, the store's left as it is
+        average_and_step_into(theta + b, mom + b, dk + b, avg + b, theta1 + b, mom1 + b, e - b, s);
+    });
+    at += r.size();
+  }
+  if (step != Step::none) {
+    p.in_store = step == Step::in_place;  // else the new state is in p.theta and p.momentum
+    p.stepped = true;
+  }
+}
+
 void Streaming::step_outer(Pending& p) {
   if (p.stepped) return;
+  read_outer_state(p);
   outer_sgd_step(p.theta.data(), p.momentum.data(), p.avg.data(), int64_t(p.theta.size()), outer_);
   p.stepped = true;
 }
@@ -625,9 +704,15 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   const auto& ranges = ranges_[j];
   const int64_t size = total_size(ranges);
   OuterStore& st = written_store();  // first: the buffers of the merges written back become spare
-  p.theta = take_spare(size);
-  p.momentum = take_spare(size);
-  st.read(j, p.theta, p.momentum);
+  // A codec's sync reads the outer state only for the outer gradient and the outer step: from
+  // an in-memory store, in place (the fragment's values there change only at its merge).
+  p.in_store = !robust_ && !elastic_ && !codec_->lossless() && fault_.kind == Fault::Kind::None &&
+               st.resident_theta() != nullptr;
+  if (!p.in_store) {
+    p.theta = take_spare(size);
+    p.momentum = take_spare(size);
+    st.read(j, p.theta, p.momentum);
+  }
   const uint64_t stream = uint64_t(step) * 1024 + j;
   const uint64_t fault_seed = mix_seed(seed_ ^ 0xfa17, uint64_t(rank), stream);
   if (robust_) {
@@ -654,7 +739,7 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
     for (const auto& r : ranges) {
       const float* x = params.data() + r.begin;
       float* d = delta + at;
-      const float* t = theta + at;
+      const float* t = p.in_store ? st.resident_theta() + r.begin : theta + at;
       each_index(r.size(), [=](int64_t k) { d[k] = t[k] - x[k]; });
       at += r.size();
     }
@@ -782,7 +867,7 @@ void Streaming::complete_robust(Communicator& comm, Pending& p) {
               << describe_rejections(p.screening, noun_) << "\n";
 }
 
-void Streaming::complete(Communicator& comm, Pending& p, bool step) {
+void Streaming::complete(Communicator& comm, Pending& p, Step step) {
   if (p.completed) return;
   if (held_) {  // the caller decodes the payloads (checked here first)
     if (!p.own && codec_->lossless()) {
@@ -819,18 +904,18 @@ void Streaming::complete(Communicator& comm, Pending& p, bool step) {
     float* theta = p.theta.data();
     // The mean outer gradient (the sum / M, as decode_mean), the average parameters theta - mean
     // and, when it is due now, the outer step: one pass, each entry's operations as apart.
-    if (step) {
-      float* mom = p.momentum.data();
-      const float mu = float(outer_.momentum), lr = float(outer_.lr);
-      const bool nesterov = outer_.nesterov;
-      each_index(n, [=](int64_t k) {
-        const float a = theta[k] - d[k] / M;
-        avg[k] = a;
-        outer_sgd_entry(theta[k], mom[k], a, mu, lr, nesterov);
-      });
-      p.stepped = true;
+    if (p.in_store) {
+      complete_in_store(p, d, M, step);
     } else {
-      each_index(n, [=](int64_t k) { avg[k] = theta[k] - d[k] / M; });
+      float* mom = p.momentum.data();
+      const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
+      parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+        if (step == Step::none)
+          average_only(theta + b, d + b, avg + b, e - b, s);
+        else
+          average_and_step(theta + b, mom + b, d + b, avg + b, e - b, s);
+      });
+      p.stepped = step != Step::none;
     }
     give_spare(delta);
   }
@@ -840,7 +925,10 @@ void Streaming::complete(Communicator& comm, Pending& p, bool step) {
 }
 
 void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
-  complete(comm_, p, !held_);
+  // A merge that writes the outer state to the store at once (no caller mixing it from values
+  // taken ahead) takes the outer step in the store itself when the sync reads it there.
+  const bool to_store = !held_ && !(merging && caller_mixes_);
+  complete(comm_, p, held_ ? Step::none : to_store && p.in_store ? Step::in_place : Step::ahead);
   if (held_) {
     OuterResult r;
     r.fragment = p.fragment;
@@ -861,11 +949,14 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
   if (by_caller) {
     unwritten_.push_back({p.fragment, std::move(p.theta), std::move(p.momentum)});
   } else {
-    written_store().write(p.fragment, p.theta, p.momentum);
+    // The new outer state: in the store already (stepped there), or written to it now.
+    OuterStore& st = written_store();
+    const bool in_store = p.in_store;
+    if (!in_store) st.write(p.fragment, p.theta, p.momentum);
     const float a = float(cfg_.alpha);
     for (const auto& s : segments_[p.fragment]) {
       float* local = w.params.data() + s.begin;
-      const float* synced = p.theta.data() + s.packed;
+      const float* synced = in_store ? st.resident_theta() + s.begin : p.theta.data() + s.packed;
       if (!replace && s.trained && a != 0.0f)
         each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
       else  // alpha 0 replaces: the local values are not read
@@ -886,6 +977,7 @@ void Streaming::latest_outer_state(std::vector<float>& theta, std::vector<float>
     Pending& p = *q;
     complete(comm_, p);
     check(!p.stepped, "internal: an elastic run's sync was stepped ahead of its merge");
+    read_outer_state(p);
     std::vector<float> t = p.theta, m = p.momentum;
     outer_sgd_step(t.data(), m.data(), p.avg.data(), int64_t(t.size()), outer_);
     int64_t at = 0;

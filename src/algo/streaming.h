@@ -87,6 +87,11 @@ class Streaming : public Algorithm {
     std::vector<std::string> gathered;   // codecs: every replica's encoded delta (or reduced shard)
     std::vector<float> avg;              // the replicas' average parameters, once completed
     std::vector<float> theta, momentum;  // the fragment's outer state, packed
+    // theta and momentum not read: the store's values are read in place (they do not change
+    // before the sync's merge) until the outer step writes the new ones into theta and momentum
+    // (begin_sync with a codec, an in-memory store and nothing else to do with them first), or,
+    // taken at the merge itself, into the store (stepped then too).
+    bool in_store = false;
     bool completed = false;
     bool stepped = false;                // theta and momentum hold the outer step (prepare_merges)
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
@@ -97,6 +102,11 @@ class Streaming : public Algorithm {
     Screening screening;
   };
 
+  // How complete() may take the outer step in the pass that computes the average (a codec's):
+  // not at all; into p.theta and p.momentum (ahead of the merge, or at it); or, at a merge that
+  // writes the outer state to the store at once, in the store itself. p.stepped then, and
+  // step_outer after it does nothing.
+  enum class Step { none, ahead, in_place };
   // Buffers of finished syncs kept for the next ones (a large fragment's buffers, made anew
   // for every sync, cost the kernel a page fault per 4 KiB each time): a vector of n values
   // (its contents undefined), and one given back (left empty).
@@ -105,6 +115,11 @@ class Streaming : public Algorithm {
   std::vector<std::vector<float>> spare_;
   // The outer step of a completed sync into p.theta and p.momentum, once.
   void step_outer(Pending& p);
+  // p.theta and p.momentum read from the store if they were left there (Pending::in_store).
+  void read_outer_state(Pending& p);
+  // complete's codec path for a sync whose outer state is read in place: the average from the
+  // decoded sum `d` (divided by M) and the outer step as `step` says.
+  void complete_in_store(Pending& p, const float* d, float M, Step step);
   // What applying fragment j adds to a step's access (writes; reads merged with alpha).
   void add_applied(StepAccess& a, size_t j, bool replace) const;
   // Starts fragment j's sync after `step` (pushed onto pending_). A fixed world reduces over the
@@ -118,10 +133,8 @@ class Streaming : public Algorithm {
   // into `p` (placed in pending_ first: the communication thread writes into it).
   void begin_sync(Communicator& comm, int rank, int replicas, const std::vector<float>& params, size_t j,
                   int64_t step, Pending& p);
-  // Waits for the reduction and computes the replicas' average parameters of the fragment; with
-  // `step`, also the outer step when that pass can take it (p.stepped then; step_outer after it
-  // does nothing).
-  void complete(Communicator& comm, Pending& p, bool step = false);
+  // Waits for the reduction and computes the replicas' average parameters of the fragment.
+  void complete(Communicator& comm, Pending& p, Step step = Step::none);
   // The outer parameters and momentum with the outer step of every sync pending (and of `extra`,
   // if given) taken: the state a worker joining now starts from. Installing such a state leaves
   // no sync pending.
