@@ -433,8 +433,8 @@ void Streaming::complete_in_store(Pending& p, const float* d, float M, Step step
     float* mom = st.resident_momentum() + r.begin;
     const float* dk = d + at;
     float* avg = p.avg.data() + at;
-    float* theta1 = p.theta.data() + at;  // Step::ahead's
-    float* mom1 = p.momentum.data() + at;
+    float* theta1 = step == Step::ahead ? p.theta.data() + at : nullptr;  // Step::ahead's
+    float* mom1 = step == Step::ahead ? p.momentum.data() + at : nullptr;
     parallel_for(r.size(), 1 << 16, [&](int64_t b, int64_t e) {
       if (step == Step::none)
         average_only(theta + b, dk + b, avg + b, e - b, s);
