@@ -145,7 +145,7 @@ PAPER = {"partial2": (0.87 / 1.3, 14.87 / 19.36), "partial4": (0.67 / 1.3, 12.77
 
 
 def slices_of(method):
-    method = re.sub(r"(-(tau|t)\d+)+$", "", method)
+    method = split_row(method)[0]
     return int(method[len("partial"):].rstrip("h")) if method.startswith("partial") else 1
 
 

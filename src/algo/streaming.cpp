@@ -419,6 +419,19 @@ void Streaming::read_outer_state(Pending& p) {
   p.in_store = false;
 }
 
+void Streaming::average_pass(float* theta, float* mom, const float* d, float* avg, float* theta1, float* mom1,
+                             int64_t n, Step step, float M) const {
+  const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    if (step == Step::none)
+      average_only(theta + b, d + b, avg + b, e - b, s);
+    else if (!theta1)
+      average_and_step(theta + b, mom + b, d + b, avg + b, e - b, s);
+    else
+      average_and_step_into(theta + b, mom + b, d + b, avg + b, theta1 + b, mom1 + b, e - b, s);
+  });
+}
+
 void Streaming::complete_in_store(Pending& p, const float* d, float M, Step step) {
   OuterStore& st = store();
   const int64_t n = int64_t(p.avg.size());
@@ -426,23 +439,11 @@ void Streaming::complete_in_store(Pending& p, const float* d, float M, Step step
     p.theta = take_spare(n);
     p.momentum = take_spare(n);
   }
-  const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
+  const bool ahead = step == Step::ahead;  // into p.theta and p.momentum, the store's left as it is
   int64_t at = 0;
   for (const auto& r : ranges_[p.fragment]) {
-    float* theta = st.resident_theta() + r.begin;
-    float* mom = st.resident_momentum() + r.begin;
-    const float* dk = d + at;
-    float* avg = p.avg.data() + at;
-    float* theta1 = step == Step::ahead ? p.theta.data() + at : nullptr;  // Step::ahead's
-    float* mom1 = step == Step::ahead ? p.momentum.data() + at : nullptr;
-    parallel_for(r.size(), 1 << 16, [&](int64_t b, int64_t e) {
-      if (step == Step::none)
-        average_only(theta + b, dk + b, avg + b, e - b, s);
-      else if (step == Step::in_place)  // in the store
-        average_and_step(theta + b, mom + b, dk + b, avg + b, e - b, s);
-      else  // into p.theta and p.momentum, the store's left as it is
-        average_and_step_into(theta + b, mom + b, dk + b, avg + b, theta1 + b, mom1 + b, e - b, s);
-    });
+    average_pass(st.resident_theta() + r.begin, st.resident_momentum() + r.begin, d + at, p.avg.data() + at,
+                 ahead ? p.theta.data() + at : nullptr, ahead ? p.momentum.data() + at : nullptr, r.size(), step, M);
     at += r.size();
   }
   if (step != Step::none) {
@@ -900,21 +901,12 @@ void Streaming::complete(Communicator& comm, Pending& p, Step step) {
     each_index(n, [=](int64_t k) { d[k] = 0.0f; });
     const float M = decode_sum(p, delta);
     p.avg = take_spare(n);
-    float* avg = p.avg.data();
-    float* theta = p.theta.data();
     // The mean outer gradient (the sum / M, as decode_mean), the average parameters theta - mean
     // and, when it is due now, the outer step: one pass, each entry's operations as apart.
     if (p.in_store) {
       complete_in_store(p, d, M, step);
     } else {
-      float* mom = p.momentum.data();
-      const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
-      parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-        if (step == Step::none)
-          average_only(theta + b, d + b, avg + b, e - b, s);
-        else
-          average_and_step(theta + b, mom + b, d + b, avg + b, e - b, s);
-      });
+      average_pass(p.theta.data(), p.momentum.data(), d, p.avg.data(), nullptr, nullptr, n, step, M);
       p.stepped = step != Step::none;
     }
     give_spare(delta);

@@ -120,6 +120,10 @@ class Streaming : public Algorithm {
   // complete's codec path for a sync whose outer state is read in place: the average from the
   // decoded sum `d` (divided by M) and the outer step as `step` says.
   void complete_in_store(Pending& p, const float* d, float M, Step step);
+  // avg = theta - d / M over n entries, split over the compute threads, and with `step` the
+  // outer step: in place (theta, mom), or into theta1 and mom1 when given.
+  void average_pass(float* theta, float* mom, const float* d, float* avg, float* theta1, float* mom1, int64_t n,
+                    Step step, float M) const;
   // What applying fragment j adds to a step's access (writes; reads merged with alpha).
   void add_applied(StepAccess& a, size_t j, bool replace) const;
   // Starts fragment j's sync after `step` (pushed onto pending_). A fixed world reduces over the
