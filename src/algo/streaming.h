@@ -83,7 +83,7 @@ class Streaming : public Algorithm {
     EncodedReduce reduce = EncodedReduce::AllGather;  // codecs: how the payloads were combined
     Communicator::Handle handle;
     CountVectorAverage::Op op;           // fp32: the replicas' parameters, averaged per entry
-    std::vector<float> buffer;           // codecs: this replica's delta
+    std::vector<float> buffer;           // a fault or a robust rule: this replica's parameters (or delta), packed
     std::vector<std::string> gathered;   // codecs: every replica's encoded delta (or reduced shard)
     std::vector<float> avg;              // the replicas' average parameters, once completed
     std::vector<float> theta, momentum;  // the fragment's outer state, packed
@@ -117,13 +117,15 @@ class Streaming : public Algorithm {
   void step_outer(Pending& p);
   // p.theta and p.momentum read from the store if they were left there (Pending::in_store).
   void read_outer_state(Pending& p);
-  // complete's codec path for a sync whose outer state is read in place: the average from the
-  // decoded sum `d` (divided by M) and the outer step as `step` says.
-  void complete_in_store(Pending& p, const float* d, float M, Step step);
-  // avg = theta - d / M over n entries, split over the compute threads, and with `step` the
-  // outer step: in place (theta, mom), or into theta1 and mom1 when given.
-  void average_pass(float* theta, float* mom, const float* d, float* avg, float* theta1, float* mom1, int64_t n,
-                    Step step, float M) const;
+  // complete's codec path: the payloads decoded and summed, the average, and the outer step as
+  // `step` says.
+  void complete_encoded(Pending& p, Step step);
+  // Entries [b, b + len) of the packed fragment (`at`: each range's offset in it, then its
+  // size): avg = theta - d / M, d the slice's decoded sum, and with `step` the outer step: in
+  // place (in the store, or in p.theta and p.momentum), or into p.theta and p.momentum ahead of
+  // the merge (the store's left as it is). On the calling thread.
+  void average_packed(Pending& p, const std::vector<int64_t>& at, const float* d, int64_t b, int64_t len, Step step,
+                      float M) const;
   // What applying fragment j adds to a step's access (writes; reads merged with alpha).
   void add_applied(StepAccess& a, size_t j, bool replace) const;
   // Starts fragment j's sync after `step` (pushed onto pending_). A fixed world reduces over the

@@ -41,11 +41,37 @@ void for_blocks(int64_t n, int block, bool split, const std::function<void(int64
   });
 }
 
+[[noreturn]] void non_finite(float v, int64_t i) {
+  fail("outer gradient contains a non-finite value (" + std::to_string(v) + ") at index " + std::to_string(i) +
+       "; refusing to encode it");
+}
+
 void check_finite(const float* x, int64_t n) {
   const int64_t i = first_non_finite(x, n);
-  if (i >= 0)
-    fail("outer gradient contains a non-finite value (" + std::to_string(x[i]) + ") at index " + std::to_string(i) +
-         "; refusing to encode it");
+  if (i >= 0) non_finite(x[i], i);
+}
+
+// Values per piece that Codec::encode_from makes at a time and encodes while they are in the
+// core's cache (rounded to whole blocks).
+constexpr int64_t kPieceValues = 1 << 12;
+
+// Whether x[0..n) are all finite, on the calling thread: the largest magnitude's bits below
+// infinity's (in integers, so that the loop vectorizes).
+bool all_finite(const float* x, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+  return top < 0x7F800000u;
+}
+
+// check_finite over the values fill() makes: the first non-finite one, in order.
+void check_finite_from(int64_t n, const Codec::Fill& fill) {
+  std::vector<float> piece(size_t(std::min(n, kPieceValues)));
+  for (int64_t b = 0; b < n; b += kPieceValues) {
+    const int64_t len = std::min(kPieceValues, n - b);
+    fill(b, len, piece.data());
+    for (int64_t i = 0; i < len; ++i)
+      if (!std::isfinite(piece[size_t(i)])) non_finite(piece[size_t(i)], b + i);
+  }
 }
 
 void malformed(const std::string& codec, const std::string& what) {
@@ -175,31 +201,57 @@ class GridCodec : public Codec {
     return out;
   }
 
+  // Nearest rounding: each piece encoded as fill() makes it, the pieces (whole blocks) split
+  // over the threads as encode() splits the blocks, so the same bytes.
+  std::string encode_from(int64_t n, const Fill& fill, Rng& rng) const override {
+    if (stochastic_) return Codec::encode_from(n, fill, rng);
+    std::string out(size_t(encoded_bytes(n)), '\0');
+    auto* o = reinterpret_cast<uint8_t*>(out.data());
+    const int64_t per_block = block_bytes(block_), per_piece = std::max<int64_t>(1, kPieceValues / block_);
+    std::atomic<bool> finite{true};
+    for_chunks((n + block_ - 1) / block_, std::max<int64_t>(1, kChunkValues / block_), true, [&](int64_t k0, int64_t k1) {
+      std::vector<float> piece(size_t(std::min(k1 - k0, per_piece) * block_));
+      for (int64_t kp = k0; kp < k1 && finite; kp += per_piece) {
+        const int64_t kq = std::min(k1, kp + per_piece), b0 = kp * block_, len = std::min(n, kq * block_) - b0;
+        fill(b0, len, piece.data());
+        if (!all_finite(piece.data(), len)) {
+          finite = false;
+          return;
+        }
+        for (int64_t k = kp; k < kq; ++k) {
+          const float* x = piece.data() + (k - kp) * block_;
+          const int64_t m = std::min<int64_t>(block_, n - k * block_);
+          if (by_midpoints_)
+            encode_nearest8(x, m, o + k * per_block);
+          else if (by_bits_)
+            encode_nearest_e4m3(x, m, o + k * per_block);
+          else
+            encode_block(x, m, o + k * per_block, rng);
+        }
+      }
+    });
+    if (!finite) check_finite_from(n, fill);  // fails, naming the first non-finite value
+    return out;
+  }
+
   void decode_add(const std::string& p, float* acc, int64_t n) const override {
     if (int64_t(p.size()) != encoded_bytes(n)) malformed(name_, "size");
     const auto* in = reinterpret_cast<const uint8_t*>(p.data());
     const int64_t per_block = block_bytes(block_);
-    for_blocks(n, block_, true, [&](int64_t k, int64_t b0, int64_t len) {
-      const uint8_t* blk = in + k * per_block;
-      if (blk[0] == 255) malformed(name_, "scale out of range");  // as check_payload
-      const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
-      const uint8_t* codes = blk + 1;
-      float* out = acc + b0;
-      // signed_[code] * scale is the value, to the bit: -(g s) = (-g) s.
-      if (bits_ == 8) {
-        for (int64_t i = 0; i < len; ++i) {
-          if ((codes[i] & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
-          out[i] += signed_[codes[i]] * scale;
-        }
-      } else {  // every 4-bit code has a value (grids of 8)
-        for (int64_t i = 0; i + 1 < len; i += 2) {
-          const uint8_t byte = codes[i / 2];
-          out[i] += signed_[byte & 0x0F] * scale;
-          out[i + 1] += signed_[byte >> 4] * scale;
-        }
-        if (len % 2 == 1) out[len - 1] += signed_[codes[len / 2] & 0x0F] * scale;
-      }
-    });
+    for_blocks(n, block_, true, [&](int64_t k, int64_t b0, int64_t len) { decode_block(in + k * per_block, len, acc + b0); });
+  }
+
+  int64_t range_alignment() const override { return block_; }
+  void decode_add_range(const std::string& p, int64_t n, int64_t begin, int64_t len, float* acc) const override {
+    check(begin % block_ == 0 && begin >= 0 && len >= 0 && begin + len <= n && int64_t(p.size()) == encoded_bytes(n),
+          "internal: " + name_ + " decodes whole blocks of a payload");
+    const auto* in = reinterpret_cast<const uint8_t*>(p.data());
+    const int64_t per_block = block_bytes(block_);
+    for (int64_t b = begin; b < begin + len; b += block_) {
+      const int64_t m = std::min<int64_t>(block_, begin + len - b);
+      if (m < block_ && b + m < n) fail("internal: " + name_ + " decodes whole blocks of a payload");
+      decode_block(in + (b / block_) * per_block, m, acc + (b - begin));
+    }
   }
 
   // The shared exponent's byte is at most 254 (s <= 127: 255 would scale by 2^128, infinity), and
@@ -232,6 +284,27 @@ class GridCodec : public Codec {
  private:
   uint8_t sign_bit() const { return uint8_t(1u << (bits_ - 1)); }
   int64_t block_bytes(int64_t len) const { return 1 + (bits_ == 8 ? len : (len + 1) / 2); }
+
+  // A block's len values added to out.
+  void decode_block(const uint8_t* blk, int64_t len, float* out) const {
+    if (blk[0] == 255) malformed(name_, "scale out of range");  // as check_payload
+    const float scale = std::ldexp(1.0f, int(blk[0]) - 127);
+    const uint8_t* codes = blk + 1;
+    // signed_[code] * scale is the value, to the bit: -(g s) = (-g) s.
+    if (bits_ == 8) {
+      for (int64_t i = 0; i < len; ++i) {
+        if ((codes[i] & 0x7F) >= grid_.size()) malformed(name_, "code out of range");
+        out[i] += signed_[codes[i]] * scale;
+      }
+    } else {  // every 4-bit code has a value (grids of 8)
+      for (int64_t i = 0; i + 1 < len; i += 2) {
+        const uint8_t byte = codes[i / 2];
+        out[i] += signed_[byte & 0x0F] * scale;
+        out[i + 1] += signed_[byte >> 4] * scale;
+      }
+      if (len % 2 == 1) out[len - 1] += signed_[codes[len / 2] & 0x0F] * scale;
+    }
+  }
 
   // One block of len values into out (zeroed, block_bytes(len) long): its shared exponent, then
   // the codes (4-bit ones two per byte, the first in the low nibble).
@@ -494,6 +567,16 @@ class TopK : public Codec {
 };
 
 }  // namespace
+
+std::string Codec::encode_from(int64_t n, const Fill& fill, Rng& rng) const {
+  std::vector<float> x(static_cast<size_t>(n));
+  parallel_for(n, kChunkValues, [&](int64_t b, int64_t e) { fill(b, e - b, x.data() + b); });
+  return encode(x.data(), n, rng);
+}
+
+void Codec::decode_add_range(const std::string&, int64_t, int64_t, int64_t, float*) const {
+  fail("internal: codec " + name() + " decodes whole payloads only");
+}
 
 void Codec::check_payload(const std::string& payload, int64_t n) const {
   if (int64_t(payload.size()) != encoded_bytes(n)) malformed(name(), "size");

@@ -24,6 +24,7 @@
 // (unbiased: E[decode(encode(x))] = x within the representable range). NaN or infinite inputs
 // are rejected with an error.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,18 @@ class Codec {
   virtual std::string encode(const float* x, int64_t n, Rng& rng) const = 0;
   // Adds the decoded values to acc[0..n) (fails on a malformed payload).
   virtual void decode_add(const std::string& payload, float* acc, int64_t n) const = 0;
+  // The values to encode made piece by piece instead of read from one array: fill(begin, len,
+  // out) writes values [begin, begin + len) into out, for disjoint pieces, possibly from several
+  // of loco's compute threads at once. The same bytes as encode() of those values (and the same
+  // error for a non-finite one); the grid formats with nearest rounding encode each piece as it
+  // is made, so the values are never all held (or read twice) at once.
+  using Fill = std::function<void(int64_t begin, int64_t len, float* out)>;
+  virtual std::string encode_from(int64_t n, const Fill& fill, Rng& rng) const;
+  // Values [begin, begin + len) of an n-value payload that passed check_payload, added to
+  // acc[0..len): what decode_add adds there, to the bit. begin is a multiple of
+  // range_alignment(), which is 0 for a codec that decodes whole payloads only.
+  virtual int64_t range_alignment() const { return 0; }
+  virtual void decode_add_range(const std::string& payload, int64_t n, int64_t begin, int64_t len, float* acc) const;
   // Fails unless `payload` decodes to n values (its size, and codes the format never produces):
   // what decode_add checks, for a payload decoded elsewhere (loco.torch's outer state on a GPU).
   virtual void check_payload(const std::string& payload, int64_t n) const;

@@ -18,4 +18,13 @@ int compute_threads();
 // threads (their jobs take turns on the pool); a call from inside a chunk runs inline.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// f(i) for every i in [0, n) on the compute threads, in chunks of at least 65,536: for
+// elementwise loops, each element computed on its own, so the same bits whatever the threads.
+template <class F>
+void each_index(int64_t n, F f) {
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(i);
+  });
+}
+
 }  // namespace loco

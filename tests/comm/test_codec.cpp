@@ -2,6 +2,7 @@
 
 #include "../tolerance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -187,6 +188,54 @@ TEST(Codec, ThreadCountLeavesPayloadsAndSumsUnchanged) {
   payload[payload.size() - 3] = char(0x7F);  // a NaN code in the last block
   std::vector<float> acc(size_t(n), 0.0f);
   EXPECT_THROW(fp8->decode_add(payload, acc.data(), n), Error);
+  set_compute_threads(int(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+// encode_from (the values made piece by piece, as Streaming DiLoCo makes an outer gradient from
+// the parameters) gives encode()'s bytes, with any thread count, and names the same first
+// non-finite value; decode_add_range adds to a range what decode_add adds there, to the bit.
+TEST(Codec, PiecesGiveTheWholeArraysBytesAndSums) {
+  const int64_t n = 2 * (int64_t(1) << 18) + 4096 * 3 + 77;  // chunks and pieces; the last block ragged
+  const auto x = randn(n, 21);
+  const Codec::Fill fill = [&](int64_t b, int64_t len, float* out) {
+    ASSERT_TRUE(b >= 0 && len > 0 && b + len <= n);
+    std::memcpy(out, x.data() + b, size_t(len) * sizeof(float));
+  };
+  for (int threads : {1, 3})
+    for (const char* f : kAll)
+      for (const char* rounding : {"nearest", "stochastic"})
+        for (int block : {128, 99, 5000}) {  // 5000: blocks larger than a piece
+          set_compute_threads(threads);
+          const auto c = codec(f, rounding, block);
+          Rng r1(5), r2(5);
+          const std::string whole = c->encode(x.data(), n, r1), pieces = c->encode_from(n, fill, r2);
+          EXPECT_EQ(whole, pieces) << f << " " << rounding << " block " << block << " threads " << threads;
+          const int64_t align = c->range_alignment();
+          if (align == 0) continue;
+          const auto sum = decode(*c, whole, n);
+          std::vector<float> by_range(size_t(n), 0.0f);
+          for (int64_t b = 0; b < n; b += 7 * align) {  // ranges of 7 blocks, the last one short
+            const int64_t len = std::min(7 * align, n - b);
+            c->decode_add_range(whole, n, b, len, by_range.data() + b);
+          }
+          EXPECT_EQ(0, std::memcmp(sum.data(), by_range.data(), size_t(n) * sizeof(float)))
+              << f << " " << rounding << " block " << block;
+          EXPECT_THROW(c->decode_add_range(whole, n, align / 2 + 1, align, by_range.data()), Error) << f;
+        }
+  auto bad = x;
+  bad[size_t(n - 5)] = std::numeric_limits<float>::infinity();
+  bad[size_t(n / 2)] = std::numeric_limits<float>::quiet_NaN();
+  for (const char* f : kAll) {
+    Rng rng(3);
+    try {
+      codec(f)->encode_from(n, [&](int64_t b, int64_t len, float* out) {
+        std::memcpy(out, bad.data() + b, size_t(len) * sizeof(float));
+      }, rng);
+      ADD_FAILURE() << f << ": a non-finite value was encoded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("at index " + std::to_string(n / 2) + ";"), std::string::npos) << e.what();
+    }
+  }
   set_compute_threads(int(std::max(1u, std::thread::hardware_concurrency())));
 }
 

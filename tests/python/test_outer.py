@@ -15,7 +15,8 @@ import torch
 import loco
 import loco.torch
 from harness import check, expect_error, failures, run_members
-from llama_torch import DEVICE, inner_step, make_model, make_opt, max_diff, params_of
+from llama import Llama  # examples/llama.py
+from llama_torch import DEVICE, VOCAB, inner_step, make_model, make_opt, max_diff, params_of
 from loco import _loco
 import loco._outer as _outer
 from loco._outer import Codec
@@ -105,10 +106,10 @@ for nesterov in (True, False):
 
 
 # 3. Runs: the outer state on the device equals it on the host, bit for bit.
-def train(method, M, steps, where, **kw):
-    """M members (threads); where[r]: member r's outer_device. Returns per member (parameters,
-    eval parameters, metrics after step 1, metrics at the end, report)."""
-    models = [make_model(r) for r in range(M)]
+def train(method, M, steps, where, make=make_model, **kw):
+    """M members (threads); where[r]: member r's outer_device; make(r): member r's model. Returns
+    per member (parameters, eval parameters, metrics after step 1, metrics at the end, report)."""
+    models = [make(r) for r in range(M)]
 
     def member(r, endpoint):
         model = models[r]
@@ -181,6 +182,22 @@ for what, method, M, steps, kw in cases:
         check(abs(a["outer_delta_norm"] - b["outer_delta_norm"]) <= 1e-6 * a["outer_delta_norm"] and
               abs(a["replica_delta_norm"] - b["replica_delta_norm"]) <= 1e-6 * a["replica_delta_norm"],
               f"{what}: the rounds' norms as on the host ({b['outer_delta_norm']:.6g} vs {a['outer_delta_norm']:.6g})")
+
+# The outer state offloaded to a file (a sync reads the fragment's outer state packed) equals it in
+# memory (read where it is kept, range by range), bit for bit, with fragments of several ranges:
+# 4 blocks, fragments of 2, strided (fragment 0 is blocks 0 and 2).
+def four_blocks(r):
+    torch.manual_seed(r)
+    return Llama(VOCAB, d=32, layers=4, heads=4, f=48).to(DEVICE)
+
+
+kw = dict(inner_steps=6, fragment_blocks=2, tau=1, alpha=0.5, codec="fp4-e3m0", train_steps=14)
+mem = train("streaming", 2, 14, ["cpu"] * 2, make=four_blocks, **kw)
+off = train("streaming", 2, 14, ["cpu"] * 2, make=four_blocks, offload_outer=True, **kw)
+d = same(mem, off)
+check(d == 0 and off[0][4]["outer_state_offloaded"] and not mem[0][4]["outer_state_offloaded"],
+      f"streaming fp4-e3m0, 2 members, fragments of two ranges: the outer state offloaded == in memory "
+      f"(max diff {d:.1e})")
 
 # 4. What crosses: nothing on inner steps; at a sync, a codec's encoded bytes (out, and every
 # member's back), fp32 with one member nothing. Counted from step 1 on (wrap() copies the model
