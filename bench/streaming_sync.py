@@ -12,8 +12,18 @@ medians mixed those steps with the empty fragment's.) This is the host side of a
 sync of loco.torch with the outer state on the host, and of loco train's Streaming DiLoCo.
 
     PYTHONPATH=build/python python3 bench/streaming_sync.py --width 7168 --layers 4 --threads 2
+
+--device-path takes instead the path of a model on a GPU with the outer state on the host
+(outer_device="cpu", run on CPU tensors by LOCO_TORCH_AS_DEVICE=1): a sync's start and completion
+run on loco.torch's background thread while the loop goes on, and the merge mixes the synchronized
+values into the model. It prints, per sync, the seconds that thread was busy and, within them, the
+C++ method's parts (the start: the outer gradient, its encoding, the reduction's start; the
+completion ahead of the merge: the decoding, the average and the outer step; the synchronized
+values copied into the buffer that crosses to the device), the rest being torch's copies and
+buffers (on a CPU, fresh ones cost the kernel page faults that a GPU's caching allocators do not).
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -27,7 +37,11 @@ p.add_argument("--width", type=int, default=4096, help="each layer is width x wi
 p.add_argument("--layers", type=int, default=4)
 p.add_argument("--threads", type=int, default=2, help="loco's compute threads")
 p.add_argument("--codec", default="fp4-e3m0")
+p.add_argument("--device-path", action="store_true",
+               help="a GPU model's path with the outer state on the host, on CPU tensors (see above)")
 args = p.parse_args()
+if args.device_path:
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1"  # read at wrap()
 loco._loco.set_threads(args.threads)
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width, bias=False) for _ in range(args.layers)])
@@ -36,23 +50,65 @@ H = 2 * (args.layers + 1)
 plan = loco._loco.plan_fragments(args.layers, 1, "strided", H)
 layer_starts = {2 * H + f["offset"] for f in plan if f["blocks"]}  # the second round's starts of a layer's sync
 sync = loco.torch.wrap(model, opt, "streaming", endpoint=loco.inprocess(1)[0], blocks=list(model), inner_steps=H,
-                       fragment_blocks=1, tau=1, alpha=0.5, codec=args.codec, train_steps=3 * H + 1)
-starts, merges = [], []
+                       fragment_blocks=1, tau=1, alpha=0.5, codec=args.codec, train_steps=3 * H + 1,
+                       **(dict(outer_device="cpu") if args.device_path else {}))
+PARTS = {"after_step": "start", "prepare_merges": "completion", "copy_synced": "copy_synced"}
+spent = dict.fromkeys(PARTS.values(), 0.0)  # since the last reset, on whichever thread
+
+
+class Timed:
+    """The C++ method with the calls of a sync's parts timed."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def __getattr__(self, name):
+        f = getattr(self._core, name)
+        if name not in PARTS:
+            return f
+
+        def timed(*a):
+            t0 = time.perf_counter()
+            try:
+                return f(*a)
+            finally:
+                spent[PARTS[name]] += time.perf_counter() - t0
+        return timed
+
+
+if args.device_path:
+    sync._core = Timed(sync._core)
+starts, merges, background = [], [], []
 for q in model.parameters():
     q.grad = torch.zeros_like(q)
 for t in range(1, 3 * H + 1):
     for q in model.parameters():
         q.grad.fill_(1e-3 * (t % 3))
     opt.step()
+    if t in layer_starts:
+        spent.update(dict.fromkeys(spent, 0.0))
+        if args.device_path:  # the background thread idle (metrics() waits for it)
+            busy = sync.metrics()["background_seconds"].get("busy", 0.0)
     t0 = time.perf_counter()
     sync.step()
     took = time.perf_counter() - t0
     if t in layer_starts:
         starts.append(took)
-    elif t - 1 in layer_starts:  # tau 1
+    elif t - 1 in layer_starts:  # tau 1; the merge waited for the background thread's sync work
         merges.append(took)
+        if args.device_path:
+            now = sync.metrics()["background_seconds"].get("busy", 0.0)
+            background.append((now - busy, dict(spent)))
 n = args.width * args.width
 print(f"{args.layers} fragments of {n / 1e6:.1f}M parameters, {args.codec}, {args.threads} threads: "
       f"start {statistics.median(starts):.3f} s, merge {statistics.median(merges):.3f} s (medians of "
       f"{len(starts)} and {len(merges)}): " + ", ".join(f"{t:.3f}" for pair in zip(starts, merges) for t in pair))
+if args.device_path:
+    def med(f):
+        return statistics.median(f(b) for b in background)
+    cpp = med(lambda b: sum(b[1].values()))
+    print(f"device path, per sync on the background thread (medians): busy {med(lambda b: b[0]):.3f} s; the "
+          f"C++ method's start {med(lambda b: b[1]['start']):.3f} s, completion {med(lambda b: b[1]['completion']):.3f} "
+          f"s, copy_synced {med(lambda b: b[1]['copy_synced']):.3f} s (together {cpp:.3f} s); busy: "
+          + ", ".join(f"{b[0]:.3f}" for b in background))
 sync.close()

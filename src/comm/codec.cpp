@@ -328,16 +328,21 @@ class GridCodec : public Codec {
     const float inv_scale = block_scale(x, len, out);
     uint8_t* codes = out + 1;
     constexpr int64_t kPiece = 256;  // codes made, then packed two per byte
-    uint8_t piece[kPiece];
+    // The codes are counted in 32-bit lanes (the midpoints in locals): counted in bytes, the
+    // compiler narrowed each comparison's mask to bytes first, and the encoding took about 1.5
+    // times as long.
+    uint32_t piece[kPiece];
+    float mid[kGrid8 - 1];
+    std::copy(mid_, mid_ + kGrid8 - 1, mid);
     for (int64_t p0 = 0; p0 < len; p0 += kPiece) {
       const int64_t m = std::min(kPiece, len - p0);
       const float* v = x + p0;
       for (int64_t i = 0; i < m; ++i) {
         const uint32_t u = std::bit_cast<uint32_t>(v[i]);
         const float y = std::bit_cast<float>(u & 0x7FFFFFFFu) * inv_scale;
-        uint32_t c = (u >> 31) << 3;  // the sign bit of a 4-bit code
-        for (size_t k = 0; k + 1 < kGrid8; ++k) c += uint32_t(y > mid_[k]) + uint32_t((k % 2 == 1) & (y == mid_[k]));
-        piece[i] = uint8_t(c);
+        int32_t c = int32_t((u >> 31) << 3);  // the sign bit of a 4-bit code
+        for (size_t k = 0; k + 1 < kGrid8; ++k) c += int32_t(y > mid[k]) + int32_t((k % 2 == 1) & (y == mid[k]));
+        piece[i] = uint32_t(c);
       }
       uint8_t* o = codes + p0 / 2;  // p0 is even: whole bytes
       for (int64_t j = 0; j < m / 2; ++j) o[j] = uint8_t(piece[2 * j] | (piece[2 * j + 1] << 4));
