@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <utility>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -180,19 +181,39 @@ void Streaming::complete_encoded(Pending& p, Step step) {
   // The decoded sum d of the members' outer gradients, then in one pass the mean (d / M, as
   // decode_mean), the average parameters theta - mean and, when it is due now, the outer step;
   // each entry's operations as apart. Decoded piece by piece into the cache where the codec
-  // decodes ranges of a payload (all-gather: each payload the whole fragment), else whole.
-  const int64_t align = p.reduce == EncodedReduce::AllGather ? codec_->range_alignment() : 0;
+  // decodes ranges of a payload, else whole. The pieces lie within shards: with the all-gather
+  // one, the fragment, whose payloads are every member's (their sum divided by M); with the
+  // reduce-scatter member k's shard, whose one payload is already the mean.
+  const int64_t align = codec_->range_alignment();
   if (align > 0) {
-    for (const auto& payload : p.gathered) codec_->check_payload(payload, n);  // before anything is written
-    const float M = float(p.gathered.size());
+    const bool gather = p.reduce == EncodedReduce::AllGather;
+    const int S = gather ? 1 : int(p.gathered.size());
+    auto shard = [&](int k) { return std::pair(shard_begin(n, S, k), shard_begin(n, S, k + 1)); };
+    for (int k = 0; k < int(p.gathered.size()); ++k) {  // every payload checked before anything is written
+      const auto [b, e] = shard(gather ? 0 : k);
+      codec_->check_payload(p.gathered[size_t(k)], e - b);
+    }
+    const float M = gather ? float(p.gathered.size()) : 1.0f;
     const int64_t piece = std::max<int64_t>(1, (int64_t(1) << 12) / align) * align;
-    parallel_for((n + piece - 1) / piece, std::max<int64_t>(1, (int64_t(1) << 16) / piece), [&](int64_t q0, int64_t q1) {
+    struct Piece {
+      int64_t begin, len;
+      int shard;
+    };
+    std::vector<Piece> pieces;
+    for (int k = 0; k < S; ++k)
+      for (auto [b, e] = shard(k); b < e; b += piece) pieces.push_back({b, std::min(piece, e - b), k});
+    parallel_for(int64_t(pieces.size()), std::max<int64_t>(1, (int64_t(1) << 16) / piece), [&](int64_t q0, int64_t q1) {
       std::vector<float> d(size_t(std::min(n, piece)));
       for (int64_t q = q0; q < q1; ++q) {
-        const int64_t b = q * piece, len = std::min(piece, n - b);
-        std::fill(d.begin(), d.begin() + len, 0.0f);
-        for (const auto& payload : p.gathered) codec_->decode_add_range(payload, n, b, len, d.data());
-        average_packed(p, at, d.data(), b, len, step, M);
+        const Piece& c = pieces[size_t(q)];
+        std::fill(d.begin(), d.begin() + c.len, 0.0f);
+        const auto [b, e] = shard(c.shard);
+        if (gather) {
+          for (const auto& payload : p.gathered) codec_->decode_add_range(payload, n, c.begin, c.len, d.data());
+        } else {
+          codec_->decode_add_range(p.gathered[size_t(c.shard)], e - b, c.begin - b, c.len, d.data());
+        }
+        average_packed(p, at, d.data(), c.begin, c.len, step, M);
       }
     });
   } else {
