@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <vector>
 
@@ -333,7 +334,7 @@ class GridCodec : public Codec {
     // times as long.
     uint32_t piece[kPiece];
     float mid[kGrid8 - 1];
-    std::copy(mid_, mid_ + kGrid8 - 1, mid);
+    std::copy(std::begin(mid_), std::end(mid_), mid);
     for (int64_t p0 = 0; p0 < len; p0 += kPiece) {
       const int64_t m = std::min(kPiece, len - p0);
       const float* v = x + p0;
