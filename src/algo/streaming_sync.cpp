@@ -324,12 +324,20 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   Rng rng(mix_seed(seed_ ^ 0x57ea, uint64_t(rank), stream));
   p.reduce = last_reduce_ = choose_encoded_reduce(reduce_setting_, replicas);
   const int M = p.reduce == EncodedReduce::AllGather ? 1 : replicas;
+  // A codec that takes the values whole gets them in a spare buffer (encode_from would make one
+  // anew, and a fresh fragment-sized buffer costs the kernel a page fault per 4 KiB).
+  std::vector<float> whole;
+  if (!codec_->encodes_pieces()) {
+    whole = take_spare(size);
+    parallel_for(size, 1 << 16, [&](int64_t b, int64_t e) { fill(b, e - b, whole.data() + b); });
+  }
   std::vector<std::string> payloads;
   for (int k = 0; k < M; ++k) {
-    const int64_t b = shard_begin(size, M, k);
-    payloads.push_back(codec_->encode_from(
-        shard_begin(size, M, k + 1) - b, [&](int64_t at, int64_t len, float* out) { fill(b + at, len, out); }, rng));
+    const int64_t b = shard_begin(size, M, k), len = shard_begin(size, M, k + 1) - b;
+    payloads.push_back(whole.empty() ? codec_->encode_from(len, [&](int64_t at, int64_t m, float* out) { fill(b + at, m, out); }, rng)
+                                     : codec_->encode(whole.data() + b, len, rng));
   }
+  give_spare(whole);
   give_spare(p.buffer);
   start_encoded(comm, rank, replicas, std::move(payloads), stream, p);
 }

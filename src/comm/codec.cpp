@@ -204,6 +204,7 @@ class GridCodec : public Codec {
 
   // Nearest rounding: each piece encoded as fill() makes it, the pieces (whole blocks) split
   // over the threads as encode() splits the blocks, so the same bytes.
+  bool encodes_pieces() const override { return !stochastic_; }
   std::string encode_from(int64_t n, const Fill& fill, Rng& rng) const override {
     if (stochastic_) return Codec::encode_from(n, fill, rng);
     std::string out(size_t(encoded_bytes(n)), '\0');

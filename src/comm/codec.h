@@ -53,6 +53,9 @@ class Codec {
   // is made, so the values are never all held (or read twice) at once.
   using Fill = std::function<void(int64_t begin, int64_t len, float* out)>;
   virtual std::string encode_from(int64_t n, const Fill& fill, Rng& rng) const;
+  // Whether encode_from encodes the pieces as they are made (else it makes the whole array
+  // first, in a new buffer: a caller with one at hand may make the values there and encode()).
+  virtual bool encodes_pieces() const { return false; }
   // Values [begin, begin + len) of an n-value payload that passed check_payload, added to
   // acc[0..len): what decode_add adds there, to the bit. begin is a multiple of
   // range_alignment(), which is 0 for a codec that decodes whole payloads only.
