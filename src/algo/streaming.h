@@ -120,12 +120,11 @@ class Streaming : public Algorithm {
   // complete's codec path: the payloads decoded and summed, the average, and the outer step as
   // `step` says.
   void complete_encoded(Pending& p, Step step);
-  // Entries [b, b + len) of the packed fragment (`at`: each range's offset in it, then its
-  // size): avg = theta - d / M, d the slice's decoded sum, and with `step` the outer step: in
-  // place (in the store, or in p.theta and p.momentum), or into p.theta and p.momentum ahead of
-  // the merge (the store's left as it is). On the calling thread.
-  void average_packed(Pending& p, const std::vector<int64_t>& at, const float* d, int64_t b, int64_t len, Step step,
-                      float M) const;
+  // Entries [b, b + len) of the packed fragment: avg = theta - d / M, d the slice's decoded sum,
+  // and with `step` the outer step: in place (in the store, or in p.theta and p.momentum), or
+  // into p.theta and p.momentum ahead of the merge (the store's left as it is). On the calling
+  // thread.
+  void average_packed(Pending& p, const float* d, int64_t b, int64_t len, Step step, float M) const;
   // What applying fragment j adds to a step's access (writes; reads merged with alpha).
   void add_applied(StepAccess& a, size_t j, bool replace) const;
   // Starts fragment j's sync after `step` (pushed onto pending_). A fixed world reduces over the

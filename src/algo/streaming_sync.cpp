@@ -23,6 +23,19 @@ void difference(const float* __restrict theta, const float* __restrict x, float*
   for (int64_t k = 0; k < n; ++k) out[k] = theta[k] - x[k];
 }
 
+// f(o, x, m) over packed entries [b, b + len) of a fragment, part by part: o the part's offset
+// from b, x its first entry in the flat buffer, m its length. segs: the fragment's segments
+// (Streaming::segments_), whose packed offsets rise with them.
+template <class Segments, class F>
+void each_part(const Segments& segs, int64_t b, int64_t len, F f) {
+  auto s = std::upper_bound(segs.begin(), segs.end(), b, [](int64_t v, const auto& x) { return v < x.packed; }) - 1;
+  for (int64_t o = 0; o < len; ++s) {
+    const int64_t off = b + o - s->packed, m = std::min(len - o, s->end - s->begin - off);
+    f(o, s->begin + off, m);
+    o += m;
+  }
+}
+
 // A completed sync's pass over n entries: the average parameters avg = theta - d / M (d the
 // decoded sum of the outer gradients, M the divisor) and, in the last two, the outer step from
 // there. Functions of their own with restrict-qualified buffers, so that the loops vectorize.
@@ -147,8 +160,7 @@ void Streaming::read_outer_state(Pending& p) {
   p.in_store = false;
 }
 
-void Streaming::average_packed(Pending& p, const std::vector<int64_t>& at, const float* d, int64_t b, int64_t len,
-                               Step step, float M) const {
+void Streaming::average_packed(Pending& p, const float* d, int64_t b, int64_t len, Step step, float M) const {
   const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
   float* avg = p.avg.data() + b;
   if (!p.in_store) {  // packed: stepped in place, if at all
@@ -158,21 +170,14 @@ void Streaming::average_packed(Pending& p, const std::vector<int64_t>& at, const
   float* theta = store().resident_theta();
   float* mom = store().resident_momentum();
   const bool ahead = step == Step::ahead;  // into p.theta and p.momentum, the store's left as it is
-  const auto& ranges = ranges_[p.fragment];
-  size_t i = size_t(std::upper_bound(at.begin(), at.end(), b) - at.begin()) - 1;
-  for (int64_t o = 0; o < len; ++i) {
-    const int64_t off = b + o - at[i], m = std::min(len - o, ranges[i].size() - off), x = ranges[i].begin + off;
+  each_part(segments_[p.fragment], b, len, [&](int64_t o, int64_t x, int64_t m) {
     average_entries(theta + x, mom + x, d + o, avg + o, ahead ? p.theta.data() + b + o : nullptr,
                     ahead ? p.momentum.data() + b + o : nullptr, m, step != Step::none, s);
-    o += m;
-  }
+  });
 }
 
 void Streaming::complete_encoded(Pending& p, Step step) {
-  const auto& ranges = ranges_[p.fragment];
-  std::vector<int64_t> at(1, 0);  // each range's offset in the packed fragment
-  for (const auto& r : ranges) at.push_back(at.back() + r.size());
-  const int64_t n = at.back();
+  const int64_t n = total_size(ranges_[p.fragment]);
   p.avg = take_spare(n);
   if (p.in_store && step == Step::ahead) {
     p.theta = take_spare(n);
@@ -207,13 +212,13 @@ void Streaming::complete_encoded(Pending& p, Step step) {
       for (int64_t q = q0; q < q1; ++q) {
         const Piece& c = pieces[size_t(q)];
         std::fill(d.begin(), d.begin() + c.len, 0.0f);
-        const auto [b, e] = shard(c.shard);
         if (gather) {
           for (const auto& payload : p.gathered) codec_->decode_add_range(payload, n, c.begin, c.len, d.data());
         } else {
+          const auto [b, e] = shard(c.shard);
           codec_->decode_add_range(p.gathered[size_t(c.shard)], e - b, c.begin - b, c.len, d.data());
         }
-        average_packed(p, at, d.data(), c.begin, c.len, step, M);
+        average_packed(p, d.data(), c.begin, c.len, step, M);
       }
     });
   } else {
@@ -221,7 +226,7 @@ void Streaming::complete_encoded(Pending& p, Step step) {
     float* d = delta.data();
     each_index(n, [=](int64_t k) { d[k] = 0.0f; });
     const float M = decode_sum(p, delta);
-    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) { average_packed(p, at, d + b, b, e - b, step, M); });
+    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) { average_packed(p, d + b, b, e - b, step, M); });
     give_spare(delta);
   }
   if (step != Step::none) {
@@ -301,17 +306,11 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   Codec::Fill fill;
   const float* theta = p.theta.data();
   if (fault_.kind == Fault::Kind::None) {
-    std::vector<int64_t> at(1, 0);  // each range's offset in the packed fragment
-    for (const auto& r : ranges) at.push_back(at.back() + r.size());
     const float* resident = p.in_store ? st.resident_theta() : nullptr;
-    fill = [&ranges, at = std::move(at), resident, theta, x = params.data()](int64_t b, int64_t len, float* out) {
-      size_t i = size_t(std::upper_bound(at.begin(), at.end(), b) - at.begin()) - 1;
-      for (int64_t o = 0; o < len; ++i) {
-        const int64_t off = b + o - at[i], m = std::min(len - o, ranges[i].size() - off);
-        const int64_t begin = ranges[i].begin + off;
-        difference(resident ? resident + begin : theta + at[i] + off, x + begin, out + o, m);
-        o += m;
-      }
+    fill = [&segs = segments_[j], resident, theta, x = params.data()](int64_t b, int64_t len, float* out) {
+      each_part(segs, b, len, [&](int64_t o, int64_t at, int64_t m) {
+        difference(resident ? resident + at : theta + b + o, x + at, out + o, m);
+      });
     };
   } else {
     p.buffer = take_spare(size);

@@ -56,14 +56,6 @@ void check_finite(const float* x, int64_t n) {
 // core's cache (rounded to whole blocks).
 constexpr int64_t kPieceValues = 1 << 12;
 
-// Whether x[0..n) are all finite, on the calling thread: the largest magnitude's bits below
-// infinity's (in integers, so that the loop vectorizes).
-bool all_finite(const float* x, int64_t n) {
-  uint32_t top = 0;
-  for (int64_t i = 0; i < n; ++i) top = std::max(top, std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
-  return top < 0x7F800000u;
-}
-
 // check_finite over the values fill() makes: the first non-finite one, in order.
 void check_finite_from(int64_t n, const Codec::Fill& fill) {
   std::vector<float> piece(size_t(std::min(n, kPieceValues)));
@@ -192,12 +184,7 @@ class GridCodec : public Codec {
     auto* o = reinterpret_cast<uint8_t*>(out.data());
     const int64_t per_block = block_bytes(block_);  // every block but the last is whole
     for_blocks(n, block_, !stochastic_, [&](int64_t k, int64_t b0, int64_t len) {
-      if (by_midpoints_)
-        encode_nearest8(x + b0, len, o + k * per_block);
-      else if (by_bits_)
-        encode_nearest_e4m3(x + b0, len, o + k * per_block);
-      else
-        encode_block(x + b0, len, o + k * per_block, rng);
+      encode_any(x + b0, len, o + k * per_block, rng);
     });
     return out;
   }
@@ -222,13 +209,7 @@ class GridCodec : public Codec {
         }
         for (int64_t k = kp; k < kq; ++k) {
           const float* x = piece.data() + (k - kp) * block_;
-          const int64_t m = std::min<int64_t>(block_, n - k * block_);
-          if (by_midpoints_)
-            encode_nearest8(x, m, o + k * per_block);
-          else if (by_bits_)
-            encode_nearest_e4m3(x, m, o + k * per_block);
-          else
-            encode_block(x, m, o + k * per_block, rng);
+          encode_any(x, std::min<int64_t>(block_, n - k * block_), o + k * per_block, rng);
         }
       }
     });
@@ -286,6 +267,17 @@ class GridCodec : public Codec {
  private:
   uint8_t sign_bit() const { return uint8_t(1u << (bits_ - 1)); }
   int64_t block_bytes(int64_t len) const { return 1 + (bits_ == 8 ? len : (len + 1) / 2); }
+
+  // One block of len values into out (zeroed, block_bytes(len) long), by the quickest way that
+  // gives its rounding's codes.
+  void encode_any(const float* x, int64_t len, uint8_t* out, Rng& rng) const {
+    if (by_midpoints_)
+      encode_nearest8(x, len, out);
+    else if (by_bits_)
+      encode_nearest_e4m3(x, len, out);
+    else
+      encode_block(x, len, out, rng);
+  }
 
   // A block's len values added to out.
   void decode_block(const uint8_t* blk, int64_t len, float* out) const {

@@ -8,5 +8,8 @@ namespace loco {
 // The index of the first NaN or Inf among x[0, n), or -1 when every value is finite. The scan is
 // split over the compute threads; the index is the first in order, whatever the threads.
 int64_t first_non_finite(const float* x, int64_t n);
+// Whether x[0..n) are all finite, on the calling thread: the largest magnitude's bits below
+// infinity's, compared as integers so that the loop vectorizes.
+bool all_finite(const float* x, int64_t n);
 
 }  // namespace loco

@@ -16,9 +16,9 @@ if DEVICE.type == "cuda":
     torch.use_deterministic_algorithms(True)  # the embedding's backward adds atomically otherwise
 
 
-def make_model(seed):
+def make_model(seed, layers=2):
     torch.manual_seed(seed)
-    return Llama(VOCAB, d=32, layers=2, heads=4, f=48).to(DEVICE)
+    return Llama(VOCAB, d=32, layers=layers, heads=4, f=48).to(DEVICE)
 
 
 def make_opt(model):

@@ -15,8 +15,7 @@ import torch
 import loco
 import loco.torch
 from harness import check, expect_error, failures, run_members
-from llama import Llama  # examples/llama.py
-from llama_torch import DEVICE, VOCAB, inner_step, make_model, make_opt, max_diff, params_of
+from llama_torch import DEVICE, inner_step, make_model, make_opt, max_diff, params_of
 from loco import _loco
 import loco._outer as _outer
 from loco._outer import Codec
@@ -187,8 +186,7 @@ for what, method, M, steps, kw in cases:
 # memory (read where it is kept, range by range), bit for bit, with fragments of several ranges:
 # 4 blocks, fragments of 2, strided (fragment 0 is blocks 0 and 2).
 def four_blocks(r):
-    torch.manual_seed(r)
-    return Llama(VOCAB, d=32, layers=4, heads=4, f=48).to(DEVICE)
+    return make_model(r, layers=4)
 
 
 kw = dict(inner_steps=6, fragment_blocks=2, tau=1, alpha=0.5, codec="fp4-e3m0", train_steps=14)
