@@ -12,11 +12,26 @@
 
 namespace loco {
 
+namespace {
+
+// to = from (to resized), on the compute threads.
+void copy_whole(const std::vector<float>& from, std::vector<float>& to) {
+  pack_ranges(from.data(), {{0, int64_t(from.size())}}, to);
+}
+
+}  // namespace
+
 OuterStore::OuterStore(std::vector<std::vector<Range>> fragments, int64_t n, const std::string& file)
     : fragments_(std::move(fragments)), n_(n), file_(file) {
+  int64_t covered = 0;
+  for (const auto& f : fragments_) covered += total_size(f);
+  check(covered == n_, "internal: the outer state's fragments hold " + std::to_string(covered) + " of " +
+                           std::to_string(n_) + " values");
   if (file_.empty()) {
-    theta_ = zeroed_floats(size_t(n_));
-    momentum_ = zeroed_floats(size_t(n_));
+    for (const auto& f : fragments_) {
+      theta_.push_back(zeroed_floats(size_t(total_size(f))));
+      momentum_.push_back(zeroed_floats(size_t(total_size(f))));
+    }
     return;
   }
   fd_ = ::open(file_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -60,8 +75,8 @@ void OuterStore::write_at(int64_t offset, const float* data, int64_t count) cons
 void OuterStore::read(size_t j, std::vector<float>& theta, std::vector<float>& momentum) const {
   const auto& ranges = fragments_[j];
   if (fd_ < 0) {
-    pack_ranges(theta_.data(), ranges, theta);
-    pack_ranges(momentum_.data(), ranges, momentum);
+    copy_whole(theta_[j], theta);
+    copy_whole(momentum_[j], momentum);
     return;
   }
   theta.resize(size_t(total_size(ranges)));
@@ -79,8 +94,8 @@ void OuterStore::write(size_t j, const std::vector<float>& theta, const std::vec
   check(int64_t(theta.size()) == total_size(ranges) && momentum.size() == theta.size(),
         "internal: outer-state fragment of the wrong size");
   if (fd_ < 0) {
-    unpack_ranges(theta.data(), ranges, theta_.data());
-    unpack_ranges(momentum.data(), ranges, momentum_.data());
+    copy_whole(theta, theta_[j]);
+    copy_whole(momentum, momentum_[j]);
     return;
   }
   size_t k = 0;
@@ -91,9 +106,26 @@ void OuterStore::write(size_t j, const std::vector<float>& theta, const std::vec
   }
 }
 
+void OuterStore::exchange(size_t j, std::vector<float>& theta, std::vector<float>& momentum) {
+  const size_t n = theta_.empty() ? 0 : theta_[j].size();
+  if (fd_ >= 0 || theta.size() != n || theta.capacity() != n || momentum.size() != n || momentum.capacity() != n) {
+    write(j, theta, momentum);
+    return;
+  }
+  theta.swap(theta_[j]);
+  momentum.swap(momentum_[j]);
+}
+
+int64_t OuterStore::resident_bytes() const {
+  int64_t bytes = 0;
+  for (size_t j = 0; j < theta_.size(); ++j) bytes += int64_t(theta_[j].capacity() + momentum_[j].capacity()) * 4;
+  return bytes;
+}
+
 void OuterStore::read_params(std::vector<float>& theta) const {
   if (fd_ < 0) {
-    theta = theta_;
+    theta.resize(size_t(n_));
+    for (size_t j = 0; j < fragments_.size(); ++j) unpack_ranges(theta_[j].data(), fragments_[j], theta.data());
     return;
   }
   theta.resize(size_t(n_));
@@ -103,7 +135,8 @@ void OuterStore::read_params(std::vector<float>& theta) const {
 void OuterStore::read_all(std::vector<float>& theta, std::vector<float>& momentum) const {
   read_params(theta);
   if (fd_ < 0) {
-    momentum = momentum_;
+    momentum.resize(size_t(n_));
+    for (size_t j = 0; j < fragments_.size(); ++j) unpack_ranges(momentum_[j].data(), fragments_[j], momentum.data());
     return;
   }
   momentum.resize(size_t(n_));
@@ -113,8 +146,10 @@ void OuterStore::read_all(std::vector<float>& theta, std::vector<float>& momentu
 void OuterStore::write_all(const std::vector<float>& theta, const std::vector<float>& momentum) {
   check(int64_t(theta.size()) == n_ && int64_t(momentum.size()) == n_, "internal: outer state of the wrong size");
   if (fd_ < 0) {
-    theta_ = theta;
-    momentum_ = momentum;
+    for (size_t j = 0; j < fragments_.size(); ++j) {
+      pack_ranges(theta.data(), fragments_[j], theta_[j]);
+      pack_ranges(momentum.data(), fragments_[j], momentum_[j]);
+    }
     return;
   }
   write_at(0, theta.data(), n_);

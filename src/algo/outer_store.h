@@ -23,20 +23,24 @@ class OuterStore {
   // Fragment j, packed in range order.
   void read(size_t j, std::vector<float>& theta, std::vector<float>& momentum) const;
   void write(size_t j, const std::vector<float>& theta, const std::vector<float>& momentum);
+  // write(), taking the buffers where it can: in memory, theta and momentum of the fragment's
+  // size exactly (capacity too) are swapped with the store's, without a copy. Either way theta
+  // and momentum are left with buffers of undefined contents, for the caller to reuse.
+  void exchange(size_t j, std::vector<float>& theta, std::vector<float>& momentum);
   // The whole model in layout order: the outer parameters (evaluation), or both (checkpoints).
   void read_params(std::vector<float>& theta) const;
   void read_all(std::vector<float>& theta, std::vector<float>& momentum) const;
   void write_all(const std::vector<float>& theta, const std::vector<float>& momentum);
 
   bool offloaded() const { return fd_ >= 0; }
-  // In memory: the outer parameters and momentum in the flat buffer's layout, to read or write
-  // in place (nullptr when offloaded). Valid until the store is destroyed; write() and
-  // write_all() change what they hold.
-  const float* resident_theta() const { return fd_ < 0 ? theta_.data() : nullptr; }
-  const float* resident_momentum() const { return fd_ < 0 ? momentum_.data() : nullptr; }
-  float* resident_theta() { return fd_ < 0 ? theta_.data() : nullptr; }
-  float* resident_momentum() { return fd_ < 0 ? momentum_.data() : nullptr; }
-  int64_t resident_bytes() const { return int64_t(theta_.size() + momentum_.size()) * 4; }
+  bool resident() const { return fd_ < 0; }
+  // In memory: fragment j's outer parameters and momentum, packed, to read or write in place
+  // (nullptr when offloaded). Valid until the next write(), exchange() or write_all().
+  const float* resident_theta(size_t j) const { return fd_ < 0 ? theta_[j].data() : nullptr; }
+  const float* resident_momentum(size_t j) const { return fd_ < 0 ? momentum_[j].data() : nullptr; }
+  float* resident_theta(size_t j) { return fd_ < 0 ? theta_[j].data() : nullptr; }
+  float* resident_momentum(size_t j) { return fd_ < 0 ? momentum_[j].data() : nullptr; }
+  int64_t resident_bytes() const;
 
  private:
   void read_at(int64_t offset, float* data, int64_t count) const;         // offsets in floats
@@ -45,7 +49,8 @@ class OuterStore {
   int64_t n_;
   std::string file_;
   int fd_ = -1;
-  std::vector<float> theta_, momentum_;  // in-memory mode only
+  // In memory only: each fragment's, packed (so that a fragment's new state can be swapped in).
+  std::vector<std::vector<float>> theta_, momentum_;
 };
 
 }  // namespace loco

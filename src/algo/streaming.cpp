@@ -194,7 +194,7 @@ OuterStore& Streaming::store() const {
 OuterStore& Streaming::written_store() {
   OuterStore& st = store();
   for (auto& u : unwritten_) {
-    st.write(u.fragment, u.theta, u.momentum);
+    st.exchange(u.fragment, u.theta, u.momentum);  // in memory, buffers swapped: no copy
     give_spare(u.theta);
     give_spare(u.momentum);
   }
@@ -414,7 +414,7 @@ void Streaming::save_state(TrainingState& st) {
       decode_mean(p, delta);
       st.tensors[key + ".delta"] = std::move(delta);
     } else {
-      st.tensors[key + ".avg"] = p.avg;
+      st.tensors[key + ".avg"] = p.avg_from_payloads ? stepped_average(p) : p.avg;
     }
     st.meta[key + ".apply_at"] = std::to_string(p.apply_at);
     if (!list.empty()) list += ',';
@@ -534,12 +534,12 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
   } else {
     // The new outer state: in the store already (stepped there), or written to it now.
     OuterStore& st = written_store();
-    const bool in_store = p.in_store;
-    if (!in_store) st.write(p.fragment, p.theta, p.momentum);
+    if (!p.in_store) st.exchange(p.fragment, p.theta, p.momentum);  // p.theta's buffer undefined after it
+    const float* theta = st.resident() ? st.resident_theta(p.fragment) : p.theta.data();  // offloaded: written, kept
     const float a = float(cfg_.alpha);
     for (const auto& s : segments_[p.fragment]) {
       float* local = w.params.data() + s.begin;
-      const float* synced = in_store ? st.resident_theta() + s.begin : p.theta.data() + s.packed;
+      const float* synced = theta + s.packed;
       if (!replace && s.trained && a != 0.0f)
         each_index(s.end - s.begin, [=](int64_t i) { local[i] = a * local[i] + (1.0f - a) * synced[i]; });
       else  // alpha 0 replaces: the local values are not read

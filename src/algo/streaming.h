@@ -94,6 +94,9 @@ class Streaming : public Algorithm {
     bool in_store = false;
     bool completed = false;
     bool stepped = false;                // theta and momentum hold the outer step (prepare_merges)
+    // A codec's completion that took the outer step kept no average (avg empty): a checkpoint
+    // computes it from the payloads kept in `gathered` (stepped_average).
+    bool avg_from_payloads = false;
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
     bool peeked = false;                 // handed to the caller ahead of its merge (peek_outer_results)
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
@@ -117,13 +120,16 @@ class Streaming : public Algorithm {
   void step_outer(Pending& p);
   // p.theta and p.momentum read from the store if they were left there (Pending::in_store).
   void read_outer_state(Pending& p);
-  // complete's codec path: the payloads decoded and summed, the average, and the outer step as
-  // `step` says.
+  // complete's codec path: the payloads decoded and summed, then the average (Step::none) or
+  // the outer step from it as `step` says.
   void complete_encoded(Pending& p, Step step);
+  // The average of a sync completed with the outer step (Pending::avg_from_payloads), as
+  // complete_encoded gives it without the step, for a checkpoint.
+  std::vector<float> stepped_average(const Pending& p);
   // Entries [b, b + len) of the packed fragment: avg = theta - d / M, d the slice's decoded sum,
-  // and with `step` the outer step: in place (in the store, or in p.theta and p.momentum), or
-  // into p.theta and p.momentum ahead of the merge (the store's left as it is). On the calling
-  // thread.
+  // or with `step` the outer step from there: in place (in the store, or in p.theta and
+  // p.momentum), or into p.theta and p.momentum ahead of the merge (the store's left as it is).
+  // On the calling thread.
   void average_packed(Pending& p, const float* d, int64_t b, int64_t len, Step step, float M) const;
   // What applying fragment j adds to a step's access (writes; reads merged with alpha).
   void add_applied(StepAccess& a, size_t j, bool replace) const;
@@ -206,7 +212,8 @@ class Streaming : public Algorithm {
   // The caller merges merge_step's merges from values it took ahead (mix_merges_elsewhere). Such
   // a caller (loco.torch on a device) runs sync starts and prepare_merges on a thread of its own,
   // so a merge leaves its fragment's outer state to be written to the store at the store's next
-  // use (written_store()), which comes on that thread, instead of on the training loop's.
+  // use (written_store()), which comes on that thread, instead of on the training loop's; an
+  // in-memory store takes it by swapping buffers (OuterStore::exchange), without a copy.
   bool caller_mixes_ = false;
   struct Unwritten {
     size_t fragment;

@@ -36,9 +36,10 @@ void each_part(const Segments& segs, int64_t b, int64_t len, F f) {
   }
 }
 
-// A completed sync's pass over n entries: the average parameters avg = theta - d / M (d the
-// decoded sum of the outer gradients, M the divisor) and, in the last two, the outer step from
-// there. Functions of their own with restrict-qualified buffers, so that the loops vectorize.
+// A completed sync's pass over n entries: the average parameters a = theta - d / M (d the
+// decoded sum of the outer gradients, M the divisor), kept in avg, or the outer step from there
+// (a not kept: a checkpoint computes it again, Streaming::stepped_average). Functions of their
+// own with restrict-qualified buffers, so that the loops vectorize.
 struct OuterStepArgs {
   float M, mu, lr;
   bool nesterov;
@@ -50,39 +51,32 @@ void average_only(const float* __restrict theta, const float* __restrict d, floa
 }
 
 // The outer state stepped in place.
-void average_and_step(float* __restrict theta, float* __restrict mom, const float* __restrict d,
-                      float* __restrict avg, int64_t n, const OuterStepArgs& s) {
-  for (int64_t k = 0; k < n; ++k) {
-    const float a = theta[k] - d[k] / s.M;
-    avg[k] = a;
-    outer_sgd_entry(theta[k], mom[k], a, s.mu, s.lr, s.nesterov);
-  }
+void average_and_step(float* __restrict theta, float* __restrict mom, const float* __restrict d, int64_t n,
+                      const OuterStepArgs& s) {
+  for (int64_t k = 0; k < n; ++k) outer_sgd_entry(theta[k], mom[k], theta[k] - d[k] / s.M, s.mu, s.lr, s.nesterov);
 }
 
 // The new outer state into theta1 and mom1, theta and mom left as they are.
 void average_and_step_into(const float* __restrict theta, const float* __restrict mom, const float* __restrict d,
-                           float* __restrict avg, float* __restrict theta1, float* __restrict mom1, int64_t n,
-                           const OuterStepArgs& s) {
+                           float* __restrict theta1, float* __restrict mom1, int64_t n, const OuterStepArgs& s) {
   for (int64_t k = 0; k < n; ++k) {
-    const float a = theta[k] - d[k] / s.M;
-    avg[k] = a;
     float t = theta[k], m = mom[k];
-    outer_sgd_entry(t, m, a, s.mu, s.lr, s.nesterov);
+    outer_sgd_entry(t, m, t - d[k] / s.M, s.mu, s.lr, s.nesterov);
     theta1[k] = t;
     mom1[k] = m;
   }
 }
 
-// avg = theta - d / M over n entries and, with `step`, the outer step: in place (theta, mom), or
-// into theta1 and mom1 when given.
+// Without `step`, avg = theta - d / M over n entries; with it the outer step, in place (theta,
+// mom), or into theta1 and mom1 when given.
 void average_entries(float* theta, float* mom, const float* d, float* avg, float* theta1, float* mom1, int64_t n,
                      bool step, const OuterStepArgs& s) {
   if (!step)
     average_only(theta, d, avg, n, s);
   else if (!theta1)
-    average_and_step(theta, mom, d, avg, n, s);
+    average_and_step(theta, mom, d, n, s);
   else
-    average_and_step_into(theta, mom, d, avg, theta1, mom1, n, s);
+    average_and_step_into(theta, mom, d, theta1, mom1, n, s);
 }
 
 }  // namespace
@@ -136,7 +130,8 @@ void Streaming::give_spare(std::vector<float>& v) {
 // Ahead of the merge: p.theta and p.momentum were read from the store when the sync began, and
 // nothing else writes the fragment's outer state before its merge (tau < H), so stepping them
 // here and writing them back at the merge is what apply() would do then. A checkpoint taken in
-// between saves the average (p.avg) and the store's values, as before the step.
+// between saves the average (p.avg, or for a codec's sync stepped_average()) and the store's
+// values, as before the step.
 void Streaming::prepare_merges() {
   if (elastic_) return;
   if (!unwritten_.empty()) written_store();
@@ -162,23 +157,21 @@ void Streaming::read_outer_state(Pending& p) {
 
 void Streaming::average_packed(Pending& p, const float* d, int64_t b, int64_t len, Step step, float M) const {
   const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
-  float* avg = p.avg.data() + b;
+  float* avg = step == Step::none ? p.avg.data() + b : nullptr;
   if (!p.in_store) {  // packed: stepped in place, if at all
     average_entries(p.theta.data() + b, p.momentum.data() + b, d, avg, nullptr, nullptr, len, step != Step::none, s);
     return;
   }
-  float* theta = store().resident_theta();
-  float* mom = store().resident_momentum();
+  float* theta = store().resident_theta(p.fragment) + b;
+  float* mom = store().resident_momentum(p.fragment) + b;
   const bool ahead = step == Step::ahead;  // into p.theta and p.momentum, the store's left as it is
-  each_part(segments_[p.fragment], b, len, [&](int64_t o, int64_t x, int64_t m) {
-    average_entries(theta + x, mom + x, d + o, avg + o, ahead ? p.theta.data() + b + o : nullptr,
-                    ahead ? p.momentum.data() + b + o : nullptr, m, step != Step::none, s);
-  });
+  average_entries(theta, mom, d, avg, ahead ? p.theta.data() + b : nullptr, ahead ? p.momentum.data() + b : nullptr, len,
+                  step != Step::none, s);
 }
 
 void Streaming::complete_encoded(Pending& p, Step step) {
   const int64_t n = total_size(ranges_[p.fragment]);
-  p.avg = take_spare(n);
+  if (step == Step::none) p.avg = take_spare(n);  // else not kept (stepped_average)
   if (p.in_store && step == Step::ahead) {
     p.theta = take_spare(n);
     p.momentum = take_spare(n);
@@ -232,7 +225,21 @@ void Streaming::complete_encoded(Pending& p, Step step) {
   if (step != Step::none) {
     if (p.in_store) p.in_store = step == Step::in_place;  // else the new state is in p.theta and p.momentum
     p.stepped = true;
+    p.avg_from_payloads = true;
   }
+}
+
+std::vector<float> Streaming::stepped_average(const Pending& p) {
+  // The completion's pass without the step, over the fragment's outer parameters before it: the
+  // store's (written at the merge only), read in place or, offloaded, into a buffer of its own.
+  Pending q;
+  q.fragment = p.fragment;
+  q.reduce = p.reduce;
+  q.gathered = p.gathered;
+  q.in_store = store().resident();
+  if (!q.in_store) store().read(p.fragment, q.theta, q.momentum);
+  complete_encoded(q, Step::none);
+  return std::move(q.avg);
 }
 
 void Streaming::step_outer(Pending& p) {
@@ -276,8 +283,7 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   OuterStore& st = written_store();  // first: the buffers of the merges written back become spare
   // A codec's sync reads the outer state only for the outer gradient and the outer step: from
   // an in-memory store, in place (the fragment's values there change only at its merge).
-  p.in_store = !robust_ && !elastic_ && !codec_->lossless() && fault_.kind == Fault::Kind::None &&
-               st.resident_theta() != nullptr;
+  p.in_store = !robust_ && !elastic_ && !codec_->lossless() && fault_.kind == Fault::Kind::None && st.resident();
   if (!p.in_store) {
     p.theta = take_spare(size);
     p.momentum = take_spare(size);
@@ -304,13 +310,10 @@ void Streaming::begin_sync(Communicator& comm, int rank, int replicas, const std
   // Delta_{m,j} = theta - params, packed: made piece by piece as the codec encodes it, straight
   // from the parameters' ranges, or, with a fault, from the packed parameters corrupted first.
   Codec::Fill fill;
-  const float* theta = p.theta.data();
+  const float* theta = p.in_store ? st.resident_theta(j) : p.theta.data();  // packed
   if (fault_.kind == Fault::Kind::None) {
-    const float* resident = p.in_store ? st.resident_theta() : nullptr;
-    fill = [&segs = segments_[j], resident, theta, x = params.data()](int64_t b, int64_t len, float* out) {
-      each_part(segs, b, len, [&](int64_t o, int64_t at, int64_t m) {
-        difference(resident ? resident + at : theta + b + o, x + at, out + o, m);
-      });
+    fill = [&segs = segments_[j], theta, x = params.data()](int64_t b, int64_t len, float* out) {
+      each_part(segs, b, len, [&](int64_t o, int64_t at, int64_t m) { difference(theta + b + o, x + at, out + o, m); });
     };
   } else {
     p.buffer = take_spare(size);
@@ -478,7 +481,7 @@ void Streaming::complete(Communicator& comm, Pending& p, Step step) {
     complete_encoded(p, step);
   }
   give_spare(p.buffer);
-  p.gathered.clear();
+  if (!p.avg_from_payloads) p.gathered.clear();
   p.completed = true;
 }
 
