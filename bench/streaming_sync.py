@@ -5,8 +5,9 @@ one member (no peer to wait for), a codec, tau 1, H = 2 x (layers + 1), so that 
 starts after step 2j of a round and is merged after step 2j + 1 (the offsets are taken from the
 method's plan). Times sync.step() at the steps that start a layer's sync (the outer gradient, its
 encoding, the reduction's start) and at those that merge one (waiting for the reduction, decoding,
-the outer step, the merge), over the second round (the first makes the buffers), and prints their
-medians and each step's time. (Before 2026-11-29 H was 2 x layers: with the empty fragment's slot
+the outer step, the merge), over the rounds from the second to the next-to-last (the first makes
+the buffers; --rounds, 3 by default, so the second alone), and prints their medians and each
+step's time. (Before 2026-11-29 H was 2 x layers: with the empty fragment's slot
 the syncs then came every step, so a step merged one fragment and started the next, and the
 medians mixed those steps with the empty fragment's.) This is the host side of a
 sync of loco.torch with the outer state on the host, and of loco train's Streaming DiLoCo.
@@ -37,6 +38,7 @@ p.add_argument("--width", type=int, default=4096, help="each layer is width x wi
 p.add_argument("--layers", type=int, default=4)
 p.add_argument("--threads", type=int, default=2, help="loco's compute threads")
 p.add_argument("--codec", default="fp4-e3m0")
+p.add_argument("--rounds", type=int, default=3, help="rounds to run; those from the second to the next-to-last are timed")
 p.add_argument("--device-path", action="store_true",
                help="a GPU model's path with the outer state on the host, on CPU tensors (see above)")
 args = p.parse_args()
@@ -48,9 +50,12 @@ model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width, bias=False
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 H = 2 * (args.layers + 1)
 plan = loco._loco.plan_fragments(args.layers, 1, "strided", H)
-layer_starts = {2 * H + f["offset"] for f in plan if f["blocks"]}  # the second round's starts of a layer's sync
+if args.rounds < 3:
+    p.error("--rounds must be at least 3")
+# The starts of a layer's sync in the timed rounds.
+layer_starts = {k * H + f["offset"] for k in range(2, args.rounds) for f in plan if f["blocks"]}
 sync = loco.torch.wrap(model, opt, "streaming", endpoint=loco.inprocess(1)[0], blocks=list(model), inner_steps=H,
-                       fragment_blocks=1, tau=1, alpha=0.5, codec=args.codec, train_steps=3 * H + 1,
+                       fragment_blocks=1, tau=1, alpha=0.5, codec=args.codec, train_steps=args.rounds * H + 1,
                        **(dict(outer_device="cpu") if args.device_path else {}))
 PARTS = {"after_step": "start", "prepare_merges": "completion", "copy_synced": "copy_synced"}
 spent = dict.fromkeys(PARTS.values(), 0.0)  # since the last reset, on whichever thread
@@ -81,7 +86,7 @@ if args.device_path:
 starts, merges, background = [], [], []
 for q in model.parameters():
     q.grad = torch.zeros_like(q)
-for t in range(1, 3 * H + 1):
+for t in range(1, args.rounds * H + 1):
     for q in model.parameters():
         q.grad.fill_(1e-3 * (t % 3))
     opt.step()
