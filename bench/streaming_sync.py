@@ -19,8 +19,9 @@ sync of loco.torch with the outer state on the host, and of loco train's Streami
 run on loco.torch's background thread while the loop goes on, and the merge mixes the synchronized
 values into the model. It prints, per sync, the seconds that thread was busy and, within them, the
 C++ method's parts (the start: the outer gradient, its encoding, the reduction's start; the
-completion ahead of the merge: the decoding, the average and the outer step; the synchronized
-values copied into the buffer that crosses to the device), the rest being torch's copies and
+completion ahead of the merge: the decoding and the outer step, whose pass also writes the
+synchronized values into the buffer that crosses to the device; before 2026-11-29's change to
+that pass, a part of its own, copy_synced, copied them there), the rest being torch's copies and
 buffers (on a CPU, fresh ones cost the kernel page faults that a GPU's caching allocators do not).
 """
 import argparse
@@ -57,7 +58,7 @@ layer_starts = {k * H + f["offset"] for k in range(2, args.rounds) for f in plan
 sync = loco.torch.wrap(model, opt, "streaming", endpoint=loco.inprocess(1)[0], blocks=list(model), inner_steps=H,
                        fragment_blocks=1, tau=1, alpha=0.5, codec=args.codec, train_steps=args.rounds * H + 1,
                        **(dict(outer_device="cpu") if args.device_path else {}))
-PARTS = {"after_step": "start", "prepare_merges": "completion", "copy_synced": "copy_synced"}
+PARTS = {"after_step": "start", "prepare_merges": "completion", "copy_synced": "copy_synced"}  # the last: libraries before 2026-11-29
 spent = dict.fromkeys(PARTS.values(), 0.0)  # since the last reset, on whichever thread
 
 

@@ -527,18 +527,18 @@ class Sync:
         self._merge_on_device(writes)
 
     def _take_synced(self, stream):
-        """The syncs in flight prepared (their reduction waited for, their outer step taken), and
-        the synchronized values of those stepped since the last call copied to the device ahead of
-        their merge (on a stream of loco's own, after the work queued on `stream`, the training
-        stream), which then only mixes them in (_merge_on_device)."""
+        """The syncs in flight prepared (their reduction waited for, their outer step taken, the
+        synchronized values written into a page-locked buffer each by the same pass), and those
+        values copied to the device ahead of their merge (on a stream of loco's own, after the
+        work queued on `stream`, the training stream), which then only mixes them in
+        (_merge_on_device)."""
         core, copier = self._core, self._copier
-        core.prepare_merges()
+        hosts = {j: copier.host_tensor(sum(e - b for b, e, _, _ in self._segments[j])) for j in core.merges_ahead()}
+        core.prepare_merges({j: h.numpy() for j, h in hosts.items()})
         with copier.on(stream):
             for r in core.peek_outer_results():
                 j = r["fragment"]
-                host = copier.host_tensor(sum(e - b for b, e, _, _ in self._segments[j]))
-                core.copy_synced(j, host.numpy())
-                self._merged[j] = copier.aside_to_device(host)
+                self._merged[j] = copier.aside_to_device(hosts.pop(j))
 
     def _merge_on_device(self, writes):
         """The merges due, with the outer state on the host and the model on a device: each

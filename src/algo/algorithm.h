@@ -3,6 +3,7 @@
 //   forward/backward -> on_gradients -> clip + AdamW step -> after_step
 // The loop (trainer.cpp) owns the data, the model and the inner optimizer; an algorithm only
 // decides what crosses the network and how parameters are combined.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ struct OuterResult {
   std::vector<std::string> payloads;  // a codec: every replica's encoded outer gradient, in rank order,
   bool reduce_scatter = false;        // or (reduce-scatter) every shard's reduced mean
 };
+// Where a caller that merges elsewhere (Algorithm::mix_merges_elsewhere) wants a fragment's
+// synchronized values written: n floats, packed as the fragment's segments.
+struct SyncedBuffer {
+  float* data;
+  int64_t n;
+};
 // The fragments of a method whose outer state the caller holds: their ranges of the flat
 // buffer, packed in order, and which entries merge with alpha (trained) or are replaced.
 struct OuterSegment {
@@ -80,15 +87,22 @@ class Algorithm {
   // The work of the syncs in flight that uses nothing of the worker's buffers (waiting for their
   // communication, decoding, their outer step), done ahead of their merge by a caller with a
   // thread to spare (loco.torch's background thread, while the loop runs the steps before it);
-  // the merge then only applies it. Doing it or not leaves every result the same.
-  virtual void prepare_merges() {}
+  // the merge then only applies it. Doing it or not leaves every result the same. `synced`: for
+  // a caller that merges elsewhere, buffers for some of the fragments merges_ahead() names, into
+  // which each one's synchronized values are written (with the outer step, in its pass where it
+  // can), for the caller to merge from; empty otherwise.
+  virtual void prepare_merges(const std::map<size_t, SyncedBuffer>& synced) {}
+  // The fragments whose syncs in flight prepare_merges would prepare and peek_outer_results has
+  // not yet named, for a caller that merges elsewhere (none otherwise).
+  virtual std::vector<size_t> merges_ahead() const { return {}; }
   // A caller whose parameters live elsewhere (loco.torch on a device) may merge there: after
   // mix_merges_elsewhere() returns true, merge_access reads nothing and merge_step writes nothing
   // into w.params; before each merge_step the caller takes every sync it merges with
-  // prepare_merges, peek_outer_results and copy_synced (below), and merges each fragment from its
-  // copy: local = alpha * local + (1 - alpha) * synced over the segments trained, in float32 with
-  // one rounding per operation, synced over the others. A merge of a sync not so taken is an
-  // internal error. False: the method has no such merges.
+  // prepare_merges given a buffer for each of merges_ahead()'s fragments, then
+  // peek_outer_results, and merges each fragment from its buffer: local = alpha * local + (1 -
+  // alpha) * synced over the segments trained, in float32 with one rounding per operation,
+  // synced over the others. A merge of a sync not so taken is an internal error. False: the
+  // method has no such merges.
   virtual bool mix_merges_elsewhere() { return false; }
   // False: on_gradients never reads w.grads in this run (the caller need not provide them).
   virtual bool uses_gradients(const Worker& w) const { return true; }
@@ -133,11 +147,9 @@ class Algorithm {
   // over for them (a codec's payloads, or fp32's average), so that the caller can decode them and
   // bring them to its device while its training loop goes on. take_outer_results still hands
   // each one over at its merge. A caller that merges elsewhere (mix_merges_elsewhere) is named
-  // each sync once its outer step is taken (the fragment only), and copies its synchronized values
-  // with copy_synced (n of them, packed as the fragment's segments) before the merge, from which
-  // it merges the fragment.
+  // each sync once its outer step is taken (the fragment only; its synchronized values are in the
+  // buffer prepare_merges was given for it), and merges the fragment from them.
   virtual std::vector<OuterResult> peek_outer_results() { return {}; }
-  virtual void copy_synced(size_t fragment, float* out, int64_t n) { fail("internal: copy_synced without a sync"); }
   // The caller's norms of the last round (DiLoCo's outer_delta_norm, replica_delta_norm).
   virtual void set_outer_norms(double outer, double replica) {}
   // This worker's algorithm state for checkpoints (called by every worker at the same step; it

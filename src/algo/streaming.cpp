@@ -523,8 +523,9 @@ void Streaming::apply(Worker& w, Pending& p, bool replace, bool merging) {
     results_.push_back(std::move(r));
     return;
   }
-  // The caller merges this one from the synchronized values it took ahead (peek_outer_results,
-  // copy_synced), and the outer state is written to the store at the store's next use (streaming.h).
+  // The caller merges this one from the synchronized values it took ahead (prepare_merges'
+  // buffers, peek_outer_results), and the outer state goes to the store at the store's next use
+  // (streaming.h).
   const bool by_caller = merging && caller_mixes_;
   check(!by_caller || p.peeked, "internal: the caller merges fragment " + std::to_string(p.fragment) +
                                     " without having taken its synchronized values ahead");

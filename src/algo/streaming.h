@@ -49,7 +49,8 @@ class Streaming : public Algorithm {
   StepAccess access(const Worker& w, int64_t done, bool last) const override;
   StepAccess merge_access(const Worker& w, int64_t done, bool last) const override;
   void merge_step(Worker& w, int64_t done, bool last) override;
-  void prepare_merges() override;
+  void prepare_merges(const std::map<size_t, SyncedBuffer>& synced) override;
+  std::vector<size_t> merges_ahead() const override;
   bool mix_merges_elsewhere() override;
   int64_t quiet_until(const Worker& w, int64_t done, bool last) const override;
   bool uses_gradients(const Worker&) const override { return false; }
@@ -70,7 +71,6 @@ class Streaming : public Algorithm {
   void provide_outer(size_t fragment, std::vector<std::string> payloads) override;
   std::vector<OuterResult> take_outer_results() override;
   std::vector<OuterResult> peek_outer_results() override;
-  void copy_synced(size_t fragment, float* out, int64_t n) override;
 
  private:
   struct Segment {
@@ -99,6 +99,10 @@ class Streaming : public Algorithm {
     bool avg_from_payloads = false;
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
     bool peeked = false;                 // handed to the caller ahead of its merge (peek_outer_results)
+    // Within prepare_merges: the caller's buffer for the new outer parameters (nullptr: none), and
+    // whether the completion's pass wrote them there.
+    float* synced_out = nullptr;
+    bool synced_written = false;
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
     // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
     bool robust = false;

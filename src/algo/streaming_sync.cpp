@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -56,43 +57,39 @@ void average_and_step(float* __restrict theta, float* __restrict mom, const floa
   for (int64_t k = 0; k < n; ++k) outer_sgd_entry(theta[k], mom[k], theta[k] - d[k] / s.M, s.mu, s.lr, s.nesterov);
 }
 
-// The new outer state into theta1 and mom1, theta and mom left as they are.
+// The new outer state into theta1 and mom1, theta and mom left as they are; the new outer
+// parameters into out too when given (a caller's buffer, Streaming::prepare_merges).
 void average_and_step_into(const float* __restrict theta, const float* __restrict mom, const float* __restrict d,
-                           float* __restrict theta1, float* __restrict mom1, int64_t n, const OuterStepArgs& s) {
-  for (int64_t k = 0; k < n; ++k) {
-    float t = theta[k], m = mom[k];
-    outer_sgd_entry(t, m, t - d[k] / s.M, s.mu, s.lr, s.nesterov);
-    theta1[k] = t;
-    mom1[k] = m;
-  }
+                           float* __restrict theta1, float* __restrict mom1, float* __restrict out, int64_t n,
+                           const OuterStepArgs& s) {
+  auto pass = [&](auto also) {
+    for (int64_t k = 0; k < n; ++k) {
+      float t = theta[k], m = mom[k];
+      outer_sgd_entry(t, m, t - d[k] / s.M, s.mu, s.lr, s.nesterov);
+      theta1[k] = t;
+      mom1[k] = m;
+      if constexpr (decltype(also)::value) out[k] = t;
+    }
+  };
+  if (out)
+    pass(std::true_type{});
+  else
+    pass(std::false_type{});
 }
 
 // Without `step`, avg = theta - d / M over n entries; with it the outer step, in place (theta,
-// mom), or into theta1 and mom1 when given.
-void average_entries(float* theta, float* mom, const float* d, float* avg, float* theta1, float* mom1, int64_t n,
-                     bool step, const OuterStepArgs& s) {
+// mom), or into theta1 and mom1 (and out) when given.
+void average_entries(float* theta, float* mom, const float* d, float* avg, float* theta1, float* mom1, float* out,
+                     int64_t n, bool step, const OuterStepArgs& s) {
   if (!step)
     average_only(theta, d, avg, n, s);
   else if (!theta1)
     average_and_step(theta, mom, d, n, s);
   else
-    average_and_step_into(theta, mom, d, theta1, mom1, n, s);
+    average_and_step_into(theta, mom, d, theta1, mom1, out, n, s);
 }
 
 }  // namespace
-
-void Streaming::copy_synced(size_t fragment, float* out, int64_t n) {
-  check(!held_, "internal: copy_synced with the outer state held by the caller");
-  for (const auto& p : pending_) {
-    if (p.fragment != fragment || !p.peeked) continue;
-    check(n == int64_t(p.theta.size()), "copy_synced: fragment " + std::to_string(fragment) + " has " +
-                                            std::to_string(p.theta.size()) + " values, the buffer " + std::to_string(n));
-    const float* from = p.theta.data();
-    each_index(n, [=](int64_t i) { out[i] = from[i]; });
-    return;
-  }
-  fail("copy_synced: fragment " + std::to_string(fragment) + " has no sync taken ahead of its merge");
-}
 
 std::vector<float> Streaming::take_spare(int64_t n) {
   // The smallest vector that holds n values, else the largest (grown here).
@@ -132,13 +129,47 @@ void Streaming::give_spare(std::vector<float>& v) {
 // here and writing them back at the merge is what apply() would do then. A checkpoint taken in
 // between saves the average (p.avg, or for a codec's sync stepped_average()) and the store's
 // values, as before the step.
-void Streaming::prepare_merges() {
-  if (elastic_) return;
+// The caller's buffers (synced) are written by the completion's pass that steps from the store,
+// else copied from the new outer parameters after it.
+void Streaming::prepare_merges(const std::map<size_t, SyncedBuffer>& synced) {
+  if (elastic_) {
+    check(synced.empty(), "internal: prepare_merges given buffers in an elastic run");
+    return;
+  }
+  // The buffers are the caller's for this call only: none is kept past it, whatever is thrown.
+  struct Forget {
+    std::deque<Pending>& pending;
+    ~Forget() {
+      for (auto& p : pending) p.synced_out = nullptr;
+    }
+  } forget{pending_};
+  for (const auto& [j, b] : synced) {
+    auto p = std::find_if(pending_.begin(), pending_.end(), [j = j](const Pending& q) { return q.fragment == j; });
+    check(!held_ && caller_mixes_ && p != pending_.end() && !p->peeked,
+          "internal: prepare_merges given a buffer for fragment " + std::to_string(j) + ", not one of merges_ahead()'s");
+    check(b.n == total_size(ranges_[j]), "internal: prepare_merges: fragment " + std::to_string(j) + " has " +
+                                             std::to_string(total_size(ranges_[j])) + " values, its buffer " +
+                                             std::to_string(b.n));
+    p->synced_out = b.data;
+  }
   if (!unwritten_.empty()) written_store();
   for (auto& p : pending_) {
     complete(comm_, p, held_ ? Step::none : Step::ahead);
     if (!held_) step_outer(p);  // when completed before (a codec's completion takes it too)
+    if (p.synced_out && !p.synced_written) {
+      const float* from = p.theta.data();
+      float* to = p.synced_out;
+      each_index(int64_t(p.theta.size()), [=](int64_t i) { to[i] = from[i]; });
+    }
   }
+}
+
+std::vector<size_t> Streaming::merges_ahead() const {
+  std::vector<size_t> out;
+  if (elastic_ || !caller_mixes_) return out;
+  for (const auto& p : pending_)
+    if (!p.peeked) out.push_back(p.fragment);
+  return out;
 }
 
 bool Streaming::mix_merges_elsewhere() {
@@ -159,14 +190,15 @@ void Streaming::average_packed(Pending& p, const float* d, int64_t b, int64_t le
   const OuterStepArgs s{M, float(outer_.momentum), float(outer_.lr), outer_.nesterov};
   float* avg = step == Step::none ? p.avg.data() + b : nullptr;
   if (!p.in_store) {  // packed: stepped in place, if at all
-    average_entries(p.theta.data() + b, p.momentum.data() + b, d, avg, nullptr, nullptr, len, step != Step::none, s);
+    average_entries(p.theta.data() + b, p.momentum.data() + b, d, avg, nullptr, nullptr, nullptr, len,
+                    step != Step::none, s);
     return;
   }
   float* theta = store().resident_theta(p.fragment) + b;
   float* mom = store().resident_momentum(p.fragment) + b;
   const bool ahead = step == Step::ahead;  // into p.theta and p.momentum, the store's left as it is
-  average_entries(theta, mom, d, avg, ahead ? p.theta.data() + b : nullptr, ahead ? p.momentum.data() + b : nullptr, len,
-                  step != Step::none, s);
+  average_entries(theta, mom, d, avg, ahead ? p.theta.data() + b : nullptr, ahead ? p.momentum.data() + b : nullptr,
+                  ahead && p.synced_out ? p.synced_out + b : nullptr, len, step != Step::none, s);
 }
 
 void Streaming::complete_encoded(Pending& p, Step step) {
@@ -223,6 +255,7 @@ void Streaming::complete_encoded(Pending& p, Step step) {
     give_spare(delta);
   }
   if (step != Step::none) {
+    p.synced_written = p.synced_out && p.in_store && step == Step::ahead;
     if (p.in_store) p.in_store = step == Step::in_place;  // else the new state is in p.theta and p.momentum
     p.stepped = true;
     p.avg_from_payloads = true;

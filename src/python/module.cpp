@@ -324,10 +324,22 @@ class Method {
   void merge_step() {
     at_coming_step([&](int64_t done, bool last) { algo().merge_step(w_, done, last); });
   }
-  // The syncs in flight prepared ahead of their merge (algo/algorithm.h), on loco.torch's thread.
-  void prepare_merges() {
-    guard([&] { algo().prepare_merges(); });
+  // The syncs in flight prepared ahead of their merge (algo/algorithm.h), on loco.torch's thread;
+  // `synced`: fragment -> a float32 array (loco.torch's page-locked buffer for the copy to the
+  // device) into which its synchronized values are written.
+  void prepare_merges(const py::dict& synced) {
+    std::map<size_t, SyncedBuffer> into;
+    std::vector<py::array_t<float, py::array::c_style>> held;  // alive for the call
+    for (auto item : synced) {
+      auto a = py::array_t<float, py::array::c_style>::ensure(item.second);
+      if (!a || !a.writeable() || a.ptr() != item.second.ptr())
+        fail("internal: prepare_merges takes writable, contiguous float32 arrays");
+      into[item.first.cast<size_t>()] = SyncedBuffer{a.mutable_data(), int64_t(a.size())};
+      held.push_back(std::move(a));
+    }
+    guard([&] { algo().prepare_merges(into); });
   }
+  std::vector<size_t> merges_ahead() const { return algo().merges_ahead(); }
   // The first step after the coming one whose access() may use anything (algo/algorithm.h).
   int64_t quiet_until() {
     int64_t out = 0;
@@ -385,13 +397,6 @@ class Method {
     std::vector<OuterResult> results;
     guard([&] { results = algo().peek_outer_results(); });
     return outer_results(std::move(results));
-  }
-  // A sync's synchronized values, named by peek_outer_results, into `out` (loco.torch's
-  // page-locked buffer for their copy to the device), on loco.torch's background thread.
-  void copy_synced(size_t fragment, py::array_t<float, py::array::c_style> out) {
-    float* at = out.mutable_data();
-    const int64_t n = int64_t(out.size());
-    guard([&] { algo().copy_synced(fragment, at, n); });
   }
   static py::list outer_results(std::vector<OuterResult> results) {
     py::list out;
@@ -818,7 +823,8 @@ PYBIND11_MODULE(_loco, m) {
       .def("access", &Method::access)
       .def("merge_access", &Method::merge_access)
       .def("merge_step", &Method::merge_step)
-      .def("prepare_merges", &Method::prepare_merges)
+      .def("prepare_merges", &Method::prepare_merges, py::arg("synced") = py::dict())
+      .def("merges_ahead", &Method::merges_ahead)
       .def("quiet_until", &Method::quiet_until)
       .def_property_readonly("uses_gradients", &Method::uses_gradients)
       .def("hold_outer", &Method::hold_outer)
@@ -828,7 +834,6 @@ PYBIND11_MODULE(_loco, m) {
       .def("provide_outer", &Method::provide_outer)
       .def("take_outer_results", &Method::take_outer_results)
       .def("peek_outer_results", &Method::peek_outer_results)
-      .def("copy_synced", &Method::copy_synced)
       .def("set_outer_norms", &Method::set_outer_norms)
       .def("mix_merges_elsewhere", &Method::mix_merges_elsewhere)
       .def("eval_params", &Method::eval_params)

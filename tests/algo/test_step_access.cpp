@@ -71,8 +71,9 @@ struct Outcome {
 };
 
 // DevicePeek: as DeviceSplit, the merges made by the caller where the method lets it
-// (mix_merges_elsewhere): the synchronized values taken ahead of the merge (peek_outer_results
-// after prepare_merges, copy_synced) and merged from that copy, as loco.torch does.
+// (mix_merges_elsewhere): the synchronized values taken ahead of the merge (written by
+// prepare_merges into a buffer for each sync merges_ahead() names, then peek_outer_results) and
+// merged from that copy, as loco.torch does.
 enum class Mode { Host, Device, DeviceSplit, DevicePeek };
 
 // alpha * local + (1 - alpha) * synced, one rounding per operation (no fused multiply-add), as
@@ -182,15 +183,37 @@ Outcome run(const RunConfig& cfg, Mode mode) {
               out.saved[size_t(m)].insert(out.saved[size_t(m)].end(), it->second.begin(), it->second.end());
           }
         }
-        if (split) algo->prepare_merges();
-        if (peeks)
-          for (const auto& r : algo->peek_outer_results()) {
+        if (split) {
+          // As loco.torch: a buffer for each sync merges_ahead() names, written by prepare_merges.
+          std::map<size_t, std::vector<float>> into;
+          std::map<size_t, SyncedBuffer> buffers;
+          for (size_t j : peeks ? algo->merges_ahead() : std::vector<size_t>{}) {
             int64_t n = 0;
-            for (const auto& x : segments[r.fragment]) n += x.end - x.begin;
-            std::vector<float>& values = taken[r.fragment];
-            values.assign(size_t(n), std::numeric_limits<float>::quiet_NaN());
-            algo->copy_synced(r.fragment, values.data(), n);
+            for (const auto& x : segments[j]) n += x.end - x.begin;
+            into[j].assign(size_t(n), std::numeric_limits<float>::quiet_NaN());
+            buffers[j] = SyncedBuffer{into[j].data(), n};
           }
+          algo->prepare_merges(buffers);
+          for (const auto& r : algo->peek_outer_results()) {
+            if (!peeks || !into.count(r.fragment)) {
+              if (violation[size_t(m)].empty())
+                violation[size_t(m)] = "step " + std::to_string(done) + ": peek names fragment " +
+                                       std::to_string(r.fragment) + ", which merges_ahead() did not";
+              continue;
+            }
+            taken[r.fragment] = std::move(into[r.fragment]);
+          }
+        }
+        // Saved again after step 11's syncs in flight were prepared (device modes; a codec's then
+        // stepped ahead, its average computed again for the state), with their averages: as the host
+        // run saves them at the same point, without preparing.
+        if (done == 11) {
+          TrainingState st;
+          algo->save_state(st);
+          for (const auto& [key, v] : st.tensors)
+            if (key.rfind("pending.", 0) == 0 || key.rfind("outer.", 0) == 0)
+              out.saved[size_t(m)].insert(out.saved[size_t(m)].end(), v.begin(), v.end());
+        }
         if (last) taken.clear();  // the last step applied every sync itself
       }
       if (device) w.params = dev;  // what loco.torch copies to the host before an evaluation
@@ -294,15 +317,17 @@ TEST(StepAccess, AMergeByTheCallerOfASyncNotTakenAheadIsRefused) {
       try {
         algo->merge_step(w, done, false);
         algo->after_step(w, done, false);
-        algo->prepare_merges();
-        if (take)
-          for (const auto& r : algo->peek_outer_results()) {
-            const auto segments = algo->outer_segments();
-            int64_t n = 0;
-            for (const auto& x : segments[r.fragment]) n += x.end - x.begin;
-            std::vector<float> values(static_cast<size_t>(n));
-            algo->copy_synced(r.fragment, values.data(), n);
-          }
+        std::map<size_t, std::vector<float>> values;
+        std::map<size_t, SyncedBuffer> buffers;
+        const auto segments = algo->outer_segments();
+        for (size_t j : algo->merges_ahead()) {
+          int64_t n = 0;
+          for (const auto& x : segments[j]) n += x.end - x.begin;
+          values[j].resize(size_t(n));
+          buffers[j] = SyncedBuffer{values[j].data(), n};
+        }
+        algo->prepare_merges(buffers);
+        if (take) algo->peek_outer_results();
       } catch (const std::exception& e) {
         error = e.what();
       }
