@@ -13,6 +13,7 @@
 // back to the store later), with the outer state saved mid-run compared too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -20,6 +21,7 @@
 
 #include "algo/algorithm.h"
 #include "comm/inprocess.h"
+#include "core/error.h"
 #include "model/transformer.h"
 
 using namespace loco;
@@ -337,4 +339,44 @@ TEST(StepAccess, AMergeByTheCallerOfASyncNotTakenAheadIsRefused) {
     else
       EXPECT_NE(error.find("without having taken its synchronized values ahead"), std::string::npos) << error;
   }
+}
+
+TEST(StepAccess, PrepareMergesRefusesABufferOfTheWrongSizeOrForNoSyncAhead) {
+  // As above: fragment 0's sync starts at step 6. A buffer of another size than the fragment's,
+  // or for a fragment with no sync in flight, is refused before anything is written into it.
+  RunConfig c = access_config("streaming");
+  c.distributed.replicas = 1;
+  c.streaming.tau = 2;
+  c.outer.codec = "fp4-e3m0";
+  auto transports = make_inprocess_transports(1);
+  Communicator comm(std::move(transports[0]), {}, nullptr);
+  Worker w(c, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1)));
+  Transformer(c.model).init_params(w.params.data(), 5);
+  auto algo = make_algorithm(c, w);
+  ASSERT_TRUE(algo->mix_merges_elsewhere());
+  algo->start(w, false);
+  for (int64_t done = 1; done <= 6; ++done) {
+    w.step = done - 1;
+    algo->after_step(w, done, false);
+  }
+  ASSERT_EQ(algo->merges_ahead(), std::vector<size_t>{0});
+  const auto segments = algo->outer_segments();
+  int64_t n = 0;
+  for (const auto& x : segments[0]) n += x.end - x.begin;
+  std::vector<float> values(size_t(n + 1), -1.0f);
+  auto refusal = [&](size_t j, int64_t size) {
+    try {
+      algo->prepare_merges({{j, SyncedBuffer{values.data(), size}}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal(0, n + 1).find("its buffer " + std::to_string(n + 1)), std::string::npos);
+  EXPECT_NE(refusal(1, n).find("not one of merges_ahead()'s"), std::string::npos);
+  EXPECT_TRUE(std::all_of(values.begin(), values.end(), [](float x) { return x == -1.0f; }));
+  EXPECT_EQ(refusal(0, n), "");
+  EXPECT_TRUE(std::none_of(values.begin(), values.begin() + n, [](float x) { return x == -1.0f; }));
+  ASSERT_EQ(algo->peek_outer_results().size(), 1u);
+  EXPECT_TRUE(algo->merges_ahead().empty());
 }
