@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <iostream>
-#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -57,24 +56,29 @@ void average_and_step(float* __restrict theta, float* __restrict mom, const floa
   for (int64_t k = 0; k < n; ++k) outer_sgd_entry(theta[k], mom[k], theta[k] - d[k] / s.M, s.mu, s.lr, s.nesterov);
 }
 
-// The new outer state into theta1 and mom1, theta and mom left as they are; the new outer
-// parameters into out too when given (a caller's buffer, Streaming::prepare_merges).
+// The new outer state into theta1 and mom1, theta and mom left as they are.
 void average_and_step_into(const float* __restrict theta, const float* __restrict mom, const float* __restrict d,
-                           float* __restrict theta1, float* __restrict mom1, float* __restrict out, int64_t n,
-                           const OuterStepArgs& s) {
-  auto pass = [&](auto also) {
-    for (int64_t k = 0; k < n; ++k) {
-      float t = theta[k], m = mom[k];
-      outer_sgd_entry(t, m, t - d[k] / s.M, s.mu, s.lr, s.nesterov);
-      theta1[k] = t;
-      mom1[k] = m;
-      if constexpr (decltype(also)::value) out[k] = t;
-    }
-  };
-  if (out)
-    pass(std::true_type{});
-  else
-    pass(std::false_type{});
+                           float* __restrict theta1, float* __restrict mom1, int64_t n, const OuterStepArgs& s) {
+  for (int64_t k = 0; k < n; ++k) {
+    float t = theta[k], m = mom[k];
+    outer_sgd_entry(t, m, t - d[k] / s.M, s.mu, s.lr, s.nesterov);
+    theta1[k] = t;
+    mom1[k] = m;
+  }
+}
+
+// The same, the new outer parameters written into out too (a caller's buffer,
+// Streaming::prepare_merges).
+void average_and_step_into_and(const float* __restrict theta, const float* __restrict mom, const float* __restrict d,
+                               float* __restrict theta1, float* __restrict mom1, float* __restrict out, int64_t n,
+                               const OuterStepArgs& s) {
+  for (int64_t k = 0; k < n; ++k) {
+    float t = theta[k], m = mom[k];
+    outer_sgd_entry(t, m, t - d[k] / s.M, s.mu, s.lr, s.nesterov);
+    theta1[k] = t;
+    mom1[k] = m;
+    out[k] = t;
+  }
 }
 
 // Without `step`, avg = theta - d / M over n entries; with it the outer step, in place (theta,
@@ -85,8 +89,10 @@ void average_entries(float* theta, float* mom, const float* d, float* avg, float
     average_only(theta, d, avg, n, s);
   else if (!theta1)
     average_and_step(theta, mom, d, n, s);
+  else if (!out)
+    average_and_step_into(theta, mom, d, theta1, mom1, n, s);
   else
-    average_and_step_into(theta, mom, d, theta1, mom1, out, n, s);
+    average_and_step_into_and(theta, mom, d, theta1, mom1, out, n, s);
 }
 
 }  // namespace
