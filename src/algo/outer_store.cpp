@@ -19,6 +19,13 @@ void copy_whole(const std::vector<float>& from, std::vector<float>& to) {
   pack_ranges(from.data(), {{0, int64_t(from.size())}}, to);
 }
 
+// The fragments' packed values laid out in the flat buffer's layout (n values).
+void unpack_all(const std::vector<std::vector<float>>& parts, const std::vector<std::vector<Range>>& fragments,
+                int64_t n, std::vector<float>& out) {
+  out.resize(size_t(n));
+  for (size_t j = 0; j < fragments.size(); ++j) unpack_ranges(parts[j].data(), fragments[j], out.data());
+}
+
 }  // namespace
 
 OuterStore::OuterStore(std::vector<std::vector<Range>> fragments, int64_t n, const std::string& file)
@@ -107,8 +114,10 @@ void OuterStore::write(size_t j, const std::vector<float>& theta, const std::vec
 }
 
 void OuterStore::exchange(size_t j, std::vector<float>& theta, std::vector<float>& momentum) {
-  const size_t n = theta_.empty() ? 0 : theta_[j].size();
-  if (fd_ >= 0 || theta.size() != n || theta.capacity() != n || momentum.size() != n || momentum.capacity() != n) {
+  auto exact = [n = fd_ < 0 ? theta_[j].size() : 0](const std::vector<float>& v) {
+    return v.size() == n && v.capacity() == n;
+  };
+  if (fd_ >= 0 || !exact(theta) || !exact(momentum)) {
     write(j, theta, momentum);
     return;
   }
@@ -124,8 +133,7 @@ int64_t OuterStore::resident_bytes() const {
 
 void OuterStore::read_params(std::vector<float>& theta) const {
   if (fd_ < 0) {
-    theta.resize(size_t(n_));
-    for (size_t j = 0; j < fragments_.size(); ++j) unpack_ranges(theta_[j].data(), fragments_[j], theta.data());
+    unpack_all(theta_, fragments_, n_, theta);
     return;
   }
   theta.resize(size_t(n_));
@@ -135,8 +143,7 @@ void OuterStore::read_params(std::vector<float>& theta) const {
 void OuterStore::read_all(std::vector<float>& theta, std::vector<float>& momentum) const {
   read_params(theta);
   if (fd_ < 0) {
-    momentum.resize(size_t(n_));
-    for (size_t j = 0; j < fragments_.size(); ++j) unpack_ranges(momentum_[j].data(), fragments_[j], momentum.data());
+    unpack_all(momentum_, fragments_, n_, momentum);
     return;
   }
   momentum.resize(size_t(n_));

@@ -99,10 +99,9 @@ class Streaming : public Algorithm {
     bool avg_from_payloads = false;
     bool own = false;                    // held outer state, fp32, one replica: the caller's own parameters
     bool peeked = false;                 // handed to the caller ahead of its merge (peek_outer_results)
-    // Within prepare_merges: the caller's buffer for the new outer parameters (nullptr: none), and
-    // whether the completion's pass wrote them there.
+    // Within prepare_merges: the caller's buffer for the new outer parameters, until they are
+    // written there (nullptr: none, or written).
     float* synced_out = nullptr;
-    bool synced_written = false;
     // Screening or a robust rule (outer.screen, outer.aggregate): the screened mean's verdict
     // (known when the all-reduce starts), or every member's encoded delta in `gathered`.
     bool robust = false;

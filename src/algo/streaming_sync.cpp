@@ -162,7 +162,7 @@ void Streaming::prepare_merges(const std::map<size_t, SyncedBuffer>& synced) {
   for (auto& p : pending_) {
     complete(comm_, p, held_ ? Step::none : Step::ahead);
     if (!held_) step_outer(p);  // when completed before (a codec's completion takes it too)
-    if (p.synced_out && !p.synced_written) {
+    if (p.synced_out) {  // not written by the completion's pass
       const float* from = p.theta.data();
       float* to = p.synced_out;
       each_index(int64_t(p.theta.size()), [=](int64_t i) { to[i] = from[i]; });
@@ -261,7 +261,7 @@ void Streaming::complete_encoded(Pending& p, Step step) {
     give_spare(delta);
   }
   if (step != Step::none) {
-    p.synced_written = p.synced_out && p.in_store && step == Step::ahead;
+    if (p.in_store && step == Step::ahead) p.synced_out = nullptr;  // written by the pass
     if (p.in_store) p.in_store = step == Step::in_place;  // else the new state is in p.theta and p.momentum
     p.stepped = true;
     p.avg_from_payloads = true;

@@ -328,14 +328,12 @@ class Method {
   // `synced`: fragment -> a float32 array (loco.torch's page-locked buffer for the copy to the
   // device) into which its synchronized values are written.
   void prepare_merges(const py::dict& synced) {
-    std::map<size_t, SyncedBuffer> into;
-    std::vector<py::array_t<float, py::array::c_style>> held;  // alive for the call
+    std::map<size_t, SyncedBuffer> into;  // the arrays stay alive in `synced` for the call
     for (auto item : synced) {
       auto a = py::array_t<float, py::array::c_style>::ensure(item.second);
-      if (!a || !a.writeable() || a.ptr() != item.second.ptr())
+      if (!a || !a.writeable() || a.ptr() != item.second.ptr())  // a converted copy's writes would be lost
         fail("internal: prepare_merges takes writable, contiguous float32 arrays");
       into[item.first.cast<size_t>()] = SyncedBuffer{a.mutable_data(), int64_t(a.size())};
-      held.push_back(std::move(a));
     }
     guard([&] { algo().prepare_merges(into); });
   }
