@@ -85,6 +85,50 @@ float mixed(float alpha, float local, float synced) {
   return kept + taken;
 }
 
+// The values of a fragment: its segments' sizes summed.
+int64_t fragment_size(const std::vector<OuterSegment>& segments) {
+  int64_t n = 0;
+  for (const auto& x : segments) n += x.end - x.begin;
+  return n;
+}
+
+// As loco.torch gives prepare_merges: a buffer for each fragment merges_ahead() names, NaN-filled,
+// in `values`.
+std::map<size_t, SyncedBuffer> buffers_ahead(const Algorithm& algo, std::map<size_t, std::vector<float>>& values) {
+  const auto segments = algo.outer_segments();
+  std::map<size_t, SyncedBuffer> buffers;
+  for (size_t j : algo.merges_ahead()) {
+    const int64_t n = fragment_size(segments[j]);
+    values[j].assign(size_t(n), std::numeric_limits<float>::quiet_NaN());
+    buffers[j] = SyncedBuffer{values[j].data(), n};
+  }
+  return buffers;
+}
+
+// One replica of Streaming DiLoCo with tau 2 whose merges the caller mixes (mix_merges_elsewhere),
+// started: fragment 0's sync starts at step 6 and merges at 8.
+struct CallerMixed {
+  explicit CallerMixed(const RunConfig& base)
+      : cfg(one_replica(base)),
+        comm(std::move(make_inprocess_transports(1)[0]), {}, nullptr),
+        w(cfg, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1))) {
+    Transformer(cfg.model).init_params(w.params.data(), 5);
+    algo = make_algorithm(cfg, w);
+    mixes = algo->mix_merges_elsewhere();
+    algo->start(w, false);
+  }
+  static RunConfig one_replica(RunConfig c) {
+    c.distributed.replicas = 1;
+    c.streaming.tau = 2;
+    return c;
+  }
+  RunConfig cfg;
+  Communicator comm;
+  Worker w;
+  std::unique_ptr<Algorithm> algo;
+  bool mixes = false;
+};
+
 Outcome run(const RunConfig& cfg, Mode mode) {
   const bool device = mode != Mode::Host;
   auto transports = make_inprocess_transports(2);
@@ -188,14 +232,7 @@ Outcome run(const RunConfig& cfg, Mode mode) {
         if (split) {
           // As loco.torch: a buffer for each sync merges_ahead() names, written by prepare_merges.
           std::map<size_t, std::vector<float>> into;
-          std::map<size_t, SyncedBuffer> buffers;
-          for (size_t j : peeks ? algo->merges_ahead() : std::vector<size_t>{}) {
-            int64_t n = 0;
-            for (const auto& x : segments[j]) n += x.end - x.begin;
-            into[j].assign(size_t(n), std::numeric_limits<float>::quiet_NaN());
-            buffers[j] = SyncedBuffer{into[j].data(), n};
-          }
-          algo->prepare_merges(buffers);
+          algo->prepare_merges(buffers_ahead(*algo, into));
           for (const auto& r : algo->peek_outer_results()) {
             if (!peeks || !into.count(r.fragment)) {
               if (violation[size_t(m)].empty())
@@ -303,32 +340,18 @@ TEST(StepAccess, AMergeByTheCallerOfASyncNotTakenAheadIsRefused) {
   // leave the fragment's synchronized values nowhere: it fails instead of training on stale ones.
   for (bool take : {true, false}) {
     RunConfig c = access_config("streaming");
-    c.distributed.replicas = 1;
-    c.streaming.tau = 2;
     c.streaming.alpha = 0.5;
-    auto transports = make_inprocess_transports(1);
-    Communicator comm(std::move(transports[0]), {}, nullptr);
-    Worker w(c, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1)));
-    Transformer(c.model).init_params(w.params.data(), 5);
-    auto algo = make_algorithm(c, w);
-    ASSERT_TRUE(algo->mix_merges_elsewhere());
-    algo->start(w, false);
+    CallerMixed run(c);
+    ASSERT_TRUE(run.mixes);
+    auto& algo = run.algo;
     std::string error;
     for (int64_t done = 1; done <= 8 && error.empty(); ++done) {
-      w.step = done - 1;
+      run.w.step = done - 1;
       try {
-        algo->merge_step(w, done, false);
-        algo->after_step(w, done, false);
+        algo->merge_step(run.w, done, false);
+        algo->after_step(run.w, done, false);
         std::map<size_t, std::vector<float>> values;
-        std::map<size_t, SyncedBuffer> buffers;
-        const auto segments = algo->outer_segments();
-        for (size_t j : algo->merges_ahead()) {
-          int64_t n = 0;
-          for (const auto& x : segments[j]) n += x.end - x.begin;
-          values[j].resize(size_t(n));
-          buffers[j] = SyncedBuffer{values[j].data(), n};
-        }
-        algo->prepare_merges(buffers);
+        algo->prepare_merges(buffers_ahead(*algo, values));
         if (take) algo->peek_outer_results();
       } catch (const std::exception& e) {
         error = e.what();
@@ -345,24 +368,16 @@ TEST(StepAccess, PrepareMergesRefusesABufferOfTheWrongSizeOrForNoSyncAhead) {
   // As above: fragment 0's sync starts at step 6. A buffer of another size than the fragment's,
   // or for a fragment with no sync in flight, is refused before anything is written into it.
   RunConfig c = access_config("streaming");
-  c.distributed.replicas = 1;
-  c.streaming.tau = 2;
   c.outer.codec = "fp4-e3m0";
-  auto transports = make_inprocess_transports(1);
-  Communicator comm(std::move(transports[0]), {}, nullptr);
-  Worker w(c, comm, std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>(400, 1)));
-  Transformer(c.model).init_params(w.params.data(), 5);
-  auto algo = make_algorithm(c, w);
-  ASSERT_TRUE(algo->mix_merges_elsewhere());
-  algo->start(w, false);
+  CallerMixed run(c);
+  ASSERT_TRUE(run.mixes);
+  auto& algo = run.algo;
   for (int64_t done = 1; done <= 6; ++done) {
-    w.step = done - 1;
-    algo->after_step(w, done, false);
+    run.w.step = done - 1;
+    algo->after_step(run.w, done, false);
   }
   ASSERT_EQ(algo->merges_ahead(), std::vector<size_t>{0});
-  const auto segments = algo->outer_segments();
-  int64_t n = 0;
-  for (const auto& x : segments[0]) n += x.end - x.begin;
+  const int64_t n = fragment_size(algo->outer_segments()[0]);
   std::vector<float> values(size_t(n + 1), -1.0f);
   auto refusal = [&](size_t j, int64_t size) {
     try {
