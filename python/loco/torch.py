@@ -126,6 +126,10 @@ class Sync:
         if "train.steps" not in values:
             settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
         out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
+        if out_dir is not None and elastic:
+            out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
+        if out_dir is not None and not elastic and endpoint.rank == 0:  # the member that writes it, before any change
+            self._make_run_dir(out_dir)
         self._device = self._params[0].device
         if any(p.device != self._device for p in self._params):
             raise _loco.Error("the model's parameters are on more than one device")
@@ -211,21 +215,31 @@ class Sync:
         self._done = self._core.step
         self._stepped = self._synced = False
         self._skipped = 0  # steps without an inner optimizer step (a GradScaler's skipped steps)
-        if out_dir is not None and elastic:
-            out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
         self._out_dir = out_dir
         self._t0 = time.monotonic()
         self._tokens = 0
         self._losses = []
         self._last = None  # the last metrics record
         if out_dir is not None and self.rank == 0:
-            if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
-                raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
-            os.makedirs(out_dir, exist_ok=True)
-            _write_atomic(os.path.join(out_dir, "config.toml"), self._core.config_toml())
+            if elastic:  # its rank known only now
+                self._make_run_dir(out_dir)
+            try:
+                _write_atomic(os.path.join(out_dir, "config.toml"), self._core.config_toml())
+            except OSError as e:
+                raise _loco.Error(f"out_dir={out_dir!r}: cannot write the run directory ({e.strerror or e})") from None
         self._original_steps = [opt.step for opt in opts]
         for opt in opts:
             opt.step = self._hooked_step(opt.step)
+
+    @staticmethod
+    def _make_run_dir(out_dir):
+        """out_dir made for a new run (refused if it holds one)."""
+        if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
+            raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise _loco.Error(f"out_dir={out_dir!r}: cannot make the run directory ({e.strerror or e})") from None
 
     def _hooked_step(self, original):
         """An inner optimizer's step, the method's gradient hook run first once per step (with
@@ -250,7 +264,11 @@ class Sync:
             raise _loco.Error(f"outer_device={outer_device!r}: {method} keeps its state on the host "
                               "(outer_device applies to diloco and streaming)")
         if outer_device != "model":
-            want = _torch.device(outer_device)
+            try:
+                want = _torch.device(outer_device)
+            except (RuntimeError, TypeError) as e:
+                raise _loco.Error(f"outer_device={outer_device!r}: not a device (\"cpu\", \"model\" or the model's "
+                                  f"device, {self._device}): {e}") from None
             if want.type != self._device.type or (want.index is not None and want.index != self._device.index):
                 raise _loco.Error(f"outer_device={outer_device!r}: the outer state lives on the host (\"cpu\") or "
                                   f"on the model's device ({self._device}, or \"model\")")

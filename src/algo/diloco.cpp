@@ -176,7 +176,11 @@ class Diloco : public Algorithm {
     st.meta["outer.norm_history"] = norm_history_text({history_});
   }
   void load_state(const TrainingState& st) override {
-    if (held_) return;
+    if (held_) {  // the caller loads the outer parameters and momentum
+      st.taken_by_caller("outer.params");
+      st.taken_by_caller("outer.momentum");
+      return;
+    }
     theta_.resize(size_t(n_));
     momentum_.resize(size_t(n_));
     st.take("outer.params", theta_);

@@ -430,6 +430,9 @@ void Streaming::load_state(const TrainingState& st) {
     st.take("outer.params", theta);
     st.take("outer.momentum", momentum);
     written_store().write_all(theta, momentum);
+  } else {  // the caller loads them
+    st.taken_by_caller("outer.params");
+    st.taken_by_caller("outer.momentum");
   }
   const auto h = st.meta.find("outer.norm_history");
   norm_history_ = parse_norm_history(h == st.meta.end() ? "" : h->second, plan_.size(), "training state");

@@ -50,6 +50,20 @@ void TrainingState::take(const std::string& name, std::vector<float>& out) const
     fail("training state: tensor \"" + name + "\" has " + std::to_string(it->second.size()) + " values, expected " +
          std::to_string(out.size()));
   out = it->second;
+  taken_.insert(name);
+}
+
+void TrainingState::check_all_taken(const std::string& source) const {
+  std::string left;
+  int count = 0;
+  for (const auto& entry : tensors) {
+    if (taken_.count(entry.first)) continue;
+    if (++count <= 8) left += (left.empty() ? "" : ", ") + entry.first;
+  }
+  if (count == 0) return;
+  if (count > 8) left += " and " + std::to_string(count - 8) + " more";
+  fail(source + ": the state holds tensor(s) this run does not read: " + left +
+       " (saved by another method or configuration, or edited)");
 }
 
 std::string begin_checkpoint(const std::string& run_dir, int64_t step) {

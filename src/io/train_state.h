@@ -11,6 +11,7 @@
 // atomically: a kill at any moment leaves the previous checkpoint intact and `latest` pointing
 // to a complete one. With MPI on several hosts, RUN must be on a shared file system.
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ struct TrainingState {
   double get_double(const std::string& key) const;
   // Copies tensor `name` into `out`, failing if it is missing or of another size.
   void take(const std::string& name, std::vector<float>& out) const;
+  // Once everything is loaded: fails, naming them, if tensors remain that nothing took (a state
+  // of another configuration, or edited: values it holds would otherwise be dropped unsaid).
+  void check_all_taken(const std::string& source) const;
+  // Counts `name` as taken, by a caller that reads it itself (loco.torch's outer state on a device).
+  void taken_by_caller(const std::string& name) const { taken_.insert(name); }
+
+ private:
+  mutable std::set<std::string> taken_;
 };
 
 // Fresh temporary directory for the checkpoint of `step` (removes a stale one).

@@ -443,7 +443,9 @@ class Method {
   }
   // A state from a file is hostile until checked: every entry an array of finite numbers (the
   // methods' states hold no other; a NaN loaded would spread through every later round), the
-  // metadata a dict, the step an integer within the run, all before anything is changed.
+  // metadata a dict, the step an integer within the run, all before anything is changed. An
+  // entry the method does not read, or one it needs and misses, is refused during the load, which
+  // leaves the method failed (a new one is made to go on).
   void load_state(const py::dict& d) {
     TrainingState st;
     for (auto item : d) {
@@ -475,6 +477,7 @@ class Method {
            std::to_string(cfg_.train.steps) + "]");
     guard([&] {
       algo().load_state(st);
+      st.check_all_taken("load_state_dict");
       w_.restored = true;
       step_ = step;
     });

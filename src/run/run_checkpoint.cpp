@@ -114,6 +114,7 @@ std::pair<int64_t, double> restore_worker(WorkerRun& run) {
                            rep.meta.count("data.offset") ? rep.get_int("data.offset") : 0});
   run.algo->load_state(rep);
   protocol_load(run, rep, state_path);
+  rep.check_all_taken(state_path);
   const std::string traffic = traffic_path(ck, run);
   if (file_exists(traffic)) run.traffic->restore(read_json_file(traffic), traffic);
   return {step, elapsed};

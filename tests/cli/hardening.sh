@@ -2,7 +2,8 @@
 # What a hostile tester broke, each case failing before its fix (issue 12):
 #  1. many workers under an address-space limit: a one-line error, not SIGABRT or a hang;
 #  2. a checkpoint whose config.json claims a huge model: refused at once, before allocating;
-#  3. a flipped digit in a training state's header, and counters out of range: refused;
+#  3. a flipped digit in a training state's header, counters out of range, and a worker's state
+#     holding entries the run does not read (another method's): refused;
 #  4. a new run into a directory holding a run: refused, unless --overwrite;
 #  5. two processes training in one run directory: the second is refused;
 #  6. traffic counters continue across a resume;
@@ -40,7 +41,9 @@ for layers in 1000000000 100000; do
   fails "$want" timeout 60 "$loco" eval --checkpoint huge --data val.tok --seq-len 8 --windows 2
 done
 
-# 3. A training state whose step 20 is edited to 30; a step beyond the run's length.
+# 3. A training state whose step 20 is edited to 30; a step beyond the run's length; a worker's
+#    state from another method's run (DiLoCo's, with its outer parameters and momentum, copied
+#    into a data-parallel run's checkpoint): refused, not resumed with those entries ignored.
 "$loco" train "${base[@]}" --set train.steps=40 --set train.out_dir=edit --until 20
 cp -r edit edit2
 state=edit/checkpoints/step_00000020/state.safetensors
@@ -49,6 +52,12 @@ grep -q '"step":"30"' $state
 fails "checksum mismatch" "$loco" train --resume edit
 sed -i 's/^steps = 40/steps = 10/' edit2/config.toml
 fails "step 20 is outside this run's 1..10" "$loco" train --resume edit2
+"$loco" train "${base[@]}" --set train.steps=40 --set algorithm=diloco --set outer.inner_steps=5 \
+  --set train.out_dir=other --until 20
+cp other/checkpoints/step_00000020/replica-0.safetensors edit2/checkpoints/step_00000020/
+sed -i 's/^steps = 10/steps = 40/' edit2/config.toml
+fails "replica-0.safetensors: the state holds tensor(s) this run does not read: outer.momentum, outer.params" \
+  "$loco" train --resume edit2
 
 # 4. A new run into a directory holding one; --overwrite starts over.
 "$loco" train "${base[@]}" --set train.steps=4 --set train.out_dir=reuse

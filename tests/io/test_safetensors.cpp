@@ -7,6 +7,7 @@
 #include "core/json.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
+#include "io/train_state.h"
 
 using namespace loco;
 
@@ -153,4 +154,39 @@ TEST(Fs, AtomicWriteLeavesNoTemporaryFile) {
   int files = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
   EXPECT_EQ(files, 1);
+}
+
+// A state's tensors that nothing took are named (a state of another method or configuration would
+// otherwise be loaded with them dropped): a missing or wrongly sized one fails at take(), one
+// taken, or counted as taken by a caller that reads it itself, is not named.
+TEST(TrainingState, CheckAllTakenNamesWhatNothingTook) {
+  TrainingState st;
+  st.tensors = {{"outer.params", {1, 2}}, {"outer.momentum", {0, 0}}, {"extra", {3}}, {"pending.4.avg", {5}}};
+  std::vector<float> out(2);
+  st.take("outer.params", out);
+  EXPECT_EQ(out, (std::vector<float>{1, 2}));
+  std::vector<float> wrong(3);
+  EXPECT_THROW(st.take("outer.momentum", wrong), Error);
+  EXPECT_THROW(st.take("absent", out), Error);
+  st.taken_by_caller("outer.momentum");
+  try {
+    st.check_all_taken("replica-0.safetensors");
+    FAIL() << "untaken tensors accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "replica-0.safetensors: the state holds tensor(s) this run does not read: extra, "
+                           "pending.4.avg (saved by another method or configuration, or edited)");
+  }
+  std::vector<float> one(1);
+  st.take("extra", one);
+  st.take("pending.4.avg", one);
+  EXPECT_NO_THROW(st.check_all_taken("replica-0.safetensors"));
+
+  TrainingState many;
+  for (int i = 0; i < 11; ++i) many.tensors["t" + std::to_string(i)] = {float(i)};
+  try {
+    many.check_all_taken("s");
+    FAIL() << "untaken tensors accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t0, t1, t10, t2, t3, t4, t5, t6 and 3 more"), std::string::npos) << e.what();
+  }
 }

@@ -289,6 +289,27 @@ except loco.Error as e:
     reused = str(e)
 check(reused == "yes", f"an endpoint whose wrap failed can be used again ({reused})")
 
+# An out_dir that holds a run, or that cannot be made, is refused before wrap() changes anything:
+# the model keeps its own tensors, and the endpoint and the model can be wrapped again.
+with tempfile.TemporaryDirectory() as d:
+    os.makedirs(d + "/held")
+    open(d + "/held/metrics.jsonl", "w").close()
+    open(d + "/file", "w").close()
+    for out_dir, want in ((d + "/held", "already holds a run"), (d + "/file/run", "cannot make the run directory")):
+        ep = loco.inprocess(1)[0]
+        m = make_model(0)
+        before = [p.data_ptr() for p in m.parameters()]
+        expect_error(f"out_dir {out_dir[len(d):]}", want,
+                     lambda: loco.torch.wrap(m, make_opt(m), "diloco", endpoint=ep, out_dir=out_dir))
+        kept = before == [p.data_ptr() for p in m.parameters()]
+        try:
+            loco.torch.wrap(m, make_opt(m), "diloco", endpoint=ep).close()
+            again = "yes"
+        except loco.Error as e:
+            again = str(e)
+        check(kept and again == "yes", f"out_dir {out_dir[len(d):]} refused: the model's tensors kept ({kept}), the "
+                                       f"endpoint and model wrapped again ({again})")
+
 
 def collected_after_close_frees_nothing():
     # A sync closed, its endpoint taken by a second one, then the first collected: the
@@ -671,6 +692,58 @@ for as_device in (False, True):
     check(all(expect[k] in said[k] for k in expect) and same,
           f"{path}: load_state_dict refuses hostile states, the outer state unchanged ({same}), the method goes on: "
           f"{said}")
+
+# A state holding entries the method does not read (another method's or configuration's, or
+# edited) is refused, naming them, not loaded with them dropped: an extra entry; a Streaming DiLoCo
+# sync's average with no sync in flight. The same state without them loads, on the host path and
+# with the outer state on the model (loco.torch takes the outer parameters and momentum there).
+def unread_entries(method, as_device, spoil, **kw):
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1" if as_device else "0"
+    said = []
+    for attempt in ("spoiled", "as saved"):
+        model = make_model(0)
+        opt = make_opt(model)
+        sync = loco.torch.wrap(model, opt, method, endpoint=loco.inprocess(1)[0], inner_steps=4,
+                               outer_device="model" if as_device else "cpu", **kw)
+        if attempt == "spoiled":
+            for t in range(4):  # a whole round: no sync in flight
+                inner_step(model, opt, 0, t)
+                opt.step()
+                opt.zero_grad()
+                sync.step()
+            good = sync.state_dict()
+            bad = copy.deepcopy(good)
+            spoil(bad["loco"])
+            try:
+                sync.load_state_dict(bad)
+                said.append("accepted")
+            except loco.Error as e:
+                said.append(str(e))
+        else:
+            sync.load_state_dict(good)
+            said.append(sync.steps_done)
+        sync.close()
+    os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+    return said
+
+
+def idle_fragment(state):
+    """A fragment whose sync is not in flight in this state."""
+    pending = {int(j) for j in state["__meta__"].get("pending", "").split(",") if j}
+    return min(set(range(len(pending) + 1)) - pending)
+
+
+extra = lambda s: s.__setitem__("extra.key", torch.zeros(3))  # noqa: E731
+streaming = dict(fragment_blocks=1, tau=1, codec="fp4-e3m0")
+for method, as_device, spoil, unread, kw in [
+        ("diloco", False, extra, "extra.key", {}), ("diloco", True, extra, "extra.key", {}),
+        ("streaming", True, extra, "extra.key", streaming),
+        ("streaming", False, lambda s: s.__setitem__(f"pending.{idle_fragment(s)}.avg", torch.zeros(5)),
+         "pending.", streaming)]:
+    said = unread_entries(method, as_device, spoil, **kw)
+    check(f"the state holds tensor(s) this run does not read: {unread}" in str(said[0]) and said[1] == 4,
+          f"{method}, {'device path, outer state on the model' if as_device else 'host path'}: a state with "
+          f"{unread} is refused, the state as saved loads: {said}")
 
 # The device path's copies (loco._device.Copier) with CUDA's events stood in for: copying a range
 # to the host waits for the copies to the device still in flight only when they read a range it
