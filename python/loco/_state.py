@@ -18,7 +18,7 @@ _DTYPES = {str(t): t for t in (_torch.float32, _torch.float64, _torch.float16, _
 
 
 def pack_state(obj):
-    """obj (dicts, lists, tuples, None, bool, int, float, str and tensors) as bytes."""
+    """obj (dicts keyed by plain values, lists, tuples, None, bool, int, float, str and tensors) as bytes."""
     chunks, at = [], [0]
 
     def enc(x):
@@ -31,6 +31,9 @@ def pack_state(obj):
             at[0] += len(raw)
             return {"T": [at[0] - len(raw), len(raw), str(t.dtype), list(t.shape)]}
         if isinstance(x, dict):
+            if not all(k is None or isinstance(k, (bool, int, float, str)) for k in x):
+                raise _loco.Error("the inner optimizer's state has a key that is not a number or a string, "
+                                  "which loco cannot send")
             return {"d": [[enc(k), enc(v)] for k, v in x.items()]}
         if isinstance(x, (list, tuple)):
             return {"l" if isinstance(x, list) else "t": [enc(v) for v in x]}
@@ -52,8 +55,8 @@ def unpack_state(data):
         raise _loco.Error("the inner optimizer state received is corrupt (header size)")
     try:
         tree = json.loads(data[8:8 + n])
-    except ValueError as e:
-        raise _loco.Error(f"the inner optimizer state received is corrupt ({e})") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than the parser goes
+        raise _loco.Error(f"the inner optimizer state received is corrupt ({type(e).__name__}: {e})") from None
     raw = memoryview(data)[8 + n:]
 
     def dec(x, depth=0):
@@ -66,11 +69,15 @@ def unpack_state(data):
             out = [dec(e, depth + 1) for e in v]
             return out if kind == "l" else tuple(out)
         if kind == "d" and isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 for e in v):
+            # Keys are plain values (an optimizer's are parameter indices and names).
+            if not all(isinstance(k, dict) and list(k) == ["v"] for k, _ in v):
+                raise _loco.Error("the inner optimizer state received is corrupt (a key that is not a plain value)")
             return {dec(k, depth + 1): dec(e, depth + 1) for k, e in v}
         if kind == "T" and isinstance(v, list) and len(v) == 4:
             off, size, dtype, shape = v
-            ok = (isinstance(off, int) and isinstance(size, int) and dtype in _DTYPES and isinstance(shape, list)
-                  and all(isinstance(d, int) and d >= 0 for d in shape) and 0 <= off <= len(raw) - size and size >= 0)
+            whole = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+            ok = (whole(off) and whole(size) and dtype in _DTYPES and isinstance(shape, list) and len(shape) <= 64
+                  and all(whole(d) and 0 <= d < 1 << 62 for d in shape) and 0 <= off <= len(raw) - size and size >= 0)
             if ok:
                 dt = _DTYPES[dtype]
                 numel = 1

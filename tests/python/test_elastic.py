@@ -259,13 +259,20 @@ try:
     cases = {"truncated": packed[:5], "header size": struct.pack("<Q", 1 << 40) + packed[8:],
              "a tensor's size": with_tree(grown), "a tensor outside the bytes": with_tree(beyond),
              "an unknown dtype": with_tree(bad_dtype), "an object": with_tree({"o": "os.system"}),
-             "a pickle": pickle.dumps(o.state_dict()), "not JSON": struct.pack("<Q", 3) + b"{x}"}
+             "a pickle": pickle.dumps(o.state_dict()), "not JSON": struct.pack("<Q", 3) + b"{x}",
+             "JSON nested 100,000 deep": struct.pack("<Q", 100000) + b"[" * 100000,
+             "a list as a dict's key": with_tree({"d": [[{"l": []}, {"v": 1}]]}),
+             "an empty tensor of 10^30 rows": with_tree({"T": [0, 0, "torch.float32", [10 ** 30, 0]]}),
+             "a boolean offset": with_tree({"T": [True, 4, "torch.float32", [1]]}),
+             "a float as an entry's length": with_tree({"T": [0, 4.0, "torch.float32", [1]]})}
     for what, data in cases.items():
         try:
             loco.torch.unpack_state(data)
             msg = "accepted"
         except loco.Error as e:
             msg = str(e)
+        except Exception as e:  # anything but loco.Error is a defect: the bytes come from a peer
+            msg = f"{type(e).__name__}: {e}"
         check("corrupt" in msg, f"unpack_state refuses {what}: {msg}")
     check(len(first) >= 3, "(the state's entries were found where the cases above change them)")
     # A member whose AdamW state went non-finite must not hand it to a joiner (which would train
