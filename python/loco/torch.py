@@ -31,6 +31,7 @@ import numbers
 import os
 import time
 import tomllib
+import weakref
 
 import numpy as _np
 import torch as _torch
@@ -65,6 +66,7 @@ class Sync:
             if p.layout != _torch.strided or p.is_sparse:
                 raise _loco.Error(f"parameter {n} is not a dense tensor")
         names = [n for n, _ in named]
+        _check_not_wrapped(named, opts)
         self._model_order = names
         if blocks is None:
             block_of = _auto_blocks(names)
@@ -230,6 +232,9 @@ class Sync:
         self._original_steps = [opt.step for opt in opts]
         for opt in opts:
             opt.step = self._hooked_step(opt.step)
+        self._wrapped = [p for _, p in named]  # the model's parameters as the user holds them
+        for p in self._wrapped:
+            _WRAPPED[id(p)] = p
 
     @staticmethod
     def _make_run_dir(out_dir):
@@ -252,6 +257,7 @@ class Sync:
             self._copier.before_writes()  # a sync's start may still be copying the parameters aside
             return original(*args, **kwargs)
 
+        step._loco_wrapped = True
         return step
 
     def _outer_device(self, outer_device, method):
@@ -816,6 +822,9 @@ class Sync:
         self._closed = True
         for opt, original in zip(self._opts, self._original_steps):
             opt.step = original
+        for p in self._wrapped:
+            if _WRAPPED.get(id(p)) is p:
+                del _WRAPPED[id(p)]
         try:
             self._bg.join()  # its error, if any, was the loop's to see; closing goes on
         except Exception:
@@ -829,6 +838,26 @@ class Sync:
         with self._copier.device():
             while self._pinned:
                 _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
+
+
+_WRAPPED = weakref.WeakValueDictionary()  # id -> a parameter of a model wrapped and not closed
+
+
+def _check_not_wrapped(named, opts):
+    """A model or optimizer that a sync not closed holds, and an optimizer that trains a parameter
+    outside the model (loco would never synchronize it: the members would drift apart unsaid), are
+    refused."""
+    if any(_WRAPPED.get(id(p)) is p for _, p in named) or any(getattr(o.step, "_loco_wrapped", False) for o in opts):
+        raise _loco.Error("this model or optimizer is already wrapped by a loco sync that is not closed: close() "
+                          "it before wrapping again")
+    mine = {id(p) for _, p in named}
+    for k, opt in enumerate(opts):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in mine:
+                    raise _loco.Error(f"inner_opt{'' if len(opts) == 1 else f' {k}'} trains a parameter of shape "
+                                      f"{tuple(p.shape)} that is not among the model's: loco synchronizes the model's "
+                                      "parameters only (wrap a module that holds them all)")
 
 
 def _whole_count(x):

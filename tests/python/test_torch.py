@@ -276,6 +276,42 @@ def two_methods_on_one_endpoint():
 
 
 expect_error("two models on one endpoint", "already runs a training method", two_methods_on_one_endpoint)
+
+
+# A model, or an optimizer, that a sync not closed holds is refused by a second wrap (on another
+# endpoint: both syncs would step it); once that sync is closed it can be wrapped again. An
+# optimizer training a parameter outside the model is refused (nothing would synchronize it).
+def wrap_twice(second_model):
+    m = make_model(0)
+    opt = make_opt(m)
+    first = loco.torch.wrap(m, opt, endpoint=loco.inprocess(1)[0])
+    try:
+        other = make_model(1)
+        loco.torch.wrap(m if second_model == "same" else other, make_opt(m) if second_model == "same" else opt,
+                        endpoint=loco.inprocess(1)[0])
+        said = "accepted"
+    except loco.Error as e:
+        said = str(e)
+    first.close()
+    loco.torch.wrap(m, opt, endpoint=loco.inprocess(1)[0]).close()  # raises if still refused
+    return said
+
+
+for which in ("same", "other"):
+    said = wrap_twice(which)
+    check("already wrapped by a loco sync that is not closed" in said,
+          f"a second wrap ({'the same model' if which == 'same' else 'the same optimizer'}) while the first is open "
+          f"is refused ({said}); after close() they wrap again")
+
+
+def foreign_parameter():
+    m = make_model(0)
+    extra = torch.nn.Parameter(torch.zeros(3))
+    loco.torch.wrap(m, torch.optim.AdamW(list(m.parameters()) + [extra]), endpoint=loco.inprocess(1)[0])
+
+
+expect_error("an optimizer training a parameter outside the model", "trains a parameter of shape (3,) that is not "
+             "among the model's", foreign_parameter)
 ep = loco.inprocess(1)[0]
 try:
     loco.torch.wrap(make_model(0), make_opt(make_model(0)), endpoint=ep, outer_momentum=5.0)
