@@ -155,7 +155,8 @@ void add_generate(CLI::App& app) {
       ->required();
   cmd->add_option("--prompt", a->prompt, "text to continue")->required();
   cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
-  cmd->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")
+      ->check(finite_number() & CLI::NonNegativeNumber);
   cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "sampling seed");
   cmd->add_option("--tokenizer", a->tokenizer,

@@ -183,10 +183,12 @@ void add_simulate_cu(CLI::App& parent) {
   cmd->add_option("--plot", a->plot, "write CU vs bandwidth (log axis) to this .png/.svg");
   cmd->add_option("--gantt", a->gantt, "write the schedule of a few steps of the first model to this .png/.svg");
   cmd->add_option("--gantt-steps", a->gantt_steps, "steps shown by --gantt")->capture_default_str();
-  cmd->add_option("--gantt-bandwidth", a->gantt_gbit, "bandwidth of --gantt in Gbit/s")->capture_default_str();
+  cmd->add_option("--gantt-bandwidth", a->gantt_gbit, "bandwidth of --gantt in Gbit/s")
+      ->capture_default_str()
+      ->check(finite_number() & CLI::PositiveNumber);
   cmd->add_option("--grid", a->grid, "ratio of the log grid whose first point reaching each CU is shown in brackets")
       ->capture_default_str()
-      ->check(CLI::Range(1.000001, 10.0));
+      ->check(finite_number() & CLI::Range(1.000001, 10.0));
   cmd->add_option("--calibrate", a->calibrate, "predict the CU of a finished loco run and compare with its measurement");
   cmd->add_option("--convention", a->convention,
                   "loco (what loco sends: fp32 ring or its fp4 codec among the profile's replicas, whole-model "
@@ -200,8 +202,10 @@ void add_simulate_cu(CLI::App& parent) {
     if (methods.empty()) methods = sim::all_methods();
     const auto profiles = selected_profiles(*a);
     const auto range = parse_list(a->range, "--bandwidth-range");
-    check(range.size() == 3 && range[0] > 0 && range[1] > range[0] && range[2] >= 2,
-          "--bandwidth-range: expected MIN:MAX:POINTS with 0 < MIN < MAX and POINTS >= 2");
+    check(range.size() == 3 && range[0] > 0 && range[1] > range[0] && std::isfinite(range[1]) && range[2] >= 2 &&
+              range[2] <= 10000 && range[2] == std::floor(range[2]),
+          "--bandwidth-range: expected MIN:MAX:POINTS with 0 < MIN < MAX (finite) and POINTS a whole number in "
+          "[2, 10000]");
     const auto targets = parse_list(a->targets, "--targets");
     for (double t : targets) check(t > 0 && t <= 1, "--targets: CU levels must be in (0, 1]");
     const sim::Convention convention = sim::parse_convention(a->convention);
@@ -298,7 +302,7 @@ void add_simulate_latency(CLI::App& parent) {
   cmd->add_option("--compute-jitter", a->jitter,
                   "barrier cost for inner-step times min(20, exp(sigma |Z|)) as network.compute_jitter = sigma emulates "
                   "(replaces --step-mu/--step-sigma)")
-      ->check(CLI::Range(0.0, 2.0));
+      ->check(finite_number() & CLI::Range(0.0, 2.0));
   cmd->callback([a] {
     const bool folded = a->jitter >= 0;
     if (folded) {
@@ -307,6 +311,26 @@ void add_simulate_latency(CLI::App& parent) {
     }
     const auto workers = parse_list(a->workers, "--workers");
     const auto sigmas = parse_list(a->sigmas, "--sigma");
+    // Bounds that keep the Monte Carlo finite (and the closed forms' exponentials finite): the
+    // default run draws about 1.2e7 values (1024 workers) in a second.
+    double most = 0;
+    for (double wf : workers) {
+      if (!(wf == std::floor(wf) && wf >= 2 && wf <= 65536)) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%g", wf);
+        fail(std::string("--workers: ") + text + " is not a whole number in [2, 65536]");
+      }
+      most = std::max(most, wf);
+    }
+    for (double s : sigmas) check(std::isfinite(s) && s > 0 && s <= 10, "--sigma: each must be in (0, 10]");
+    check(std::isfinite(a->mu) && std::abs(a->mu) <= 100, "--mu must be in [-100, 100]");
+    check(std::isfinite(a->step_mu) && std::abs(a->step_mu) <= 100, "--step-mu must be in [-100, 100]");
+    check(std::isfinite(a->step_sigma) && a->step_sigma >= 0 && a->step_sigma <= 10, "--step-sigma must be in [0, 10]");
+    check(a->inner_steps <= 1000000, "--inner-steps must be at most 1000000");
+    const double draws = most * (double(a->inner_steps) * std::max(20, a->trials / 20) + 2.0 * a->trials);
+    check(draws <= 5e8, "the Monte Carlo would draw " + std::to_string(int64_t(draws)) +
+                            " values (workers x (inner steps x trials / 20 + 2 trials)), above 5e8: lower --trials, "
+                            "--workers or --inner-steps");
     std::printf("message times ~ LogNormal(mu = %g, sigma^2); times in units of e^mu\n", a->mu);
     std::printf("%8s %6s %8s %12s %12s %12s %12s %12s %7s %10s\n", "workers", "sigma", "std/t_c", "tree closed",
                 "tree MC", "pair closed", "pair MC", "full tree MC", "ratio", "full ratio");
@@ -316,8 +340,7 @@ void add_simulate_latency(CLI::App& parent) {
       const double s = sigmas[si];
       std::string series;
       for (double wf : workers) {
-        const int n = int(wf);
-        check(double(n) == wf, "--workers: " + std::to_string(wf) + " is not an integer");
+        const int n = int(wf);  // a whole number in [2, 65536] (checked above)
         const double tc = sim::tree_allreduce_closed(n, a->mu, s), pc = sim::pair_average_closed(a->mu, s);
         const auto tm = sim::tree_allreduce_mc(n, a->mu, s, a->trials, a->seed);
         const auto pm = sim::pair_average_mc(a->mu, s, a->trials, a->seed + 1);
@@ -405,13 +428,20 @@ void add_estimate_cmd(CLI::App& app) {
   cmd->add_option("--strategy", a->strategy, "partial updates: mlp or mlp+heads")
       ->capture_default_str()
       ->check(CLI::IsMember({"mlp", "mlp+heads"}));
-  cmd->add_option("--batch", a->batch, "sequences per node per step (default: the config's)");
-  cmd->add_option("--seq", a->seq, "tokens per sequence (default: the config's)");
-  cmd->add_option("--fragment-layers", a->fragment_layers, "layers per streaming fragment")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "sequences per node per step (default: the config's)")
+      ->check(finite_number() & CLI::Range(1.0, 1e9));
+  cmd->add_option("--seq", a->seq, "tokens per sequence (default: the config's)")
+      ->check(finite_number() & CLI::Range(1.0, 1e9));
+  cmd->add_option("--fragment-layers", a->fragment_layers, "layers per streaming fragment")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
   cmd->add_flag("--paper-table", a->paper_table, "table for the 1.3B GPT-3 XL configuration of the partial-updates paper");
-  cmd->add_option("--nodes", a->nodes, "with --bandwidth: ring all-reduce time of the bf16 gradients over this many nodes");
+  cmd->add_option("--nodes", a->nodes, "with --bandwidth: ring all-reduce time of the bf16 gradients over this many nodes")
+      ->check(CLI::Range(2, 1000000000));
   cmd->add_option("--bandwidth", a->bandwidth, "link bandwidth for --nodes, e.g. 23Gbit");
   cmd->callback([a] {
+    check((a->nodes > 0) == !a->bandwidth.empty(), "--nodes and --bandwidth go together");
+    const double bw = a->bandwidth.empty() ? 0 : parse_bandwidth(a->bandwidth, "--bandwidth");  // checked first
     if (a->paper_table) {
       const sim::Arch arch = sim::gpt3_xl();
       const double B = a->batch > 0 ? a->batch : 16, S = a->seq > 0 ? a->seq : 2048;
@@ -452,8 +482,6 @@ void add_estimate_cmd(CLI::App& app) {
                    a->config + ": batch " + std::to_string(int64_t(B)) + " x " + std::to_string(int64_t(S)) +
                        " tokens per node");
     if (a->nodes > 0) {
-      check(!a->bandwidth.empty(), "--nodes needs --bandwidth");
-      const double bw = parse_bandwidth(a->bandwidth, "--bandwidth");
       const double bytes = 2 * sim::param_counts(arch).total;
       std::printf("  ring all-reduce of %.4g bytes (bf16) over %d nodes at %s: %.4g s per sync\n", bytes, a->nodes,
                   a->bandwidth.c_str(), sim::ring_allreduce_seconds(bytes, a->nodes, bw));

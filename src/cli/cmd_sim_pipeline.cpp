@@ -181,8 +181,8 @@ void add_simulate_pipeline(CLI::App& simulate) {
   cmd->callback([a] {
     if (!a->calibrate.empty()) return calibrate(a->calibrate);
     if (a->config.empty()) fail("loco simulate pipeline: give --config FILE or --calibrate RUN_DIR");
-    check(a->gflops > 0, "--gflops must be > 0");
-    check(a->steps >= 2, "--steps must be >= 2");
+    check(std::isfinite(a->gflops) && a->gflops > 0, "--gflops must be a finite number > 0");
+    check(a->steps >= 2 && a->steps <= 100000, "--steps must be in [2, 100000]");
     const RunConfig c = load_run_config(a->config, a->sets);
     auto p = profile_of(c);
     stage_times_from_flops(c, a->gflops, p);

@@ -1,7 +1,22 @@
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 
 namespace loco::cli {
+
+// For a number option: its text must be a finite number (CLI11 reads "nan" and "inf" as numbers,
+// and its Range check lets NaN through).
+inline CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        return std::isfinite(v) ? std::string() : "not a finite number: " + text;
+      },
+      "FINITE");
+}
 
 // Each adds its subcommand to the app; the callback runs the command.
 void add_init(CLI::App& app);

@@ -31,7 +31,11 @@ void for_each_field(Profile& p, F&& f) {
 template <class T>
 void assign(T& out, double v, const std::string& what) {
   if constexpr (std::is_integral_v<T>) {
-    if (v != std::floor(v) || std::abs(v) > 1e15) fail(what + ": expected an integer");
+    // Within T's range before converting (out of it the conversion is undefined).
+    if (v != std::floor(v) || std::abs(v) > 1e15 || v < double(std::numeric_limits<T>::min()) ||
+        v > double(std::numeric_limits<T>::max()))
+      fail(what + ": expected an integer of at most " +
+           std::to_string(std::min<int64_t>(int64_t(1e15), int64_t(std::numeric_limits<T>::max()))));
     out = T(v);
   } else {
     out = v;
@@ -40,19 +44,26 @@ void assign(T& out, double v, const std::string& what) {
 
 }  // namespace
 
+// The upper bounds keep a simulation finite in time and memory (it schedules 5 H steps of every
+// layer, about 40 times per CU level) and its byte counts within int64: far above any model a
+// profile describes (the largest shipped: 126 layers, 6.7e11 parameters, H = 100).
 void validate_profile(const Profile& p) {
   const std::string n = "profile " + p.name + ": ";
-  check(p.layers >= 1, n + "layers must be >= 1");
-  check(p.params > 0 && p.nonblock_params >= 0 && p.nonblock_params < p.params,
-        n + "need params > 0 and 0 <= nonblock_params < params");
-  check(p.step_time_s > 0, n + "step_time_s must be > 0");
+  check(p.layers >= 1 && p.layers <= 10000, n + "layers must be in [1, 10000]");
+  check(std::isfinite(p.params) && p.params > 0 && p.params <= 1e15 && p.nonblock_params >= 0 &&
+            p.nonblock_params < p.params,
+        n + "need 0 < params <= 1e15 and 0 <= nonblock_params < params");
+  check(std::isfinite(p.step_time_s) && p.step_time_s > 0 && p.step_time_s <= 1e6,
+        n + "step_time_s must be in (0, 1e6]");
   check(p.fragment_layers >= 1, n + "fragment_layers must be >= 1");
-  check(p.inner_steps >= 1, n + "inner_steps must be >= 1");
+  check(p.inner_steps >= 1 && p.inner_steps <= 10000, n + "inner_steps must be in [1, 10000]");
   check(p.tau >= 0, n + "tau must be >= 0");
-  check(p.replicas >= 2, n + "replicas must be >= 2");
-  check(p.codec_block >= 1, n + "codec_block must be >= 1");
-  check(p.latency_s >= 0, n + "latency_s must be >= 0");
+  check(p.replicas >= 2 && p.replicas <= 1000000, n + "replicas must be in [2, 1000000]");
+  check(p.codec_block >= 1 && p.codec_block <= 1000000, n + "codec_block must be in [1, 1000000]");
+  check(std::isfinite(p.latency_s) && p.latency_s >= 0 && p.latency_s <= 1000, n + "latency_s must be in [0, 1000]");
   check(p.tau < p.inner_steps, n + "tau must be smaller than inner_steps");
+  check(p.inner_steps * p.layers <= 1000000,
+        n + "inner_steps x layers must be at most 1e6 (the schedule is simulated step by step and layer by layer)");
 }
 
 Convention parse_convention(const std::string& name) {

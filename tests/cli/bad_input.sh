@@ -177,6 +177,7 @@ cp -r good withtok && printf '{"type": "sentencepiece", "model": "tokenizer.mode
 head -c 300 /dev/urandom > withtok/tokenizer.model
 expect_error "withtok/tokenizer.model" "$loco" generate --checkpoint withtok --prompt "The"
 expect_error "--temperature" "$loco" generate --checkpoint good --prompt "The" --temperature -1
+expect_error "--temperature: not a finite number: nan" "$loco" generate --checkpoint good --prompt "The" --temperature nan
 expect_error "model.hidden_size must be in" "$loco" info --config "$(mk hidden_size -3)"
 expect_error "missing.toml" "$loco" estimate --config missing.toml
 expect_error "slices" "$loco" estimate --config train.toml --slices 5

@@ -79,6 +79,25 @@ expect_error "not a number" simulate cu --set 1b.layers=many
 expect_error "tau must be smaller than inner_steps" simulate cu --set 1b.tau=100
 expect_error "convention must be loco or paper" simulate cu --model 1b --convention mine
 expect_error "MIN:MAX:POINTS" simulate cu --bandwidth-range 10:1:5
+# Sizes that overflowed or never ended (hostile tester, 2026-11-29): 1e30 parameters printed 100%
+# CU at every bandwidth (int64 overflow); 1e12 inner steps or 1e9 bandwidth points ran on
+# without end; 1e10 layers overflowed int and was reported as "layers must be >= 1".
+expect_error "0 < params <= 1e15" simulate cu --model 1b --method ddp --set 1b.params=1e30
+expect_error "inner_steps must be in \[1, 10000\]" simulate cu --model 1b --set 1b.inner_steps=1e12
+expect_error "inner_steps x layers must be at most 1e6" simulate cu --model 1b --set 1b.inner_steps=10000 \
+  --set 1b.layers=200
+expect_error "layers: expected an integer of at most 2147483647" simulate cu --model 1b --set 1b.layers=1e10
+expect_error "step_time_s must be in" simulate cu --model 1b --set 1b.step_time_s=inf
+expect_error "POINTS a whole number in \[2, 10000\]" simulate cu --model 1b --bandwidth-range 1:10:1e9
+expect_error "workers: 1e+10 is not a whole number in \[2, 65536\]" simulate latency --workers 1e10
+expect_error "the Monte Carlo would draw" simulate latency --workers 1024 --trials 100000000
+expect_error "sigma: each must be in (0, 10\]" simulate latency --sigma nan
+expect_error "steps must be in \[2, 100000\]" simulate pipeline --config "$root/configs/tiny.toml" --steps 1000000000
+# NaN taken as a number (CLI11 reads it, and its range checks let it through): silently the
+# config's batch, or an unplotted schedule; --nodes without --bandwidth silently ignored.
+expect_error "batch: not a finite number: nan" estimate --config "$root/configs/tiny.toml" --batch nan
+expect_error "gantt-bandwidth: not a finite number: nan" simulate cu --model 1b --gantt-bandwidth nan
+expect_error "nodes and --bandwidth go together" estimate --config "$root/configs/tiny.toml" --nodes 8
 expect_error "power of two" simulate latency --workers 48
 expect_error "divisible" estimate --config "$root/configs/small.toml" --slices 3
 expect_error "no such file\|cannot\|not found\|No such" simulate cu --calibrate does-not-exist
