@@ -183,16 +183,15 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                                                     "): every stage needs at least one block");
   if (!c.pipeline.split.empty()) parse_split(c.pipeline.split, c.pipeline.stages, c.model.num_layers, source + ": pipeline.split");
   parse_bandwidth(c.network.bandwidth, source + ": network.bandwidth");
-  parse_duration(c.network.latency, source + ": network.latency");
-  need(parse_duration(c.network.timeout, source + ": network.timeout") > 0, "network.timeout must be > 0");
-  need(parse_duration(c.network.peak_window, source + ": network.peak_window") > 0,
-       "network.peak_window must be > 0");
+  parse_latency(c.network.latency, source + ": network.latency");
+  parse_timeout(c.network.timeout, source + ": network.timeout");
+  parse_timeout(c.network.peak_window, source + ": network.peak_window");
   need(c.optim.clip_scope == "model" || !c.model.tie_embeddings || c.pipeline.stages == 1,
        "optimizer.clip_scope = \"stage\" with a tied embedding on two stages would scale its two copies "
        "differently: untie it (model.tie_embeddings = false) or clip over the model");
   for (const auto* k : {&c.elastic.timeout, &c.elastic.start_timeout, &c.elastic.straggler_timeout,
                         &c.elastic.coordinator_timeout})
-    need(parse_duration(*k, source + ": elastic") > 0, "elastic timeouts must be > 0");
+    parse_timeout(*k, source + ": elastic timeouts");
   // What elastic runs cannot do is said by the methods and the session (elastic_options).
   if (c.protocol.rank > 0) {
     const auto& p = c.protocol;

@@ -148,6 +148,8 @@ double parse_bandwidth(const std::string& text, const std::string& key) {
   for (const auto& [name, scale] : units)
     if (unit == name) {
       if (v <= 0) fail(key + ": bandwidth must be > 0 (use \"inf\" for unlimited), got \"" + text + "\"");
+      if (!(v * scale >= 1e3 && v * scale <= 1e18))
+        fail(key + ": bandwidth must be between 1kbit and 1000000Tbit (or \"inf\"), got \"" + text + "\"");
       return v * scale;
     }
   fail(key + ": unknown bandwidth unit in \"" + text + "\" (use bit, kbit, Mbit, Gbit, Tbit per second, or inf)");
@@ -161,6 +163,19 @@ double parse_duration(const std::string& text, const std::string& key) {
   for (const auto& [name, scale] : units)
     if (unit == name) return v * scale;
   fail(key + ": unknown time unit in \"" + text + "\" (use s, ms, us or min)");
+}
+
+double parse_timeout(const std::string& text, const std::string& key) {
+  const double s = parse_duration(text, key);
+  if (!(s > 0 && s <= kMaxTimeoutSeconds))
+    fail(key + ": must be more than 0 and at most a week (10080min), got \"" + text + "\"");
+  return s;
+}
+
+double parse_latency(const std::string& text, const std::string& key) {
+  const double s = parse_duration(text, key);
+  if (!(s <= kMaxLatencySeconds)) fail(key + ": must be at most an hour (60min), got \"" + text + "\"");
+  return s;
 }
 
 }  // namespace loco

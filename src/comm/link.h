@@ -47,9 +47,17 @@ double link_wire_time(const LinkConfig& link, double bytes);
 std::unique_ptr<Transport> wrap_with_link(std::unique_ptr<Transport> inner, LinkConfig link,
                                           std::shared_ptr<Clock> clock);
 
-// "100Mbit", "1Gbit", "2.5 Gbit/s", "500kbit", "inf" -> bits/s (0 for unlimited).
+// "100Mbit", "1Gbit", "2.5 Gbit/s", "500kbit", "inf" -> bits/s (0 for unlimited); at least 1 kbit/s.
 double parse_bandwidth(const std::string& text, const std::string& key);
 // "30ms", "0.5s", "100us", "0" -> seconds.
 double parse_duration(const std::string& text, const std::string& key);
+// The longest wait on a peer loco takes (a week: a deadline much further off overflows the
+// clock's integer nanoseconds) and the longest emulated latency (an hour: a receiver refuses a
+// message said to arrive more than 1e6 s later).
+constexpr double kMaxTimeoutSeconds = 7 * 86400.0, kMaxLatencySeconds = 3600.0;
+// A timeout: a duration in (0, kMaxTimeoutSeconds].
+double parse_timeout(const std::string& text, const std::string& key);
+// An emulated latency: a duration in [0, kMaxLatencySeconds].
+double parse_latency(const std::string& text, const std::string& key);
 
 }  // namespace loco

@@ -77,7 +77,7 @@ struct Endpoint {
 };
 
 LinkConfig link_from(const std::string& bandwidth, const std::string& latency, bool tcp) {
-  return {parse_bandwidth(bandwidth, "network.bandwidth"), parse_duration(latency, "network.latency"), tcp};
+  return {parse_bandwidth(bandwidth, "network.bandwidth"), parse_latency(latency, "network.latency"), tcp};
 }
 
 std::shared_ptr<Transport> with_link(std::unique_ptr<Transport> t, const LinkConfig& link) {
@@ -87,7 +87,7 @@ std::shared_ptr<Transport> with_link(std::unique_ptr<Transport> t, const LinkCon
 
 CommOptions comm_options(const std::string& timeout) {
   CommOptions o;
-  o.timeout_s = parse_duration(timeout, "network.timeout");
+  o.timeout_s = parse_timeout(timeout, "network.timeout");
   return o;
 }
 

@@ -99,6 +99,15 @@ expect_error "optimizer.lr must be in" "$loco" train --config train.toml --set o
 expect_error "unknown key train.stepz (did you mean train.steps?)" "$loco" train --config train.toml --set train.stepz=3
 expect_error "unknown key zzz.qqq (see loco train --print-config)" "$loco" train --config train.toml --set zzz.qqq=3
 expect_error "--set optimizer.lr: cannot parse value" "$loco" train --config train.toml --set optimizer.lr=abc
+# Network settings a wait or the link model could not hold (hostile tester, 2026-11-29): a timeout
+# of 1e300 s made the run spin at 100% CPU and ignore SIGTERM, a latency of 1e9 s or a bandwidth
+# of 1e-300 bit/s failed at the first message blaming a peer ("malformed arrival time").
+expect_error "network.timeout: must be more than 0 and at most a week" "$loco" train --config train.toml \
+  --set network.timeout=1e300s
+expect_error "network.latency: must be at most an hour" "$loco" train --config train.toml --set network.latency=1e9s
+expect_error "network.bandwidth: bandwidth must be between 1kbit" "$loco" train --config train.toml \
+  --set network.bandwidth=1e-300bit
+expect_error "elastic timeouts: must be more than 0" "$loco" train --config train.toml --set elastic.timeout=1e300s
 expect_error "data.train = \"nowhere.tok\": no such file (relative paths are from the directory loco runs in, $PWD" \
   "$loco" train --config train.toml --set data.train=nowhere.tok
 expect_error "(see loco train --help)" "$loco" train --bogus

@@ -265,6 +265,16 @@ def changed_parameters():
 expect_error("parameters changed", "trainable parameters changed", changed_parameters)
 
 
+# A world's network settings are bounded as loco train's: a timeout of 0 s (every wait failing at
+# once) or beyond a week (a deadline past the clock's range), a latency beyond an hour.
+expect_error("network_timeout 0s", "network.timeout: must be more than 0 and at most a week",
+             lambda: loco.inprocess(2, network_timeout="0s"))
+expect_error("network_timeout 1e300s", "network.timeout: must be more than 0 and at most a week",
+             lambda: loco.inprocess(2, network_timeout="1e300s"))
+expect_error("network_latency 1e9s", "network.latency: must be at most an hour",
+             lambda: loco.inprocess(2, network_latency="1e9s"))
+
+
 def two_methods_on_one_endpoint():
     ep = loco.inprocess(1)[0]
     m1, m2 = make_model(0), make_model(1)
