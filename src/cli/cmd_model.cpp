@@ -40,13 +40,13 @@ struct WindowArgs {
 void add_window_options(CLI::App* cmd, WindowArgs& a) {
   cmd->add_option("--checkpoint", a.checkpoint, "checkpoint directory (config.json + model.safetensors)")->required();
   cmd->add_option("--data", a.data, "LOCOTOKS token file")->required();
-  cmd->add_option("--seq-len", a.seq_len, "window length T")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--seq-len", a.seq_len, "window length T")->required()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--windows", a.windows, "number of windows W from the start of the file")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   cmd->add_option("--batch", a.batch, "windows per micro-batch (memory vs speed; result is the same)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--threads", a.threads, "compute threads (0: all cores)")->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--threads", a.threads, "compute threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--precision", a.precision, "matrix products: fp32, bf16 or auto (as train.precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   cmd->add_option("--matmul-library", a.library, "fp32 products: auto, openblas or onednn (as train.matmul_library)")
@@ -154,10 +154,11 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--checkpoint", a->checkpoint, "checkpoint directory, or a run directory (its latest checkpoint)")
       ->required();
   cmd->add_option("--prompt", a->prompt, "text to continue")->required();
-  cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->check(CLI::Range(1, 1000000));
   cmd->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")
-      ->check(finite_number() & CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+      ->check(finite_number() & CLI::Range(0.0, 1000.0));
+  cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--seed", a->seed, "sampling seed");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "directory with tokenizer.json (default: the checkpoint's run directory)");

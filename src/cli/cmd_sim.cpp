@@ -185,7 +185,7 @@ void add_simulate_cu(CLI::App& parent) {
   cmd->add_option("--gantt-steps", a->gantt_steps, "steps shown by --gantt")->capture_default_str();
   cmd->add_option("--gantt-bandwidth", a->gantt_gbit, "bandwidth of --gantt in Gbit/s")
       ->capture_default_str()
-      ->check(finite_number() & CLI::PositiveNumber);
+      ->check(finite_number() & CLI::Range(1e-6, 1e9));
   cmd->add_option("--grid", a->grid, "ratio of the log grid whose first point reaching each CU is shown in brackets")
       ->capture_default_str()
       ->check(finite_number() & CLI::Range(1.000001, 10.0));
@@ -295,7 +295,7 @@ void add_simulate_latency(CLI::App& parent) {
   cmd->add_option("--step-mu", a->step_mu, "log-normal mu of inner-step times")->capture_default_str();
   cmd->add_option("--step-sigma", a->step_sigma, "log-normal sigma of inner-step times")->capture_default_str();
   cmd->add_option("--inner-steps", a->inner_steps, "H between barriers")->capture_default_str()->check(
-      CLI::PositiveNumber);
+      CLI::Range(int64_t(1), int64_t(1000000)));
   cmd->add_option("--trials", a->trials, "Monte Carlo trials")->capture_default_str()->check(CLI::Range(2, 100000000));
   cmd->add_option("--seed", a->seed, "Monte Carlo seed")->capture_default_str();
   cmd->add_option("--plot", a->plot, "write the tree / pair time ratio vs workers to this .png/.svg");
@@ -424,7 +424,7 @@ void add_estimate_cmd(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("estimate", "FLOPs per step, trainable parameters and memory per node");
   cmd->add_option("--config", a->config, "TOML run config or Hugging Face config.json");
-  cmd->add_option("--slices", a->slices, "partial updates: N slices")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--slices", a->slices, "partial updates: N slices")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--strategy", a->strategy, "partial updates: mlp or mlp+heads")
       ->capture_default_str()
       ->check(CLI::IsMember({"mlp", "mlp+heads"}));

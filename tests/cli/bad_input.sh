@@ -187,6 +187,9 @@ head -c 300 /dev/urandom > withtok/tokenizer.model
 expect_error "withtok/tokenizer.model" "$loco" generate --checkpoint withtok --prompt "The"
 expect_error "--temperature" "$loco" generate --checkpoint good --prompt "The" --temperature -1
 expect_error "--temperature: not a finite number: nan" "$loco" generate --checkpoint good --prompt "The" --temperature nan
+# CLI11's positive-number check printed its range as "0.000000 to 1797693...": ranges of their own.
+expect_error "--windows: Value 0 not in range 1 to 1099511627776" "$loco" eval --checkpoint good --data val.tok \
+  --seq-len 8 --windows 0
 expect_error "model.hidden_size must be in" "$loco" info --config "$(mk hidden_size -3)"
 expect_error "missing.toml" "$loco" estimate --config missing.toml
 expect_error "slices" "$loco" estimate --config train.toml --slices 5
