@@ -6,6 +6,7 @@ models loco does not define, with the same C++ communicators, codecs and algorit
     sync = loco.torch.wrap(model, inner_opt, method="diloco", inner_steps=30, outer_lr=0.7)
 """
 import atexit as _atexit
+import numbers as _numbers
 import os as _os
 
 from . import _loco
@@ -93,6 +94,8 @@ def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms
 def inprocess(size, *, network_bandwidth="inf", network_latency="0ms", network_tcp=False, network_timeout="60s"):
     """Endpoints of `size` members inside this process, one per thread (for tests and
     experiments on one machine): pass one to each thread's `loco.torch.wrap(..., endpoint=e)`."""
+    if isinstance(size, bool) or not isinstance(size, _numbers.Integral):
+        raise _loco.Error(f"loco.inprocess: size is a whole number of members (got {size!r})")
     return _loco.inprocess_world(int(size), bandwidth=str(network_bandwidth), latency=str(network_latency),
                                  tcp=bool(network_tcp), timeout=str(network_timeout))
 

@@ -273,6 +273,7 @@ expect_error("network_timeout 1e300s", "network.timeout: must be more than 0 and
              lambda: loco.inprocess(2, network_timeout="1e300s"))
 expect_error("network_latency 1e9s", "network.latency: must be at most an hour",
              lambda: loco.inprocess(2, network_latency="1e9s"))
+expect_error("a world of 2.5 members", "size is a whole number of members", lambda: loco.inprocess(2.5))
 
 
 def two_methods_on_one_endpoint():
