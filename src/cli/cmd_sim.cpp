@@ -326,7 +326,6 @@ void add_simulate_latency(CLI::App& parent) {
     check(std::isfinite(a->mu) && std::abs(a->mu) <= 100, "--mu must be in [-100, 100]");
     check(std::isfinite(a->step_mu) && std::abs(a->step_mu) <= 100, "--step-mu must be in [-100, 100]");
     check(std::isfinite(a->step_sigma) && a->step_sigma >= 0 && a->step_sigma <= 10, "--step-sigma must be in [0, 10]");
-    check(a->inner_steps <= 1000000, "--inner-steps must be at most 1000000");
     const double draws = most * (double(a->inner_steps) * std::max(20, a->trials / 20) + 2.0 * a->trials);
     check(draws <= 5e8, "the Monte Carlo would draw " + std::to_string(int64_t(draws)) +
                             " values (workers x (inner steps x trials / 20 + 2 trials)), above 5e8: lower --trials, "
