@@ -65,7 +65,7 @@ class _SlicedLinear(_torch.autograd.Function):
         return gx, None, gpart, None, None, None
 
 
-class _Sliced:
+class Sliced:
     """Mixed into the class of an nn.Linear whose weight this member trains in part."""
 
     def forward(self, x):
@@ -105,7 +105,7 @@ _CLASSES = {}
 
 def _sliced_class(cls):
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(cls.__name__, (_Sliced, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        _CLASSES[cls] = type(cls.__name__, (Sliced, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return _CLASSES[cls]
 
 

@@ -67,6 +67,10 @@ class Sync:
                 raise _loco.Error(f"parameter {n} is not a dense tensor")
         names = [n for n, _ in named]
         _check_not_wrapped(named, opts)
+        if any(isinstance(m, _partial.Sliced) for m in model.modules()):
+            raise _loco.Error("this model's projections were sliced by an earlier wrap() with partial updates (its "
+                              "parameters are that member's slices): make a new model and load this one's "
+                              "state_dict into it (it holds the whole weights), then wrap that")
         self._model_order = names
         if blocks is None:
             block_of = _auto_blocks(names)

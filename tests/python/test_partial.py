@@ -78,6 +78,16 @@ m = cut.layers[1].down_proj
 check(torch.equal(m.weight, fresh.layers[1].down_proj.weight) and torch.equal(m.weight_slice, m.weight[:, 12:24])
       and max_diff(params_of(cut), params_of(fresh)) == 0, "sliced projections: load_state_dict fills the slice too")
 
+# A model sliced by an earlier wrap (closed or not) holds only that member's slices as parameters:
+# wrapped again, its members' different slices would be averaged as one. Refused; a new model
+# loaded from its state_dict (the whole weights) wraps.
+expect_error("a sliced model wrapped again", "sliced by an earlier wrap() with partial updates",
+             lambda: loco.torch.wrap(cut, make_opt(cut), "diloco", endpoint=loco.inprocess(1)[0]))
+again = make_model(4)
+again.load_state_dict(cut.state_dict())
+loco.torch.wrap(again, make_opt(again), "diloco", endpoint=loco.inprocess(1)[0]).close()
+check(max_diff(params_of(again), params_of(fresh)) == 0, "a new model loaded from a sliced one's state_dict wraps")
+
 
 # 2. Equal to the reference (masked gradients, AdamW undone outside the slice, each entry averaged
 # over the members that train it), on the CPU path and on the device path.
