@@ -132,6 +132,11 @@ class Sync:
         if "train.steps" not in values:
             settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
         out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
+        if values.get("streaming.offload_outer", (None, False))[1] is True and out_dir is None:
+            # Else the config's default directory, relative to the working directory: two runs
+            # started there would share one scratch file.
+            raise _loco.Error("offload_outer keeps the outer state in a scratch file in the run directory: pass "
+                              "out_dir (a directory of this run's own)")
         if out_dir is not None and elastic:
             out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
         if out_dir is not None and not elastic and endpoint.rank == 0:  # the member that writes it, before any change

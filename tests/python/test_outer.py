@@ -8,6 +8,7 @@ checkpoints have the host path's format. Run by ctest as python.outer; with LOCO
 import copy
 import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -191,7 +192,15 @@ def four_blocks(r):
 
 kw = dict(inner_steps=6, fragment_blocks=2, tau=1, alpha=0.5, codec="fp4-e3m0", train_steps=14)
 mem = train("streaming", 2, 14, ["cpu"] * 2, make=four_blocks, **kw)
-off = train("streaming", 2, 14, ["cpu"] * 2, make=four_blocks, offload_outer=True, **kw)
+with tempfile.TemporaryDirectory() as run_dir:  # the scratch files are the run directory's
+    off = train("streaming", 2, 14, ["cpu"] * 2, make=four_blocks, offload_outer=True, out_dir=run_dir, **kw)
+    left = os.listdir(run_dir)
+check(left == ["config.toml"], f"the offloaded outer state's scratch files (in out_dir) are removed at close "
+                               f"({left} left)")
+alone = four_blocks(0)
+expect_error("offload_outer without out_dir", "pass out_dir",
+             lambda: loco.torch.wrap(alone, make_opt(alone), "streaming", endpoint=loco.inprocess(1)[0],
+                                     offload_outer=True, **kw))
 d = same(mem, off)
 check(d == 0 and off[0][4]["outer_state_offloaded"] and not mem[0][4]["outer_state_offloaded"],
       f"streaming fp4-e3m0, 2 members, fragments of two ranges: the outer state offloaded == in memory "
