@@ -25,6 +25,7 @@ inner_steps is outer.inner_steps for DiLoCo and noloco.inner_steps for NoLoCo; e
 with the first underscore written as a dot (outer_lr = outer.lr, train_steps = train.steps);
 else the key whose last part it is, where that names one key (codec = outer.codec).
 """
+import fcntl
 import functools
 import json
 import numbers
@@ -66,6 +67,7 @@ class Sync:
             if p.layout != _torch.strided or p.is_sparse:
                 raise _loco.Error(f"parameter {n} is not a dense tensor")
         names = [n for n, _ in named]
+        self._run_lock = None
         _check_not_wrapped(named, opts)
         if any(isinstance(m, _partial.Sliced) for m in model.modules()):
             raise _loco.Error("this model's projections were sliced by an earlier wrap() with partial updates (its "
@@ -245,15 +247,29 @@ class Sync:
         for p in self._wrapped:
             _WRAPPED[id(p)] = p
 
-    @staticmethod
-    def _make_run_dir(out_dir):
-        """out_dir made for a new run (refused if it holds one)."""
+    def _make_run_dir(self, out_dir):
+        """out_dir made for a new run (refused if it holds one) and locked for this sync's life, as
+        loco train locks its run directory (RUN/lock, flock): another process training there
+        (a loco train, another loco.torch run) is refused."""
         if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
             raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
         try:
             os.makedirs(out_dir, exist_ok=True)
+            lock = open(os.path.join(out_dir, "lock"), "a+")
         except OSError as e:
             raise _loco.Error(f"out_dir={out_dir!r}: cannot make the run directory ({e.strerror or e})") from None
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read(32).strip()
+            lock.close()
+            raise _loco.Error(f"{out_dir} is in use by another run{f' (process {holder})' if holder else ''}; wait "
+                              "for it to finish or choose another out_dir") from None
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        self._run_lock = lock  # held until close() (or until this object is collected)
 
     def _hooked_step(self, original):
         """An inner optimizer's step, the method's gradient hook run first once per step (with
@@ -834,6 +850,9 @@ class Sync:
         for p in self._wrapped:
             if _WRAPPED.get(id(p)) is p:
                 del _WRAPPED[id(p)]
+        if self._run_lock is not None:
+            self._run_lock.close()  # releases out_dir
+            self._run_lock = None
         try:
             self._bg.join()  # its error, if any, was the loop's to see; closing goes on
         except Exception:

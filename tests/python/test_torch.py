@@ -356,6 +356,17 @@ with tempfile.TemporaryDirectory() as d:
             again = str(e)
         check(kept and again == "yes", f"out_dir {out_dir[len(d):]} refused: the model's tensors kept ({kept}), the "
                                        f"endpoint and model wrapped again ({again})")
+    # A run directory in use (locked by a sync, as loco train locks its own) is refused to
+    # another run until that sync is closed.
+    first_model, second_model = make_model(0), make_model(1)
+    first = loco.torch.wrap(first_model, make_opt(first_model), "diloco", endpoint=loco.inprocess(1)[0],
+                            out_dir=d + "/busy")
+    expect_error("an out_dir another sync holds", f"{d}/busy is in use by another run (process {os.getpid()})",
+                 lambda: loco.torch.wrap(second_model, make_opt(second_model), "diloco",
+                                         endpoint=loco.inprocess(1)[0], out_dir=d + "/busy"))
+    first.close()
+    loco.torch.wrap(second_model, make_opt(second_model), "diloco", endpoint=loco.inprocess(1)[0],
+                    out_dir=d + "/busy").close()  # raises if still held
 
 
 def collected_after_close_frees_nothing():
