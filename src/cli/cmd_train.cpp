@@ -169,15 +169,25 @@ void add_plot(CLI::App& app) {
     double x_lo = INFINITY, x_hi = -INFINITY;
     std::string plots;
     for (size_t i = 0; i < a->runs.size(); ++i) {
-      const auto recs = read_metrics(a->runs[i] + "/metrics.jsonl");
+      const std::string path = a->runs[i] + "/metrics.jsonl";
+      if (!file_exists(path)) fail(a->runs[i] + ": not a loco run directory (no metrics.jsonl)");
+      const auto recs = read_metric_records(path);
+      if (recs.empty()) fail(path + ": no records yet");
+      // A non-finite loss or evaluation is written as null; gnuplot skips "nan" points.
+      const auto text = [](double v) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.9g", v);
+        return std::string(b);
+      };
+      const auto value = [&](const nlohmann::json& v) { return v.is_number() ? text(v.get<double>()) : "nan"; };
       std::string train, val;
-      for (const auto& r : recs) {
-        const double x = r.value(a->x, 0.0);
+      for (size_t k = 0; k < recs.size(); ++k) {
+        const auto& r = recs[k];
+        if (!r.contains(a->x)) fail(path + ": record " + std::to_string(k + 1) + " has no " + a->x + " to plot against");
+        const double x = r[a->x].get<double>();
         x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x);
-        train += std::to_string(x) + " " + std::to_string(r.value("train_loss", 0.0)) + "\n";
-        // A non-finite evaluation is written as null; gnuplot skips "nan" points.
-        if (r.contains("val_loss"))
-          val += std::to_string(x) + " " + (r["val_loss"].is_number() ? std::to_string(r["val_loss"].get<double>()) : "nan") + "\n";
+        train += text(x) + " " + value(r["train_loss"]) + "\n";
+        if (r.contains("val_loss")) val += text(x) + " " + value(r["val_loss"]) + "\n";
       }
       const std::string name = std::filesystem::path(a->runs[i]).filename().string();
       const std::string tf = job.data("train" + std::to_string(i), train), vf = job.data("val" + std::to_string(i), val);
@@ -233,7 +243,7 @@ void add_compare(CLI::App& app) {
       if (!file_exists(dir + "/summary.json")) {
         // Running, or stopped before its summary: what its metrics say so far.
         if (!file_exists(dir + "/metrics.jsonl")) fail(dir + ": not a run directory (no summary.json or metrics.jsonl)");
-        const auto recs = read_metrics(dir + "/metrics.jsonl");
+        const auto recs = read_metric_records(dir + "/metrics.jsonl");
         if (recs.empty()) fail(dir + "/metrics.jsonl: no records yet");
         std::string val = "-";
         for (const auto& r : recs)

@@ -1,5 +1,6 @@
 #include "io/metrics.h"
 
+#include <cmath>
 #include <fstream>
 
 #include "core/error.h"
@@ -10,8 +11,8 @@ namespace loco {
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) : path_(path) {
   if (keep_up_to_step >= 0 && file_exists(path)) {
     std::string kept;
-    for (const auto& r : read_metrics(path))
-      if (r.value("step", int64_t(0)) <= keep_up_to_step) kept += r.dump() + "\n";
+    for (const auto& r : read_metric_records(path))
+      if (r["step"].get<int64_t>() <= keep_up_to_step) kept += r.dump() + "\n";
     write_file_atomic(path, kept);
     f_ = std::fopen(path.c_str(), "a");
   } else {
@@ -44,6 +45,50 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
     } catch (const nlohmann::json::exception&) {
       fail(path + ":" + std::to_string(n) + ": not a JSON object");
     }
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> read_metric_records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  if (!in) fail(path + ": cannot open");
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    const std::string where = path + ":" + std::to_string(n) + ": ";
+    nlohmann::json r;
+    try {
+      r = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      fail(where + "not a JSON object");
+    }
+    if (!r.is_object()) fail(where + "not a JSON object");
+    const auto number = [&](const char* key, bool required, bool null_ok) {
+      if (!r.contains(key)) {
+        if (required) fail(where + "not a loco metrics record (no " + key + ")");
+        return;
+      }
+      const auto& v = r[key];
+      if (v.is_null() && null_ok) return;
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        fail(where + key + " is " + v.dump().substr(0, 40) + ", not a finite number");
+    };
+    // A whole number that fits int64: nlohmann would wrap a larger unsigned or truncate a float.
+    const auto& step = r.contains("step") ? r["step"] : nlohmann::json();
+    if (!(step.is_number_integer() && (step.is_number_unsigned() ? step.get<uint64_t>() <= uint64_t(INT64_MAX)
+                                                                  : step.get<int64_t>() >= 0)))
+      fail(where + "not a loco metrics record (step " + (step.is_null() ? "missing" : step.dump().substr(0, 40)) +
+           ", not a whole number >= 0)");
+    number("tokens", true, false);
+    number("train_loss", true, true);
+    number("val_loss", false, true);
+    number("time", false, false);
+    if (r["tokens"].get<double>() < 0) fail(where + "tokens is negative");
+    if (r.contains("time") && r["time"].get<double>() < 0) fail(where + "time is negative");
+    out.push_back(std::move(r));
   }
   return out;
 }

@@ -27,4 +27,10 @@ class MetricsLog {
 // Every record of a metrics file (fails naming the file and line on malformed JSON).
 std::vector<nlohmann::json> read_metrics(const std::string& path);
 
+// Every record of a metrics file, each checked to be one loco writes (docs/metrics.md): an
+// object whose `step` is a whole number, `tokens` a finite number >= 0, `train_loss` a number or
+// null (a non-finite loss), `val_loss` when present a number or null, `time` when present a
+// finite number >= 0. Fails naming the file, the line and what is wrong.
+std::vector<nlohmann::json> read_metric_records(const std::string& path);
+
 }  // namespace loco

@@ -83,7 +83,7 @@ std::string loss_charts(const std::vector<Run>& runs) {
       ChartSeries val{r.name + " val", r.name, "loss-curve val", r.color, true, true, {}};
       for (const auto& m : r.metrics) {
         const double x = num_or(m, axis, NAN);
-        train.points.push_back({x, m["train_loss"].get<double>()});
+        train.points.push_back({x, num_or(m, "train_loss", NAN)});  // null: a non-finite loss
         if (!m.contains("val_loss")) continue;
         val.points.push_back({x, num_or(m, "val_loss", NAN)});
         val.notes.push_back(str_or(m, "val_note", ""));

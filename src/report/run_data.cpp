@@ -95,13 +95,7 @@ Run load_run(const std::string& dir) {
   if (r.name.empty() || r.name == "." || r.name == "..") r.name = trimmed;
   const std::string mpath = dir + "/metrics.jsonl";
   if (!file_exists(mpath)) fail(dir + ": not a loco run directory (no metrics.jsonl)");
-  r.metrics = read_metrics(mpath);
-  for (size_t i = 0; i < r.metrics.size(); ++i) {
-    const auto& m = r.metrics[i];
-    if (!m.is_object() || !m.contains("step") || !m["step"].is_number() || !m.contains("tokens") ||
-        !m["tokens"].is_number() || !m.contains("train_loss") || !m["train_loss"].is_number())
-      fail(mpath + ":" + std::to_string(i + 1) + ": not a loco metrics record (step, tokens, train_loss)");
-  }
+  r.metrics = read_metric_records(mpath);
   if (file_exists(dir + "/summary.json")) {
     r.summary = read_json_file(dir + "/summary.json");
     if (!r.summary.is_object() || !r.summary.contains("workers") || !r.summary["workers"].is_array())

@@ -203,13 +203,14 @@ assert f"(at {last['step']})" in rows["running"] and " diloco " in rows["running
 assert rows["noval"].split()[4] == "-", rows["noval"]
 print("compare: units, a running run, no evaluation")
 PY
-# A non-finite evaluation is written as null (JSON has no NaN): report, compare and plot read
-# it and show "nan" where they show the loss.
+# A non-finite evaluation or loss is written as null (JSON has no NaN; loco.torch writes a NaN
+# loss so): report, compare and plot read it and show "nan" where they show the loss.
 mkdir -p nanval && cp diloco/config.toml nanval/
 $py - diloco/metrics.jsonl nanval/metrics.jsonl <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 recs[-1]["val_loss"] = None
+recs[-2]["train_loss"] = None
 open(sys.argv[2], "w").write("".join(json.dumps(r) + "\n" for r in recs))
 PY
 "$loco" report nanval full --out nanval.html > /dev/null
@@ -217,7 +218,7 @@ grep -q '<td class="n">nan</td>' nanval.html || { echo "FAIL: report of a null v
 "$loco" compare nanval full > nanval.txt
 grep -q "^nanval (at [0-9]*) .* nan " nanval.txt || { echo "FAIL: compare of a null val_loss:"; cat nanval.txt; exit 1; }
 "$loco" plot nanval full --out nanval.png > /dev/null
-echo "a null (non-finite) val_loss: report shows nan, compare and plot read it"
+echo "a null (non-finite) val_loss and train_loss: report shows nan, compare and plot read them"
 if "$loco" compare full norun > out.txt 2> err.txt; then echo "FAIL: compare of a non-run accepted"; exit 1; fi
 [ ! -s out.txt ] && grep -q "norun: not a run directory" err.txt
 
@@ -260,6 +261,17 @@ mkdir -p badrec && echo '{"step": 1}' > badrec/metrics.jsonl
 if "$loco" report badrec --out x.html 2> err.txt; then echo "FAIL: malformed metrics accepted"; exit 1; fi
 grep -q "badrec/metrics.jsonl:1: not a loco metrics record" err.txt
 [ ! -e x.html ]
+# plot and compare (a run without a summary) read records as report does: a step that is not a
+# whole number, a line that is not an object, an empty file: one line naming it, exit 1.
+for rec in '{"step": 1e300, "tokens": 1, "train_loss": 1}' '{"step": "x", "tokens": 1, "train_loss": 1}' '5' ''; do
+  printf '%s\n' "$rec" > badrec/metrics.jsonl
+  for cmd in "plot badrec --out x.png" "compare badrec"; do
+    if $loco $cmd > /dev/null 2> err.txt; then echo "FAIL: $cmd accepted '$rec'"; exit 1; fi
+    [ "$(wc -l < err.txt)" -eq 1 ] && grep -Eq "badrec/metrics.jsonl(:1: not a (loco metrics record|JSON object)|: no records yet)" err.txt ||
+      { echo "FAIL: $cmd of '$rec':"; cat err.txt; exit 1; }
+  done
+done
+[ ! -e x.png ]
 
 # Slurm: the batch script in docs/distributed.md parses.
 $py - "$root/docs/distributed.md" slurm.sbatch <<'PY'

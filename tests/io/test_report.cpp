@@ -6,6 +6,9 @@
 #include <cstring>
 
 #include "core/checksum.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "io/metrics.h"
 #include "io/tensorboard.h"
 #include "report/svg_chart.h"
 
@@ -68,4 +71,63 @@ TEST(TensorBoard, Crc32cAndRecordFraming) {
   EXPECT_EQ(c, masked_crc32c("abc", 3));
   const uint32_t raw = crc32c("abc", 3);
   EXPECT_EQ(masked_crc32c("abc", 3), ((raw >> 15) | (raw << 17)) + 0xa282ead8u);
+}
+
+// Metrics files are read back by report, compare, plot and a resumed run: a record that is not
+// one loco writes is refused naming the line, never a raw JSON type error or a wrapped number.
+namespace {
+std::string metrics_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name + ".jsonl";
+  write_file_atomic(path, text);
+  return path;
+}
+std::string refusal(const std::string& text) {
+  try {
+    read_metric_records(metrics_file("bad", text));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Metrics, RecordsAreCheckedAndNullLossesKept) {
+  const auto ok = read_metric_records(metrics_file(
+      "ok", "{\"step\":10,\"tokens\":640,\"train_loss\":2.5,\"time\":1.5}\n\n"
+            "{\"step\":20,\"tokens\":1280,\"train_loss\":null,\"val_loss\":null}\n"));
+  ASSERT_EQ(ok.size(), 2u);
+  EXPECT_TRUE(ok[1]["train_loss"].is_null());  // a non-finite loss, as loco.torch writes it
+  EXPECT_NE(refusal("5\n").find("bad.jsonl:1: not a JSON object"), std::string::npos);
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":1,\"train_loss\":1}\n{\"tokens\":1,\"train_loss\":1}\n")
+                .find("bad.jsonl:2: not a loco metrics record (step missing"),
+            std::string::npos);
+  for (const char* step : {"1e300", "3.5", "-1", "18446744073709551615", "\"x\""})
+    EXPECT_NE(refusal(std::string("{\"step\":") + step + ",\"tokens\":1,\"train_loss\":1}\n").find("not a whole number"),
+              std::string::npos)
+        << step;
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":\"many\",\"train_loss\":1}\n").find("tokens is \"many\""), std::string::npos);
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":-1,\"train_loss\":1}\n").find("tokens is negative"), std::string::npos);
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":1,\"train_loss\":[]}\n").find("train_loss is []"), std::string::npos);
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":1}\n").find("no train_loss"), std::string::npos);
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":1,\"train_loss\":1,\"time\":null}\n").find("time is null"),
+            std::string::npos);
+  EXPECT_NE(refusal("{\"step\":1,\"tokens\":1,\"train_loss\":1,\"val_loss\":\"x\"}\n").find("val_loss is"),
+            std::string::npos);
+}
+
+TEST(Metrics, ResumeKeepsRecordsUpToTheCheckpointAndRefusesCorruptOnes) {
+  const std::string path = metrics_file(
+      "resume", "{\"step\":10,\"tokens\":1,\"train_loss\":1}\n{\"step\":20,\"tokens\":2,\"train_loss\":null}\n"
+                "{\"step\":30,\"tokens\":3,\"train_loss\":1}\n");
+  { MetricsLog log(path, 20); }
+  const auto kept = read_metric_records(path);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[1]["step"].get<int64_t>(), 20);
+  const std::string bad = metrics_file("resume-bad", "{\"step\":\"ten\",\"tokens\":1,\"train_loss\":1}\n");
+  try {
+    MetricsLog log(bad, 20);
+    FAIL() << "a corrupt metrics file was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resume-bad.jsonl:1: not a loco metrics record"), std::string::npos) << e.what();
+  }
 }
