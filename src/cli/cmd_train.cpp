@@ -20,6 +20,7 @@
 #include "io/metrics.h"
 #include "algo/run_config.h"
 #include "report/html_report.h"
+#include "report/run_data.h"
 #include "report/svg_chart.h"
 
 namespace loco::cli {
@@ -257,9 +258,7 @@ void add_compare(CLI::App& app) {
         continue;
       }
       try {
-        const nlohmann::json j = read_json_file(dir + "/summary.json");
-        if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array())
-          fail(dir + "/summary.json: not a loco run summary (no workers list)");
+        const nlohmann::json j = report::read_summary(dir + "/summary.json");
         const auto t = report::run_totals(j);
         const double n = double(std::max<size_t>(1, t.workers));
         const double steps = std::max(1.0, j.at("steps").get<double>());

@@ -3,6 +3,8 @@
 #include <toml++/toml.h>
 
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 
@@ -86,6 +88,57 @@ std::string Run::backend() const {
   return b.empty() ? setting("distributed.backend") : b;
 }
 
+nlohmann::json read_summary(const std::string& path) {
+  nlohmann::json s = read_json_file(path);
+  if (!s.is_object() || !s.contains("workers") || !s["workers"].is_array())
+    fail(path + ": not a loco run summary (no workers list)");
+  if (s["workers"].empty()) fail(path + ": not a loco run summary (an empty workers list)");
+  const auto text = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  // A value the report prints or counts with: a number (or a whole number) in [lo, hi].
+  const auto check = [&](const nlohmann::json& j, const char* key, const std::string& where, double lo, double hi,
+                         bool whole) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    const auto& v = j[key];
+    const bool ok = whole ? v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
+                                                                              : v.get<int64_t>() >= int64_t(lo) &&
+                                                                                    v.get<int64_t>() <= int64_t(hi))
+                          : v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi;
+    if (!ok)
+      fail(path + ": " + where + key + " is " + v.dump().substr(0, 40) + ", not a " + (whole ? "whole " : "") +
+           "number in [" + text(lo) + ", " + text(hi) + "]");
+  };
+  constexpr double kMaxCount = 1e6, kMaxTotal = 9e15;
+  check(s, "replicas", "", 1, kMaxCount, true);
+  check(s, "stages", "", 1, kMaxCount, true);
+  check(s, "steps", "", 0, kMaxTotal, true);
+  check(s, "tokens", "", 0, kMaxTotal, true);
+  check(s, "seconds", "", 0, 1e12, false);
+  for (size_t i = 0; i < s["workers"].size(); ++i) {
+    const auto& w = s["workers"][i];
+    const std::string where = "workers[" + std::to_string(i) + "].";
+    if (!w.is_object()) fail(path + ": workers[" + std::to_string(i) + "] is not an object");
+    for (const char* key : {"rank", "stage", "replica"}) check(w, key, where, 0, kMaxCount, true);
+    for (const char* key : {"bytes_sent", "bytes_received", "peak_send_bytes_per_s", "compute_s", "comm_wait_s",
+                            "bubble_s", "param_bytes"})
+      check(w, key, where, 0, 1e18, false);
+    check(w, "compute_utilization", where, 0, 1, false);
+    check(w, "bubble_share", where, 0, 1, false);
+    if (w.contains("by_operation")) {
+      if (!w["by_operation"].is_object()) fail(path + ": " + where + "by_operation is not an object");
+      for (const auto& [op, v] : w["by_operation"].items()) {
+        if (!v.is_object()) fail(path + ": " + where + "by_operation." + op + " is not an object");
+        for (const char* key : {"bytes_sent", "bytes_received", "messages_sent", "largest_instance_bytes_sent"})
+          check(v, key, where + "by_operation." + op + ".", 0, 1e18, false);
+      }
+    }
+  }
+  return s;
+}
+
 Run load_run(const std::string& dir) {
   Run r;
   r.dir = dir;
@@ -97,9 +150,7 @@ Run load_run(const std::string& dir) {
   if (!file_exists(mpath)) fail(dir + ": not a loco run directory (no metrics.jsonl)");
   r.metrics = read_metric_records(mpath);
   if (file_exists(dir + "/summary.json")) {
-    r.summary = read_json_file(dir + "/summary.json");
-    if (!r.summary.is_object() || !r.summary.contains("workers") || !r.summary["workers"].is_array())
-      fail(dir + "/summary.json: not a loco run summary (no workers list)");
+    r.summary = read_summary(dir + "/summary.json");
   }
   if (file_exists(dir + "/invocations.jsonl")) {
     r.invocations = read_metrics(dir + "/invocations.jsonl");  // JSON Lines, checked line by line

@@ -27,6 +27,12 @@ struct Run {
 // Fails naming the file when `dir` is not a run or one of its files is malformed.
 Run load_run(const std::string& dir);
 
+// summary.json as loco writes it (docs/metrics.md), read from `path`: an object with a `workers`
+// list of objects; `replicas`, `stages` and each worker's `rank`, `stage`, `replica` whole numbers
+// in range; `steps`, `tokens`, `seconds` and the workers' traffic, times and compute utilization
+// finite and >= 0. Fails naming the file and the value.
+nlohmann::json read_summary(const std::string& path);
+
 double num_or(const nlohmann::json& j, const char* key, double fallback);
 std::string str_or(const nlohmann::json& j, const char* key, const std::string& fallback);
 

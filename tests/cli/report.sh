@@ -272,6 +272,26 @@ for rec in '{"step": 1e300, "tokens": 1, "train_loss": 1}' '{"step": "x", "token
   done
 done
 [ ! -e x.png ]
+# summary.json as report and compare read it: counts they print as integers (1e300 replicas
+# converted to int was undefined), negative traffic, no workers: one line naming the value, exit 1.
+for spoil in 's["replicas"] = 1e300' 's["workers"][-1]["bytes_sent"] = -1' 's["workers"] = []' 's["workers"][0] = 5' \
+             's["workers"][0]["by_operation"]["gradients"] = "x"' 's["workers"][0]["compute_utilization"] = 1e300'; do
+  rm -rf badsum && mkdir badsum && cp full/metrics.jsonl full/config.toml badsum/
+  $py - full/summary.json badsum/summary.json "$spoil" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["workers"][0].setdefault("by_operation", {})["gradients"] = {}
+exec(sys.argv[3])
+json.dump(s, open(sys.argv[2], "w"))
+PY
+  for cmd in "report badsum --out x.html" "compare badsum"; do
+    if $loco $cmd > /dev/null 2> err.txt; then echo "FAIL: $cmd accepted $spoil"; exit 1; fi
+    [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "badsum/summary.json: " err.txt ||
+      { echo "FAIL: $cmd with $spoil:"; cat err.txt; exit 1; }
+  done
+done
+[ ! -e x.html ]
+echo "bad metrics records and summaries: plot, compare and report refuse them naming the value"
 
 # Slurm: the batch script in docs/distributed.md parses.
 $py - "$root/docs/distributed.md" slurm.sbatch <<'PY'
