@@ -261,15 +261,19 @@ mkdir -p badrec && echo '{"step": 1}' > badrec/metrics.jsonl
 if "$loco" report badrec --out x.html 2> err.txt; then echo "FAIL: malformed metrics accepted"; exit 1; fi
 grep -q "badrec/metrics.jsonl:1: not a loco metrics record" err.txt
 [ ! -e x.html ]
+# refused WHAT PATTERN CMD...: CMD fails with one line of stderr matching PATTERN (grep -E).
+refused() {
+  local what=$1 pattern=$2; shift 2
+  if $loco "$@" > /dev/null 2> err.txt; then echo "FAIL: $* accepted $what"; exit 1; fi
+  [ "$(wc -l < err.txt)" -eq 1 ] && grep -Eq "$pattern" err.txt || { echo "FAIL: $* with $what:"; cat err.txt; exit 1; }
+}
 # plot and compare (a run without a summary) read records as report does: a step that is not a
 # whole number, a line that is not an object, an empty file: one line naming it, exit 1.
 for rec in '{"step": 1e300, "tokens": 1, "train_loss": 1}' '{"step": "x", "tokens": 1, "train_loss": 1}' '5' ''; do
   printf '%s\n' "$rec" > badrec/metrics.jsonl
-  for cmd in "plot badrec --out x.png" "compare badrec"; do
-    if $loco $cmd > /dev/null 2> err.txt; then echo "FAIL: $cmd accepted '$rec'"; exit 1; fi
-    [ "$(wc -l < err.txt)" -eq 1 ] && grep -Eq "badrec/metrics.jsonl(:1: not a (loco metrics record|JSON object)|: no records yet)" err.txt ||
-      { echo "FAIL: $cmd of '$rec':"; cat err.txt; exit 1; }
-  done
+  pattern="badrec/metrics.jsonl(:1: not a (loco metrics record|JSON object)|: no records yet)"
+  refused "'$rec'" "$pattern" plot badrec --out x.png
+  refused "'$rec'" "$pattern" compare badrec
 done
 [ ! -e x.png ]
 # summary.json as report and compare read it: counts they print as integers (1e300 replicas
@@ -284,11 +288,8 @@ s["workers"][0].setdefault("by_operation", {})["gradients"] = {}
 exec(sys.argv[3])
 json.dump(s, open(sys.argv[2], "w"))
 PY
-  for cmd in "report badsum --out x.html" "compare badsum"; do
-    if $loco $cmd > /dev/null 2> err.txt; then echo "FAIL: $cmd accepted $spoil"; exit 1; fi
-    [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "badsum/summary.json: " err.txt ||
-      { echo "FAIL: $cmd with $spoil:"; cat err.txt; exit 1; }
-  done
+  refused "$spoil" "badsum/summary.json: " report badsum --out x.html
+  refused "$spoil" "badsum/summary.json: " compare badsum
 done
 [ ! -e x.html ]
 echo "bad metrics records and summaries: plot, compare and report refuse them naming the value"
