@@ -68,6 +68,8 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(in, ec)) {
       files.push_back(in);
+    } else if (fs::exists(in, ec)) {
+      fail(in + ": not a regular file or a directory");
     } else {
       fail(in + ": no such file or directory");
     }
@@ -131,13 +133,19 @@ PrepareSummary prepare_data(const PrepareOptions& options) {
   const std::string spm_input = o.out_dir + "/.tokenizer-train.txt";
   std::unique_ptr<std::ofstream> spm_out;
   if (o.tokenizer == "sentencepiece") spm_out = std::make_unique<std::ofstream>(spm_input, std::ios::binary);
-  int64_t lines = 0, hashed_val = 0;
+  int64_t lines = 0, hashed_val = 0, text_lines = 0;
   sum.bytes = for_each_input_line(files, o.input, true, [&](int64_t doc, std::string& line, int64_t index) {
     const bool val = split.hashed(doc, index);
     hashed_val += val;
     lines = index + 1;
+    text_lines += !line.empty();
     if (spm_out && !line.empty() && !val) *spm_out << line << '\n';
   });
+  if (text_lines == 0) {
+    if (spm_out) spm_out->close(), std::filesystem::remove(spm_input);
+    fail("--input holds no text (" + std::to_string(files.size()) + " file(s), " +
+         (lines == 0 ? std::string("empty") : std::to_string(lines) + " line(s), all empty") + ")");
+  }
   if (o.val_fraction > 0 && hashed_val == 0 && lines > 1) {
     // The tokenizer saw these lines too: harmless for a tokenizer, and the model never trains on them.
     split.tail_from = lines - std::max<int64_t>(1, int64_t(std::ceil(o.val_fraction * double(lines))));

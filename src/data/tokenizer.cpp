@@ -8,6 +8,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <regex>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -112,7 +114,15 @@ void train_sentencepiece(const std::vector<std::string>& files, const std::strin
     ::close(saved);
   }
   if (null_fd >= 0) ::close(null_fd);
-  if (!st.ok()) fail("SentencePiece training failed: " + st.ToString());
+  if (!st.ok()) {
+    // Too little text for the vocabulary: say so in the option's terms, with the trainer's limit.
+    std::smatch m;
+    const std::string msg = st.ToString();
+    if (std::regex_search(msg, m, std::regex(R"(Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+))")))
+      fail("--vocab-size " + m[1].str() + " is more than SentencePiece can make of this text (at most " + m[2].str() +
+           "): give more text" + (std::stol(m[2].str()) >= 300 ? ", or a smaller --vocab-size" : ", or --tokenizer bytes"));
+    fail("SentencePiece training failed: " + msg);
+  }
 }
 
 std::optional<int64_t> find_invalid_utf8(const char* data, size_t n, std::string& carry) {

@@ -164,6 +164,14 @@ expect_error "--val-fraction must be in [0, 1)" "$loco" data prepare --input tex
   --val-fraction 1.5 --out prep
 expect_error "--vocab-size must be >= 300" "$loco" data prepare --input text/ok.txt --tokenizer sentencepiece \
   --vocab-size 100 --out prep
+# Nothing to tokenize, a device named as input, too little text for the vocabulary (was
+# SentencePiece's internal check, source line included).
+: > text/empty.txt && printf '\n\n' > text/blank.txt
+expect_error "--input holds no text (1 file(s), empty)" "$loco" data prepare --input text/empty.txt --tokenizer bytes --out prep
+expect_error "--input holds no text (1 file(s), 2 line(s), all empty)" "$loco" data prepare --input text/blank.txt --out prep
+expect_error "/dev/null: not a regular file or a directory" "$loco" data prepare --input /dev/null --tokenizer bytes --out prep
+expect_error "--vocab-size 4096 is more than SentencePiece can make of this text (at most" "$loco" data prepare \
+  --input text/ok.txt --out prep
 # JSON Lines and gzip inputs (tests/data/test_text_input.cpp checks each kind in detail).
 printf '{"text": "fine"}\n{"body": "x"}\n' > docs.jsonl
 expect_error 'docs.jsonl:2: no field "text"' "$loco" data prepare --input docs.jsonl --tokenizer bytes --out prep
