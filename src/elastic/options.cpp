@@ -6,6 +6,7 @@
 #include "algo/algorithm.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "elastic/redis.h"
 
 namespace loco {
 
@@ -48,6 +49,9 @@ std::string run_secret(const ElasticConfig& e) {
 
 void check_worker_name(const std::string& name) {
   if (name.empty()) fail("--join needs --worker NAME (this worker's name; its run directory is train.out_dir/NAME)");
+  if (name.size() > kMaxElasticName)
+    fail("--worker " + name.substr(0, 20) + "...: at most " + std::to_string(kMaxElasticName) + " characters, got " +
+         std::to_string(name.size()));
   for (const char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') || name == "." || name == "..")
       fail("--worker " + name + ": use letters, digits, '-', '_' and '.' only");

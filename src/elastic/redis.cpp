@@ -17,6 +17,7 @@ JoinAddress parse_join_url(const std::string& url) {
   auto bad = [&](const std::string& why) {
     fail("--join " + url + ": " + why + " (expected redis://HOST:PORT/RUN)");
   };
+  if (url.size() > 1024) fail("--join " + url.substr(0, 40) + "...: " + std::to_string(url.size()) + " characters, not an address");
   if (url.compare(0, scheme.size(), scheme) != 0) bad("not a redis:// address");
   const std::string rest = url.substr(scheme.size());
   const size_t slash = rest.find('/');
@@ -25,11 +26,26 @@ JoinAddress parse_join_url(const std::string& url) {
   const std::string hostport = rest.substr(0, slash);
   a.run = rest.substr(slash + 1);
   if (a.run.empty()) bad("no run name");
+  if (a.run.size() > kMaxElasticName) bad("the run name has more than " + std::to_string(kMaxElasticName) + " characters");
   for (const char c : a.run)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
       bad("the run name may hold only letters, digits, '-', '_' and '.'");
-  const size_t colon = hostport.rfind(':');
-  a.host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
+  // HOST is a name, an IPv4 address or an IPv6 address in brackets ([::1]:6379).
+  size_t colon = hostport.rfind(':');
+  if (!hostport.empty() && hostport[0] == '[') {
+    const size_t close = hostport.find(']');
+    if (close == std::string::npos) bad("no ']' after an IPv6 address");
+    a.host = hostport.substr(1, close - 1);
+    if (close + 1 < hostport.size() && hostport[close + 1] != ':') bad("expected ':PORT' after ']'");
+    colon = close + 1 < hostport.size() ? close + 1 : std::string::npos;
+    for (const char c : a.host)
+      if (!(std::isxdigit(static_cast<unsigned char>(c)) || c == ':' || c == '.')) bad("not an IPv6 address in '[...]'");
+  } else {
+    a.host = colon == std::string::npos ? hostport : hostport.substr(0, colon);
+    for (const char c : a.host)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+        bad("the host may hold only letters, digits, '-', '_' and '.' (an IPv6 address goes in '[...]')");
+  }
   if (a.host.empty()) bad("no host");
   if (colon != std::string::npos) {
     const std::string p = hostport.substr(colon + 1);

@@ -5,6 +5,7 @@
 // `unavailable` says the server could not be reached (the caller may retry later) rather than
 // that it refused the command.
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -28,8 +29,11 @@ struct JoinAddress {
   int port = 6379;
   std::string run;
 };
-// Parses redis://HOST[:PORT]/RUN; fails with a message naming what is wrong.
+// Parses redis://HOST[:PORT]/RUN (HOST a name, an IPv4 address or [IPv6]); fails with a message
+// naming what is wrong.
 JoinAddress parse_join_url(const std::string& url);
+// The longest run or worker name (a worker's name is also its run directory's).
+constexpr size_t kMaxElasticName = 100;
 
 struct RedisReply {
   enum class Type { Nil, Integer, String, Status, Array } type = Type::Nil;
