@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "../error_of.h"
 #include "data/token_file.h"
 #include "core/fs.h"
 
@@ -12,12 +13,7 @@ std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + n
 std::string error_reading(const std::string& bytes) {
   const auto p = tmp("bad.tok");
   write_file_atomic(p, bytes);
-  try {
-    read_token_file(p);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { read_token_file(p); });
 }
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "../error_of.h"
 #include "elastic/options.h"
 #include "elastic/redis.h"
 
@@ -12,12 +13,7 @@ using namespace loco;
 
 namespace {
 std::string refusal(const std::string& url) {
-  try {
-    parse_join_url(url);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { parse_join_url(url); });
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include "core/checksum.h"
 #include "core/error.h"
+#include "../error_of.h"
 #include "core/fs.h"
 #include "io/metrics.h"
 #include "io/tensorboard.h"
@@ -82,12 +83,7 @@ std::string metrics_file(const std::string& name, const std::string& text) {
   return path;
 }
 std::string refusal(const std::string& text) {
-  try {
-    read_metric_records(metrics_file("bad", text));
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { read_metric_records(metrics_file("bad", text)); });
 }
 }  // namespace
 

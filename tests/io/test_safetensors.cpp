@@ -4,12 +4,15 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "../error_of.h"
 #include "core/json.h"
 #include "core/fs.h"
 #include "io/safetensors.h"
 #include "io/train_state.h"
 
 using namespace loco;
+
+using loco::test::error_of;
 
 namespace {
 
@@ -18,15 +21,6 @@ std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + n
 void write_sample(const std::string& path) {
   const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-1.5f};
   write_safetensors(path, {{"a", {2, 3}, a.data()}, {"b", {1}, b.data()}}, {{"note", "hi"}});
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
