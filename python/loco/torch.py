@@ -53,7 +53,29 @@ from loco._wrap_args import (METHODS, as_device as _as_device, auto_blocks as _a
 class Sync:
     """A training method bound to one model and its inner optimizer (see wrap)."""
 
-    def __init__(self, model, inner_opt, method, endpoint, blocks, values, outer_device=None):
+    def __init__(self, *args):
+        self._run_lock = None
+        try:
+            self._setup(*args)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self):
+        """What a wrap() that failed part way took, given back at once (an interactive session keeps
+        the failed object alive in its traceback): out_dir's lock, the background thread, the
+        endpoint and its communication."""
+        if self._run_lock is not None:
+            self._run_lock.close()
+            self._run_lock = None
+        if hasattr(self, "_bg"):
+            self._bg.stop()
+        if hasattr(self, "_core"):
+            self._core.close()
+        if hasattr(self, "_copier"):
+            self._copier.wait()
+
+    def _setup(self, model, inner_opt, method, endpoint, blocks, values, outer_device=None):
         if method not in METHODS:
             raise _loco.Error(f"method must be one of {', '.join(METHODS)}, got {method!r}")
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -67,7 +89,6 @@ class Sync:
             if p.layout != _torch.strided or p.is_sparse:
                 raise _loco.Error(f"parameter {n} is not a dense tensor")
         names = [n for n, _ in named]
-        self._run_lock = None
         _check_not_wrapped(named, opts)
         if any(isinstance(m, _partial.Sliced) for m in model.modules()):
             raise _loco.Error("this model's projections were sliced by an earlier wrap() with partial updates (its "

@@ -367,6 +367,24 @@ with tempfile.TemporaryDirectory() as d:
     first.close()
     loco.torch.wrap(second_model, make_opt(second_model), "diloco", endpoint=loco.inprocess(1)[0],
                     out_dir=d + "/busy").close()  # raises if still held
+    # A wrap that fails after taking out_dir (here outer_device, checked after it; Streaming
+    # DiLoCo's offload refused by the method already made) gives it back at once, though its
+    # traceback keeps the failed object alive (as an interactive session's last traceback does).
+    kept = []
+    for method, kw in (("diloco", dict(outer_device="cuda:7")),
+                       ("streaming", dict(outer_device="model", offload_outer=True, inner_steps=2))):
+        ep = loco.inprocess(1)[0]
+        try:
+            loco.torch.wrap(second_model, make_opt(second_model), method, endpoint=ep, out_dir=d + "/failed", **kw)
+        except loco.Error as e:
+            kept.append(e.__traceback__)
+        try:
+            loco.torch.wrap(second_model, make_opt(second_model), method, endpoint=ep, out_dir=d + "/failed").close()
+            again = "yes"
+        except loco.Error as e:
+            again = str(e)
+        check(len(kept) == 1 + (method == "streaming") and again == "yes",
+              f"{method}: a failed wrap gives out_dir and the endpoint back at once ({again})")
 
 
 def collected_after_close_frees_nothing():
