@@ -10,7 +10,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 c=$here/corpus
-rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages,text_input,secure_frames}
+rm -rf "$c" && mkdir -p "$c"/{safetensors,token_file,run_config,hf_config,tokenizer,peer_messages,text_input,secure_frames,run_files}
 cat > small.toml <<'TOML'
 [model]
 vocab_size = 16
@@ -31,6 +31,9 @@ cp run/checkpoints/step_00000002/state.safetensors "$c/safetensors/run-state"
 cp run/checkpoints/step_00000002/replica-0.safetensors "$c/safetensors/worker-state"
 cp "$here/../../configs/tiny.toml" "$c/run_config/tiny"
 cp run/config.toml "$c/run_config/full"
+# A run's files for fuzz_run_files: metrics.jsonl, a NUL byte, summary.json (and metrics alone).
+{ cat run/metrics.jsonl; printf '\0'; cat run/summary.json; } > "$c/run_files/run"
+cp run/metrics.jsonl "$c/run_files/metrics"
 printf '[pipeline]\nstages = 2\nmicrobatches = 4\nsplit = "1,1"\n[model]\nnum_layers = 2\n' > "$c/run_config/pipeline"
 printf '{"vocab_size":32,"hidden_size":16,"num_hidden_layers":2,"num_attention_heads":2,"intermediate_size":24,' > "$c/hf_config/hf"
 printf '"tie_word_embeddings":true,"rms_norm_eps":1e-6}' >> "$c/hf_config/hf"
