@@ -11,13 +11,21 @@
 #include "io/metrics.h"
 #include "report/html_report.h"
 
+namespace {
+// The run directory the inputs are written into, removed when the fuzzer exits.
+struct RunDir {
+  std::string path = std::filesystem::temp_directory_path().string() + "/loco-fuzz-run-" + std::to_string(::getpid());
+  RunDir() { std::filesystem::create_directories(path); }
+  ~RunDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+}  // namespace
+
 LOCO_FUZZ_TARGET({
-  static const std::string dir = [] {
-    const std::string d = std::filesystem::temp_directory_path().string() + "/loco-fuzz-run-" +
-                          std::to_string(::getpid());
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+  static const RunDir run_dir;
+  const std::string& dir = run_dir.path;
   const size_t cut = input.find('\0');
   loco::write_file_atomic(dir + "/metrics.jsonl", input.substr(0, cut));
   std::error_code ec;
