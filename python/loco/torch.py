@@ -482,8 +482,9 @@ class Sync:
         record = self._out_dir is not None and loss is not None
         # Checked where they are used (a run directory), before the step: reading a tensor's value
         # waits for the device, which a step without a record must not do.
-        if record and not isinstance(loss, (numbers.Real, _torch.Tensor)):
-            raise _loco.Error(f"sync.step(): loss is this step's loss, a number (got {type(loss).__name__})")
+        if record and not _is_number(loss):
+            raise _loco.Error(f"sync.step(): loss is this step's loss, a number or a one-element tensor (got "
+                              f"{_described(loss)})")
         if record and tokens is not None and not _whole_count(tokens):
             raise _loco.Error(f"sync.step(): tokens is the number of tokens of this step, a non-negative integer "
                               f"(got {tokens!r})")
@@ -734,6 +735,10 @@ class Sync:
         train` writes them; `loco report` and `loco compare` read the directory). Collective."""
         if self._out_dir is None:
             raise _loco.Error("finish() writes the run directory: pass out_dir to wrap()")
+        if self._closed:
+            raise _loco.Error("finish() after close(): finish the run first (it is collective), then close")
+        if val_loss is not None and not _is_number(val_loss):
+            raise _loco.Error(f"finish(): val_loss is a number or a one-element tensor (got {_described(val_loss)})")
         self._bg.join()
         val = float("nan") if val_loss is None else float(val_loss)
         if self._losses or val_loss is not None or self._last is None:
@@ -907,6 +912,15 @@ def _check_not_wrapped(named, opts):
                     raise _loco.Error(f"inner_opt{'' if len(opts) == 1 else f' {k}'} trains a parameter of shape "
                                       f"{tuple(p.shape)} that is not among the model's: loco synchronizes the model's "
                                       "parameters only (wrap a module that holds them all)")
+
+
+def _is_number(x):
+    """A loss as a loop holds it: a Python or NumPy real number, or a tensor of one element."""
+    return isinstance(x, numbers.Real) or (isinstance(x, _torch.Tensor) and x.numel() == 1)
+
+
+def _described(x):
+    return f"a tensor of shape {tuple(x.shape)}" if isinstance(x, _torch.Tensor) else type(x).__name__
 
 
 def _whole_count(x):

@@ -648,8 +648,10 @@ with tempfile.TemporaryDirectory() as d:  # loss and tokens are used (and checke
                  lambda: stepped({"out_dir": d + "/a"}, {"loss": 1.0, "tokens": -5}))
     expect_error("tokens as text", "a non-negative integer (got '64')",
                  lambda: stepped({"out_dir": d + "/b"}, {"loss": 1.0, "tokens": "64"}))
-    expect_error("loss as text", "loss is this step's loss, a number (got str)",
+    expect_error("loss as text", "loss is this step's loss, a number or a one-element tensor (got str)",
                  lambda: stepped({"out_dir": d + "/c"}, {"loss": "1.0"}))
+    expect_error("a per-token loss", "a number or a one-element tensor (got a tensor of shape (2, 3))",
+                 lambda: stepped({"out_dir": d + "/d"}, {"loss": torch.ones(2, 3)}))
 expect_error("a step past train_steps", "sync.step() past train_steps = 3", lambda: stepped({"train_steps": 3}, steps=3))
 expect_error("a step after close", "sync.step() after close()", lambda: stepped({}, close=True))
 
@@ -668,8 +670,13 @@ with tempfile.TemporaryDirectory() as d:
         msg = f"summary written, final train loss {summary['final_train_loss']}"
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
+    expect_error("val_loss as text", "finish(): val_loss is a number or a one-element tensor (got str)",
+                 lambda: sync.finish(val_loss="2.0"))
     sync.close()
-check(msg.startswith("summary written"), f"finish() after a NaN loss: {msg}")
+    expect_error("finish after close", "finish() after close()", lambda: sync.finish())
+    nulls = [json.loads(line)["train_loss"] for line in open(d + "/run/metrics.jsonl")][:1]
+check(msg.startswith("summary written") and nulls == [None],
+      f"finish() after a NaN loss: {msg}; its record's train_loss {nulls} (null, as loco report reads it)")
 
 # State: a DiLoCo run stopped after 6 steps and resumed from state_dicts ends as the full run.
 def diloco_resumed():
