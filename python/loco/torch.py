@@ -292,6 +292,10 @@ class Sync:
         lock.flush()
         self._run_lock = lock  # held until close() (or until this object is collected)
 
+    def _check_open(self, what, advice="wrap the model again to go on"):
+        if self._closed:
+            raise _loco.Error(f"{what} after close(): this sync has ended ({advice})")
+
     def _hooked_step(self, original):
         """An inner optimizer's step, the method's gradient hook run first once per step (with
         several optimizers, before the first one's step: every one sees the same gradients)."""
@@ -440,6 +444,7 @@ class Sync:
         The inner optimizer's step runs it when it has not run since the last step; call it
         yourself after backward to clip the averaged gradients, as `loco train` does:
         loss.backward(); sync.sync_gradients(); clip_grad_norm_(...); inner_opt.step()."""
+        self._check_open("sync_gradients()")
         if self._synced:
             raise _loco.Error("sync_gradients() was called twice before the optimizer's step")
         self._clock.timed("hooks", self._sync_gradients)
@@ -474,8 +479,7 @@ class Sync:
         log_interval steps the members' mean loss, bytes and waits go to out_dir/metrics.jsonl
         (every member must pass them at the same steps). A step whose optimizer step was skipped
         (a GradScaler's) is a step too: call sync.step() after it as after any other."""
-        if self._closed:
-            raise _loco.Error("sync.step() after close(): this sync has ended (wrap the model again to go on)")
+        self._check_open("sync.step()")
         if self._done >= self._train_steps:
             raise _loco.Error(f"sync.step() past train_steps = {self._train_steps}: the run ended at its last step "
                               "(its final syncs); wrap with a larger train_steps to train longer")
@@ -735,8 +739,7 @@ class Sync:
         train` writes them; `loco report` and `loco compare` read the directory). Collective."""
         if self._out_dir is None:
             raise _loco.Error("finish() writes the run directory: pass out_dir to wrap()")
-        if self._closed:
-            raise _loco.Error("finish() after close(): finish the run first (it is collective), then close")
+        self._check_open("finish()", "finish the run first (it is collective), then close")
         if val_loss is not None and not _is_number(val_loss):
             raise _loco.Error(f"finish(): val_loss is a number or a one-element tensor (got {_described(val_loss)})")
         self._bg.join()
@@ -841,6 +844,7 @@ class Sync:
                 "method": self.method, "names": list(self._names)}
 
     def load_state_dict(self, state):
+        self._check_open("load_state_dict()")
         if not isinstance(state, dict) or not isinstance(state.get("loco"), dict):
             raise _loco.Error("not a state from Sync.state_dict(): a dict whose 'loco' entry is a dict")
         if state.get("method") != self.method:

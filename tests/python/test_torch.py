@@ -654,6 +654,23 @@ with tempfile.TemporaryDirectory() as d:  # loss and tokens are used (and checke
                  lambda: stepped({"out_dir": d + "/d"}, {"loss": torch.ones(2, 3)}))
 expect_error("a step past train_steps", "sync.step() past train_steps = 3", lambda: stepped({"train_steps": 3}, steps=3))
 expect_error("a step after close", "sync.step() after close()", lambda: stepped({}, close=True))
+# After close() the state and the parameters can still be read; nothing can be synchronized or
+# loaded (data-parallel's gradient sync reached the shut-down communicator, an internal error that
+# then failed every later call).
+for method in ("ddp", "diloco"):
+    model = make_model(0)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, method, endpoint=loco.inprocess(1)[0])
+    inner_step(model, opt, 0, 0)
+    opt.step()
+    sync.step()
+    sync.close()
+    expect_error(f"{method}: gradients synchronized after close", "sync_gradients() after close()",
+                 sync.sync_gradients)
+    expect_error(f"{method}: a state loaded after close", "load_state_dict() after close()",
+                 lambda: sync.load_state_dict(sync.state_dict()))
+    check(len(list(sync.eval_parameters())) == len(list(model.parameters())),
+          f"{method}: the state and the parameters are read after close")
 
 # A non-finite loss is recorded (as null) and finish() still writes the run directory.
 import json
