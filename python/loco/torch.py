@@ -58,22 +58,10 @@ class Sync:
         try:
             self._setup(*args)
         except BaseException:
-            self._abandon()
+            # What it took, given back at once (an interactive session keeps the failed object
+            # alive in its last traceback): out_dir's lock, the endpoint, pinned host memory.
+            self._release()
             raise
-
-    def _abandon(self):
-        """What a wrap() that failed part way took, given back at once (an interactive session keeps
-        the failed object alive in its traceback): out_dir's lock, the background thread, the
-        endpoint and its communication."""
-        if self._run_lock is not None:
-            self._run_lock.close()
-            self._run_lock = None
-        if hasattr(self, "_bg"):
-            self._bg.stop()
-        if hasattr(self, "_core"):
-            self._core.close()
-        if hasattr(self, "_copier"):
-            self._copier.wait()
 
     def _setup(self, model, inner_opt, method, endpoint, blocks, values, outer_device=None):
         if method not in METHODS:
@@ -880,22 +868,32 @@ class Sync:
         for p in self._wrapped:
             if _WRAPPED.get(id(p)) is p:
                 del _WRAPPED[id(p)]
+        self._release()
+
+    def _release(self):
+        """What the sync holds, given back in order (close(), or a wrap() that failed part way, when
+        only some of it was made): out_dir's lock, the background thread, the gradient hooks,
+        communication, then the copies in flight before the host buffers they use are unpinned."""
         if self._run_lock is not None:
             self._run_lock.close()  # releases out_dir
             self._run_lock = None
-        try:
-            self._bg.join()  # its error, if any, was the loop's to see; closing goes on
-        except Exception:
-            pass
-        self._bg.stop()
-        if self._grad_copies is not None:
+        if hasattr(self, "_bg"):
+            try:
+                self._bg.join()  # its error, if any, was the loop's to see; closing goes on
+            except Exception:
+                pass
+            self._bg.stop()
+        if getattr(self, "_grad_copies", None) is not None:
             self._grad_copies.remove()
-        self._core.close()
-        self._copier.wait()       # no copy may still write or read a buffer about to be unregistered
-        self._copier.host_free()
-        with self._copier.device():
-            while self._pinned:
-                _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
+            self._grad_copies = None
+        if hasattr(self, "_core"):
+            self._core.close()
+        if hasattr(self, "_copier"):
+            self._copier.wait()       # no copy may still write or read a buffer about to be unregistered
+            self._copier.host_free()
+            with self._copier.device():
+                while getattr(self, "_pinned", None):
+                    _torch.cuda.cudart().cudaHostUnregister(self._pinned.pop())
 
 
 _WRAPPED = weakref.WeakValueDictionary()  # id -> a parameter of a model wrapped and not closed

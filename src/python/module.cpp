@@ -240,7 +240,11 @@ class Method {
   // endpoint it frees may already serve the next method when this one is collected.
   void close() {
     if (closed_.exchange(true)) return;
-    if (failed_) comm_.abort("a member's training method failed");
+    // The peers learn why (a refusal every member reaches, such as agree()'s, may reach a peer
+    // still in the collective as this abort: it then reads this member's reason, not a bare failure).
+    if (failed_)
+      comm_.abort("member " + std::to_string(comm_.rank()) + "'s training method failed" +
+                  (failure_.empty() ? std::string() : ": " + failure_.substr(0, 600)));
     comm_.shutdown();
     // An elastic member leaves the run (its heartbeat stops): the others drop it at their next round.
     if (elastic_) algo_.reset();
@@ -661,6 +665,10 @@ class Method {
     try {
       py::gil_scoped_release release;
       f();
+    } catch (const std::exception& e) {
+      failed_ = true;
+      failure_ = e.what();
+      throw;
     } catch (...) {
       failed_ = true;
       throw;
@@ -680,6 +688,7 @@ class Method {
   std::pair<int, int> share_;  // this member's data slot and the members sharing the data
   int64_t step_ = 0;
   bool failed_ = false;
+  std::string failure_;  // what failed, for the peers (close()'s abort)
   std::atomic<bool> closed_{false};
   const float* params_at_ = nullptr;
   const float* grads_at_ = nullptr;
