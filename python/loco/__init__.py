@@ -70,6 +70,9 @@ def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms
     global _endpoint
     if _endpoint is not None:
         raise Error("loco.init was already called in this process")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, _numbers.Integral)
+                                or not 1 <= threads <= 1024):
+        raise Error(f"loco.init: threads is a whole number in [1, 1024] (got {threads!r})")
     link = dict(bandwidth=str(network_bandwidth), latency=str(network_latency), tcp=bool(network_tcp),
                 timeout=str(network_timeout))
     if url is None:
@@ -86,8 +89,8 @@ def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms
     else:
         raise Error(f"loco.init: unknown world {url!r} (expected None, 'mpi', 'local' or 'redis://HOST:PORT/RUN')")
     global _threads_chosen
-    _loco.set_threads(int(threads) if threads else 1)
-    _threads_chosen = bool(threads)
+    _loco.set_threads(1 if threads is None else int(threads))
+    _threads_chosen = threads is not None
     return _endpoint
 
 

@@ -1,9 +1,15 @@
 """What loco.torch.wrap() takes, read before the method starts: its keywords as loco's config
 keys, the model's blocks and the projections partial updates slice, and the inner optimizers."""
+import numbers
 import os
 import re
 
 import torch as _torch
+
+try:
+    from numpy import bool_ as numpy_bool
+except ImportError:  # numpy is optional for torch
+    numpy_bool = bool
 
 from loco import _loco
 
@@ -44,12 +50,20 @@ def config_key(name, keys, method):
 
 
 def toml(name, value):
-    """`value` as a TOML value for `key=value` settings."""
-    if isinstance(value, bool):
+    """`value` as a TOML value for `key=value` settings: a bool, a number (NumPy's too), a string
+    or a path (os.PathLike)."""
+    if isinstance(value, (bool, numpy_bool)):
         text = "true" if value else "false"
-    elif isinstance(value, (int, float)):
-        text = repr(value)
-    elif isinstance(value, str):
+    elif isinstance(value, numbers.Integral):
+        text = repr(int(value))
+    elif isinstance(value, numbers.Real):
+        text = repr(float(value))
+    elif isinstance(value, (str, os.PathLike)):
+        value = os.fspath(value)
+        if not isinstance(value, str):
+            raise _loco.Error(f"keyword {name}: a path as text (str or pathlib.Path), got bytes")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise _loco.Error(f"keyword {name}: {value!r} holds a control character")
         text = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     else:
         raise _loco.Error(f"keyword {name}: expected a number, a string or a bool, got {type(value).__name__}")

@@ -142,7 +142,10 @@ class Sync:
             settings += _head_settings(model, values)
         if "train.steps" not in values:
             settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
-        out_dir = str(values["train.out_dir"][1]) if "train.out_dir" in values else None
+        out_dir = values["train.out_dir"][1] if "train.out_dir" in values else None
+        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+            raise _loco.Error(f"out_dir: a directory's path (str or pathlib.Path), got {type(out_dir).__name__}")
+        out_dir = None if out_dir is None else os.fspath(out_dir)
         if values.get("streaming.offload_outer", (None, False))[1] is True and out_dir is None:
             # Else the config's default directory, relative to the working directory: two runs
             # started there would share one scratch file.

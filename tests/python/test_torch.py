@@ -251,6 +251,27 @@ expect_error("bf16 parameters", "loco's methods keep float32 parameters", lambda
 expect_error("unknown keyword", "unknown keyword outer_lrr", lambda: wrap1(make_model(0), outer_lrr=0.1))
 expect_error("unknown method", "method must be one of", lambda: wrap1(make_model(0), method="fsdp"))
 expect_error("bad value", "outer.momentum", lambda: wrap1(make_model(0), outer_momentum=2.0))
+# loco.init's threads checked before the world is made (a refused init can be called again).
+for threads in ("4", 2.5, 0, True, 2000):
+    expect_error(f"init with threads={threads!r}", "loco.init: threads is a whole number in [1, 1024]",
+                 lambda: loco.init(threads=threads))
+# Keyword values as a loop computes them: NumPy numbers and pathlib paths are taken; an out_dir
+# that is not a path (an int made a directory '123' in the working directory) or holds a control
+# character (torch's ValueError from makedirs) is refused.
+import numpy as np
+import pathlib
+with tempfile.TemporaryDirectory() as d:
+    for kw in (dict(inner_steps=np.int64(3), outer_lr=np.float32(0.5)), dict(out_dir=pathlib.Path(d) / "run")):
+        try:
+            wrap1(make_model(0), **kw).close()
+            took = "taken"
+        except Exception as e:
+            took = f"{type(e).__name__}: {e}"
+        check(took == "taken", f"keywords {sorted(kw)} of types {[type(v).__name__ for v in kw.values()]}: {took}")
+    check(os.path.isdir(os.path.join(d, "run")), "out_dir as a pathlib.Path made that directory")
+expect_error("out_dir as a number", "out_dir: a directory's path (str or pathlib.Path), got int",
+             lambda: wrap1(make_model(0), out_dir=123))
+expect_error("out_dir with a NUL", "holds a control character", lambda: wrap1(make_model(0), out_dir="runs/a\x00b"))
 
 
 def changed_parameters():
