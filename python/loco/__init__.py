@@ -73,8 +73,7 @@ def init(url=None, *, worker=None, network_bandwidth="inf", network_latency="0ms
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, _numbers.Integral)
                                 or not 1 <= threads <= 1024):
         raise Error(f"loco.init: threads is a whole number in [1, 1024] (got {threads!r})")
-    link = dict(bandwidth=str(network_bandwidth), latency=str(network_latency), tcp=bool(network_tcp),
-                timeout=str(network_timeout))
+    link = _link(network_bandwidth, network_latency, network_tcp, network_timeout)
     if url is None:
         url = "mpi" if _under_mpirun() else "local"
     if url == "mpi":
@@ -99,8 +98,16 @@ def inprocess(size, *, network_bandwidth="inf", network_latency="0ms", network_t
     experiments on one machine): pass one to each thread's `loco.torch.wrap(..., endpoint=e)`."""
     if isinstance(size, bool) or not isinstance(size, _numbers.Integral):
         raise _loco.Error(f"loco.inprocess: size is a whole number of members (got {size!r})")
-    return _loco.inprocess_world(int(size), bandwidth=str(network_bandwidth), latency=str(network_latency),
-                                 tcp=bool(network_tcp), timeout=str(network_timeout))
+    return _loco.inprocess_world(int(size), **_link(network_bandwidth, network_latency, network_tcp, network_timeout))
+
+
+def _link(bandwidth, latency, tcp, timeout):
+    """The link model's settings (checked by the core as config values), network_tcp a bool: a
+    string such as "false" would read as true."""
+    numpy_bool = type(tcp).__module__ == "numpy" and type(tcp).__name__ == "bool_"
+    if not (isinstance(tcp, bool) or numpy_bool):
+        raise Error(f"network_tcp is True or False (got {tcp!r})")
+    return dict(bandwidth=str(bandwidth), latency=str(latency), tcp=bool(tcp), timeout=str(timeout))
 
 
 def endpoint():

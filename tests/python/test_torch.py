@@ -255,6 +255,8 @@ expect_error("bad value", "outer.momentum", lambda: wrap1(make_model(0), outer_m
 for threads in ("4", 2.5, 0, True, 2000):
     expect_error(f"init with threads={threads!r}", "loco.init: threads is a whole number in [1, 1024]",
                  lambda: loco.init(threads=threads))
+expect_error("network_tcp as text", "network_tcp is True or False (got 'false')",
+             lambda: loco.inprocess(2, network_tcp="false"))  # bool("false") is True: TCP emulated unasked
 # Keyword values as a loop computes them: NumPy numbers and pathlib paths are taken; an out_dir
 # that is not a path (an int made a directory '123' in the working directory) or holds a control
 # character (torch's ValueError from makedirs) is refused.
