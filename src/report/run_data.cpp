@@ -103,9 +103,10 @@ nlohmann::json read_summary(const std::string& path) {
                          bool whole) {
     if (!j.contains(key) || j[key].is_null()) return;
     const auto& v = j[key];
-    const bool ok = whole ? v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
-                                                                              : v.get<int64_t>() >= int64_t(lo) &&
-                                                                                    v.get<int64_t>() <= int64_t(hi))
+    // JSON integers >= 0 are read as unsigned: each kind compared in its own type, both bounds.
+    const bool ok = whole ? v.is_number_integer() &&
+                                (v.is_number_unsigned() ? v.get<uint64_t>() >= uint64_t(lo) && v.get<uint64_t>() <= uint64_t(hi)
+                                                        : v.get<int64_t>() >= int64_t(lo) && v.get<int64_t>() <= int64_t(hi))
                           : v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi;
     if (!ok)
       fail(path + ": " + where + key + " is " + v.dump().substr(0, 40) + ", not a " + (whole ? "whole " : "") +

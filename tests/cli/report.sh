@@ -278,7 +278,7 @@ done
 [ ! -e x.png ]
 # summary.json as report and compare read it: counts they print as integers (1e300 replicas
 # converted to int was undefined), negative traffic, no workers: one line naming the value, exit 1.
-for spoil in 's["replicas"] = 1e300' 's["workers"][-1]["bytes_sent"] = -1' 's["workers"] = []' 's["workers"][0] = 5' \
+for spoil in 's["replicas"] = 1e300' 's["replicas"] = 0' 's["workers"][-1]["bytes_sent"] = -1' 's["workers"] = []' 's["workers"][0] = 5' \
              's["workers"][0]["by_operation"]["gradients"] = "x"' 's["workers"][0]["compute_utilization"] = 1e300'; do
   rm -rf badsum && mkdir badsum && cp full/metrics.jsonl full/config.toml badsum/
   $py - full/summary.json badsum/summary.json "$spoil" <<'PY'
