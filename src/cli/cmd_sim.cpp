@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "io/gnuplot.h"
+#include "report/run_data.h"
 #include "algo/run_config.h"
 #include "model/layout.h"
 #include "sim/cu.h"
@@ -112,7 +113,7 @@ void gantt_plot(const sim::Profile& p, const std::vector<sim::Method>& methods, 
 void calibrate(const CuArgs& a) {
   const std::string dir = a.calibrate;
   const RunConfig rc = load_run_config(dir + "/config.toml");
-  const nlohmann::json summary = read_json_file(dir + "/summary.json");
+  const nlohmann::json summary = report::read_summary(dir + "/summary.json");  // counts and traffic in range
   const ParamLayout layout(rc.model);
   int64_t nonblock = 0;
   for (const auto& r : layout.nonblock_ranges()) nonblock += r.size();
@@ -134,11 +135,17 @@ void calibrate(const CuArgs& a) {
   check(summary.value("stages", 1) == 1, "--calibrate: a pipelined run; use loco simulate pipeline --calibrate");
   double compute = 0, cu = 0, bytes = 0;
   const auto& workers = summary.at("workers");
-  for (const auto& w : workers) {
-    compute += w.at("compute_s").get<double>();
-    cu += w.at("compute_utilization").get<double>();
-    for (const auto& [op, v] : w.at("by_operation").items())
-      if (is_sync_traffic(op)) bytes += v.at("bytes_sent").get<double>();
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const auto& w = workers[i];
+    // What the calibration reads, each present (read_summary checked the values it finds).
+    const auto need = [&](const nlohmann::json& j, const char* key, const std::string& where) -> const nlohmann::json& {
+      if (!j.contains(key)) fail(source + ": workers[" + std::to_string(i) + "]" + where + " has no " + key);
+      return j[key];
+    };
+    compute += need(w, "compute_s", "").get<double>();
+    cu += need(w, "compute_utilization", "").get<double>();
+    for (const auto& [op, v] : need(w, "by_operation", "").items())
+      if (is_sync_traffic(op)) bytes += need(v, "bytes_sent", ".by_operation." + op).get<double>();
   }
   const double n = double(workers.size());
   p.step_time_s = compute / n / double(steps);

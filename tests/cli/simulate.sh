@@ -101,4 +101,17 @@ expect_error "nodes and --bandwidth go together" estimate --config "$root/config
 expect_error "power of two" simulate latency --workers 48
 expect_error "divisible" estimate --config "$root/configs/small.toml" --slices 3
 expect_error "no such file\|cannot\|not found\|No such" simulate cu --calibrate does-not-exist
+# A spoiled summary of the calibrated run: checked as loco report checks it, and what the
+# calibration reads must be there (a missing compute_s was nlohmann's raw out_of_range).
+for spoil in 'del s["workers"][0]["compute_s"]:workers\[0\] has no compute_s' \
+             's["workers"] = []:an empty workers list' 's["replicas"] = 1e300:replicas is 1e+300'; do
+  rm -rf spoiled && cp -r run spoiled
+  $py - run/summary.json spoiled/summary.json "${spoil%%:*}" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+exec(sys.argv[3])
+json.dump(s, open(sys.argv[2], "w"))
+PY
+  expect_error "spoiled/summary.json: .*${spoil#*:}" simulate cu --calibrate spoiled
+done
 echo "simulate: OK"
