@@ -138,14 +138,11 @@ void calibrate(const CuArgs& a) {
   for (size_t i = 0; i < workers.size(); ++i) {
     const auto& w = workers[i];
     // What the calibration reads, each present (read_summary checked the values it finds).
-    const auto need = [&](const nlohmann::json& j, const char* key, const std::string& where) -> const nlohmann::json& {
-      if (!j.contains(key)) fail(source + ": workers[" + std::to_string(i) + "]" + where + " has no " + key);
-      return j[key];
-    };
-    compute += need(w, "compute_s", "").get<double>();
-    cu += need(w, "compute_utilization", "").get<double>();
-    for (const auto& [op, v] : need(w, "by_operation", "").items())
-      if (is_sync_traffic(op)) bytes += need(v, "bytes_sent", ".by_operation." + op).get<double>();
+    const std::string where = "workers[" + std::to_string(i) + "]";
+    compute += report::required(w, "compute_s", source, where).get<double>();
+    cu += report::required(w, "compute_utilization", source, where).get<double>();
+    for (const auto& [op, v] : report::required(w, "by_operation", source, where).items())
+      if (is_sync_traffic(op)) bytes += report::required(v, "bytes_sent", source, where + ".by_operation." + op).get<double>();
   }
   const double n = double(workers.size());
   p.step_time_s = compute / n / double(steps);

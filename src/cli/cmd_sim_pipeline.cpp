@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "comm/link.h"
 #include "core/error.h"
+#include "report/run_data.h"
 #include "core/json.h"
 #include "core/fs.h"
 #include "algo/run_config.h"
@@ -103,7 +104,8 @@ std::string percents(const std::vector<double>& v) {
 
 void calibrate(const std::string& dir) {
   const RunConfig c = load_run_config(dir + "/config.toml");
-  const nlohmann::json summary = read_json_file(dir + "/summary.json");
+  const std::string source = dir + "/summary.json";
+  const nlohmann::json summary = report::read_summary(source);  // counts and times in range
   auto p = profile_of(c);
   const LinkSpec link{c.network.bandwidth + "/" + c.network.latency,
                       parse_bandwidth(c.network.bandwidth, "network.bandwidth"),
@@ -111,22 +113,25 @@ void calibrate(const std::string& dir) {
   p.bandwidth_bps = link.bandwidth_bps;
   p.latency_s = link.latency_s;
   const auto& workers = summary.at("workers");
-  const int R = summary.value("replicas", 1);
+  const int R = int(json_integer(summary, "replicas", source));  // in [1, 1e6] (read_summary)
   // Measured: each stage's pass times (mean over its replicas), step time and bubble share.
   std::vector<double> fwd(size_t(p.stages), 0), bwd(size_t(p.stages), 0), opt(size_t(p.stages), 0),
       bubble(size_t(p.stages), 0), cu(size_t(p.stages), 0);
   double step_s = 0;
-  for (const auto& w : workers) {
-    const int64_t stage = json_integer(w, "stage", dir + "/summary.json");
-    if (stage < 0 || stage >= p.stages) fail(dir + "/summary.json: a worker's stage is out of range");
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const auto& w = workers[i];
+    const std::string where = "workers[" + std::to_string(i) + "]";
+    const auto at = [&](const char* key) { return report::required(w, key, source, where).get<double>(); };
+    const int64_t stage = json_integer(w, "stage", source);
+    if (stage < 0 || stage >= p.stages) fail(source + ": a worker's stage is out of range");
     const size_t s = size_t(stage);
-    const double steps = std::max(1.0, w.at("steps_run").get<double>());
-    fwd[s] += w.at("forward_s_per_step").get<double>() / p.microbatches / R;
-    bwd[s] += w.at("backward_s_per_step").get<double>() / p.microbatches / R;
-    opt[s] += w.at("optimizer_s_per_step").get<double>() / R;
-    const double busy = w.at("wall_s").get<double>() - w.at("eval_s").get<double>() - w.at("checkpoint_s").get<double>();
-    bubble[s] += w.at("bubble_share").get<double>() / R;
-    cu[s] += w.at("compute_utilization").get<double>() / R;
+    const double steps = std::max(1.0, at("steps_run"));
+    fwd[s] += at("forward_s_per_step") / p.microbatches / R;
+    bwd[s] += at("backward_s_per_step") / p.microbatches / R;
+    opt[s] += at("optimizer_s_per_step") / R;
+    const double busy = at("wall_s") - at("eval_s") - at("checkpoint_s");
+    bubble[s] += at("bubble_share") / R;
+    cu[s] += at("compute_utilization") / R;
     step_s += busy / steps / double(workers.size());
   }
   p.forward_s = fwd;

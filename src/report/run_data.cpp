@@ -124,7 +124,8 @@ nlohmann::json read_summary(const std::string& path) {
     if (!w.is_object()) fail(path + ": workers[" + std::to_string(i) + "] is not an object");
     for (const char* key : {"rank", "stage", "replica"}) check(w, key, where, 0, kMaxCount, true);
     for (const char* key : {"bytes_sent", "bytes_received", "peak_send_bytes_per_s", "compute_s", "comm_wait_s",
-                            "bubble_s", "param_bytes"})
+                            "bubble_s", "param_bytes", "forward_s_per_step", "backward_s_per_step",
+                            "optimizer_s_per_step", "wall_s", "eval_s", "checkpoint_s", "steps_run"})
       check(w, key, where, 0, 1e18, false);
     check(w, "compute_utilization", where, 0, 1, false);
     check(w, "bubble_share", where, 0, 1, false);
@@ -138,6 +139,12 @@ nlohmann::json read_summary(const std::string& path) {
     }
   }
   return s;
+}
+
+const nlohmann::json& required(const nlohmann::json& j, const char* key, const std::string& source,
+                               const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) fail(source + ": " + where + " has no " + key);
+  return j[key];
 }
 
 Run load_run(const std::string& dir) {

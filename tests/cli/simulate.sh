@@ -103,15 +103,22 @@ expect_error "divisible" estimate --config "$root/configs/small.toml" --slices 3
 expect_error "no such file\|cannot\|not found\|No such" simulate cu --calibrate does-not-exist
 # A spoiled summary of the calibrated run: checked as loco report checks it, and what the
 # calibration reads must be there (a missing compute_s was nlohmann's raw out_of_range).
-for spoil in 'del s["workers"][0]["compute_s"]:workers\[0\] has no compute_s' \
-             's["workers"] = []:an empty workers list' 's["replicas"] = 1e300:replicas is 1e+300'; do
-  rm -rf spoiled && cp -r run spoiled
-  $py - run/summary.json spoiled/summary.json "${spoil%%:*}" <<'PY'
+# spoiled RUN SIMULATION 'PYTHON:EXPECTED'...: each edit of RUN's summary refused, naming it.
+spoiled() {
+  local run=$1 simulation=$2 spoil; shift 2
+  for spoil in "$@"; do
+    rm -rf spoiled && cp -r "$run" spoiled
+    $py - "$run/summary.json" spoiled/summary.json "${spoil%%:*}" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 exec(sys.argv[3])
 json.dump(s, open(sys.argv[2], "w"))
 PY
-  expect_error "spoiled/summary.json: .*${spoil#*:}" simulate cu --calibrate spoiled
-done
+    expect_error "spoiled/summary.json: .*${spoil#*:}" simulate "$simulation" --calibrate spoiled
+  done
+}
+spoiled run cu 'del s["workers"][0]["compute_s"]:workers\[0\] has no compute_s' \
+  's["workers"] = []:an empty workers list' 's["replicas"] = 1e300:replicas is 1e+300'
+spoiled piped pipeline 'del s["workers"][1]["wall_s"]:workers\[1\] has no wall_s' 's["replicas"] = 0:replicas is 0' \
+  's["workers"][0]["eval_s"] = "x":eval_s is "x"'
 echo "simulate: OK"
