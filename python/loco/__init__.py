@@ -101,11 +101,16 @@ def inprocess(size, *, network_bandwidth="inf", network_latency="0ms", network_t
     return _loco.inprocess_world(int(size), **_link(network_bandwidth, network_latency, network_tcp, network_timeout))
 
 
+def _is_bool(x):
+    """True or False, NumPy's bool_ included (not a string such as "false", which bool() reads as
+    True)."""
+    return isinstance(x, bool) or (type(x).__module__ == "numpy" and type(x).__name__ == "bool_")
+
+
 def _link(bandwidth, latency, tcp, timeout):
     """The link model's settings (checked by the core as config values), network_tcp a bool: a
     string such as "false" would read as true."""
-    numpy_bool = type(tcp).__module__ == "numpy" and type(tcp).__name__ == "bool_"
-    if not (isinstance(tcp, bool) or numpy_bool):
+    if not _is_bool(tcp):
         raise Error(f"network_tcp is True or False (got {tcp!r})")
     return dict(bandwidth=str(bandwidth), latency=str(latency), tcp=bool(tcp), timeout=str(timeout))
 

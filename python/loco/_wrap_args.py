@@ -6,12 +6,7 @@ import re
 
 import torch as _torch
 
-try:
-    from numpy import bool_ as numpy_bool
-except ImportError:  # numpy is optional for torch
-    numpy_bool = bool
-
-from loco import _loco
+from loco import _is_bool, _loco
 
 METHODS = ("ddp", "diloco", "streaming", "noloco")
 
@@ -52,7 +47,7 @@ def config_key(name, keys, method):
 def toml(name, value):
     """`value` as a TOML value for `key=value` settings: a bool, a number (NumPy's too), a string
     or a path (os.PathLike)."""
-    if isinstance(value, (bool, numpy_bool)):
+    if _is_bool(value):
         text = "true" if value else "false"
     elif isinstance(value, numbers.Integral):
         text = repr(int(value))

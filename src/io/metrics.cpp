@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/fs.h"
 
 namespace loco {
@@ -77,10 +78,9 @@ std::vector<nlohmann::json> read_metric_records(const std::string& path) {
         fail(where + key + " is " + v.dump().substr(0, 40) + ", not a finite number");
     };
     // A whole number that fits int64: nlohmann would wrap a larger unsigned or truncate a float.
-    const auto& step = r.contains("step") ? r["step"] : nlohmann::json();
-    if (!(step.is_number_integer() && (step.is_number_unsigned() ? step.get<uint64_t>() <= uint64_t(INT64_MAX)
-                                                                  : step.get<int64_t>() >= 0)))
-      fail(where + "not a loco metrics record (step " + (step.is_null() ? "missing" : step.dump().substr(0, 40)) +
+    const auto step = r.contains("step") ? json_whole(r["step"]) : std::nullopt;
+    if (!step || *step < 0)
+      fail(where + "not a loco metrics record (step " + (r.contains("step") ? r["step"].dump().substr(0, 40) : "missing") +
            ", not a whole number >= 0)");
     number("tokens", true, false);
     number("train_loss", true, true);

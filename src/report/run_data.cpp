@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/json.h"
 #include "algo/methods.h"
 #include "io/metrics.h"
 
@@ -103,10 +104,8 @@ nlohmann::json read_summary(const std::string& path) {
                          bool whole) {
     if (!j.contains(key) || j[key].is_null()) return;
     const auto& v = j[key];
-    // JSON integers >= 0 are read as unsigned: each kind compared in its own type, both bounds.
-    const bool ok = whole ? v.is_number_integer() &&
-                                (v.is_number_unsigned() ? v.get<uint64_t>() >= uint64_t(lo) && v.get<uint64_t>() <= uint64_t(hi)
-                                                        : v.get<int64_t>() >= int64_t(lo) && v.get<int64_t>() <= int64_t(hi))
+    const auto n = whole ? json_whole(v) : std::nullopt;
+    const bool ok = whole ? n && double(*n) >= lo && double(*n) <= hi
                           : v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi;
     if (!ok)
       fail(path + ": " + where + key + " is " + v.dump().substr(0, 40) + ", not a " + (whole ? "whole " : "") +
