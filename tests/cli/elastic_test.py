@@ -631,7 +631,14 @@ try:
                                           "--join", f"redis://127.0.0.1:{port}/unreach", "--worker", "wx"],
                            env=ENV, stdout=open("unreach-wx.log", "w"), stderr=subprocess.STDOUT)
     procs.append(bad)
-    time.sleep(1.5)  # wx registers first: member 1, rank 0 of every round (the others connect to it)
+    # wx registers first: member 1, rank 0 of every round (the others connect to it). Waited for,
+    # not slept for: under a sanitizer on a loaded machine wx took longer than a fixed 1.5 s, w1
+    # registered first, wx connected out to it, and the run finished with wx (exit 0).
+    deadline = time.monotonic() + 60
+    while redis_cli("EXISTS", "loco:unreach:member:1").strip() != "1":
+        if time.monotonic() > deadline or bad.poll() is not None:
+            fail("unreach/wx did not register within 60 s")
+        time.sleep(0.1)
     ps = [start("unreach", n, "unreach", args) for n in ("w1", "w2")]
     wait_all(ps, ["w1", "w2"], "unreach", limit=180)
     try:
