@@ -324,6 +324,9 @@ void add_simulate_latency(CLI::App& parent) {
         std::snprintf(text, sizeof text, "%g", wf);
         fail(std::string("--workers: ") + text + " is not a whole number in [2, 65536]");
       }
+      // The tree's closed form needs a power of two: refused here, before any output.
+      const int n = int(wf);
+      check((n & (n - 1)) == 0, "--workers: " + std::to_string(n) + " is not a power of two");
       most = std::max(most, wf);
     }
     for (double s : sigmas) check(std::isfinite(s) && s > 0 && s <= 10, "--sigma: each must be in (0, 10]");

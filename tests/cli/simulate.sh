@@ -71,6 +71,8 @@ expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1; shift
   if "$loco" "$@" > out.txt 2> err.txt; then echo "FAIL: accepted: $*"; exit 1; fi
   grep -q "$pattern" err.txt || { echo "FAIL: $*: expected '$pattern', got: $(cat err.txt)"; exit 1; }
+  # Refused before any output (latency --workers 48 printed its table's heading first).
+  [ ! -s out.txt ] || { echo "FAIL: $*: refused after printing: $(head -3 out.txt)"; exit 1; }
 }
 expect_error "no such profile" simulate cu --model 7b
 expect_error "unknown method" simulate cu --method fsdp
