@@ -191,10 +191,10 @@ void add_simulate_pipeline(CLI::App& simulate) {
     const RunConfig c = load_run_config(a->config, a->sets);
     auto p = profile_of(c);
     stage_times_from_flops(c, a->gflops, p);
-    print_stages(c, p);
-    std::vector<LinkSpec> links;
+    std::vector<LinkSpec> links;  // parsed before any output: a bad --link prints nothing but its error
     for (const auto& l : a->links) links.push_back(parse_link(l));
     if (links.empty()) links.push_back(parse_link(c.network.bandwidth + "/" + c.network.latency));
+    print_stages(c, p);
     const double tokens = double(c.data.batch_size) * c.data.seq_len;
     std::printf("  %-16s %10s %12s %20s %20s %16s\n", "link", "step s", "tokens/s", "CU % by stage",
                 "bubble % by stage", "boundary B/step");

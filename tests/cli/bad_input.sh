@@ -13,9 +13,11 @@ expect_error() {  # expect_error "expected substring" cmd args...
   "$@" > out.txt 2> err.txt
   local rc=$?
   local lines; lines=$(wc -l < err.txt)
-  if [ $rc -ne 1 ] || [ "$lines" -ne 1 ] || ! grep -q "^loco: error:" err.txt || ! grep -qF -- "$want" err.txt; then
+  if [ $rc -ne 1 ] || [ "$lines" -ne 1 ] || ! grep -q "^loco: error:" err.txt || ! grep -qF -- "$want" err.txt ||
+     [ -s out.txt ]; then
     echo "FAIL: $* -> exit $rc, stderr ($lines lines): $(cat err.txt)"
-    echo "      expected exit 1 and one line containing: $want"
+    echo "      expected exit 1, nothing on stdout and one line on stderr containing: $want"
+    [ -s out.txt ] && echo "      stdout: $(head -3 out.txt)"
     failures=$((failures + 1))
   else
     echo "ok: $(cat err.txt)"

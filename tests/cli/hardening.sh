@@ -19,8 +19,9 @@ fails() {  # fails EXPECTED COMMAND...: exit 1, one line on stderr containing EX
   "$@" > out.txt 2> err.txt
   local rc=$?
   set -e
-  if [ $rc -ne 1 ] || [ "$(wc -l < err.txt)" -ne 1 ] || ! grep -qF -- "$want" err.txt; then
-    echo "FAIL: $* -> exit $rc: $(cat err.txt)"; echo "      expected exit 1 and: $want"; exit 1
+  if [ $rc -ne 1 ] || [ "$(wc -l < err.txt)" -ne 1 ] || ! grep -qF -- "$want" err.txt || [ -s out.txt ]; then
+    echo "FAIL: $* -> exit $rc: $(cat err.txt)"; echo "      expected exit 1, no output and: $want"
+    [ -s out.txt ] && echo "      stdout: $(head -3 out.txt)"; exit 1
   fi
   echo "ok: $(cat err.txt)"
 }

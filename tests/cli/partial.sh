@@ -62,6 +62,7 @@ expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1; shift
   if "$loco" train "${base[@]}" "$@" > out.txt 2> err.txt; then echo "FAIL: accepted: $*"; exit 1; fi
   grep -q "$pattern" err.txt || { echo "FAIL: $*: expected '$pattern', got: $(cat err.txt)"; exit 1; }
+  [ ! -s out.txt ] || { echo "FAIL: $*: refused after printing: $(head -3 out.txt)"; exit 1; }
 }
 expect_error "partial.slices > 1 needs algorithm" --set algorithm=ddp
 expect_error "partial.slices must divide model.num_heads" --set algorithm=diloco --set partial.slices=4 \

@@ -264,8 +264,9 @@ grep -q "badrec/metrics.jsonl:1: not a loco metrics record" err.txt
 # refused WHAT PATTERN CMD...: CMD fails with one line of stderr matching PATTERN (grep -E).
 refused() {
   local what=$1 pattern=$2; shift 2
-  if $loco "$@" > /dev/null 2> err.txt; then echo "FAIL: $* accepted $what"; exit 1; fi
+  if $loco "$@" > out.txt 2> err.txt; then echo "FAIL: $* accepted $what"; exit 1; fi
   [ "$(wc -l < err.txt)" -eq 1 ] && grep -Eq "$pattern" err.txt || { echo "FAIL: $* with $what:"; cat err.txt; exit 1; }
+  [ ! -s out.txt ] || { echo "FAIL: $* with $what: refused after printing: $(head -3 out.txt)"; exit 1; }
 }
 # plot and compare (a run without a summary) read records as report does: a step that is not a
 # whole number, a line that is not an object, an empty file: one line naming it, exit 1.

@@ -174,6 +174,7 @@ expect_error() {  # expect_error PATTERN ARGS...
   local pattern=$1; shift
   if "$loco" train "${base[@]}" "$@" > out.txt 2> err.txt; then echo "FAIL: accepted: $*"; exit 1; fi
   grep -q "$pattern" err.txt || { echo "FAIL: $*: expected '$pattern', got: $(cat err.txt)"; exit 1; }
+  [ ! -s out.txt ] || { echo "FAIL: $*: refused after printing: $(head -3 out.txt)"; exit 1; }
 }
 expect_error 'with outer.reduce = "reduce-scatter" is not possible' --set algorithm=streaming --set outer.aggregate=median \
   --set outer.codec=fp4-e3m0 --set outer.reduce=reduce-scatter
