@@ -187,7 +187,7 @@ result = {"method": method, "link": link, "seed": seed, "steps": steps, "H": H, 
           "mean_cu": {run: statistics.mean(summary(run, n)["workers"][0]["compute_utilization"] for n in names)
                       for run, names in (("chaos", live), ("undisturbed", [f"w{k}" for k in range(4)]))}}
 json.dump(result, open("chaos.json", "w"), indent=2)
-print(f"| event | step | worker | detected after s | recovered after s | taken in after s (round) |")
+print("| event | step | worker | detected after s | recovered after s | taken in after s (round) |")
 print("|---|---|---|---|---|---|")
 for e in sorted(kills + joins, key=lambda e: e["step"]):
     if "detected_s" in e:

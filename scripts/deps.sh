@@ -6,7 +6,7 @@ loco_packages() {
                 libtomlplusplus-dev libgtest-dev libsentencepiece-dev \
                 libopenmpi-dev openmpi-bin zlib1g-dev libhiredis-dev libsodium-dev libdnnl-dev \
                 python3-dev pybind11-dev ;;
-    test) echo python3 python3-numpy python3-torch python3-protobuf gnuplot-nox iproute2 iputils-ping chromium redis-server redis-tools ;;
+    test) echo python3 python3-numpy python3-torch python3-protobuf python3-pyflakes gnuplot-nox iproute2 iputils-ping chromium redis-server redis-tools ;;
     netlab) echo iproute2 iputils-ping ;;
     elastic) echo redis-server redis-tools ;;
     demo) echo gnuplot-nox ;;

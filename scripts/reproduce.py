@@ -90,7 +90,7 @@ def command(args, name, cu):
     """The loco train command of run NAME (or of its compute-utilization run), and its steps."""
     _, settings, _, _, cu_steps = BY_NAME[name]
     steps = min(cu_steps, args.steps) if cu else args.steps
-    sets = ([f"train.eval_interval=0", "train.checkpoint_interval=0"] + LINK if cu else
+    sets = (["train.eval_interval=0", "train.checkpoint_interval=0"] + LINK if cu else
             [f"train.eval_interval={round10(args.steps / 10)}", f"train.checkpoint_interval={round10(args.steps / 5)}"])
     cmd = [args.loco, "train"] + common(args, steps)
     for s in settings + sets:

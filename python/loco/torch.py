@@ -44,10 +44,13 @@ from loco._device import (Background as _Background, Clock as _Clock, Copier as 
                           GradientCopies as _GradientCopies)
 from loco._outer import DeviceOuter as _DeviceOuter, applied_within as _applied_within, mix as _mix
 from loco._state import InnerState as _InnerState, identity as _identity
-from loco._state import pack_state, unpack_state  # noqa: F401 (loco.torch.pack_state: public)
+from loco import _state
 from loco._wrap_args import (METHODS, as_device as _as_device, auto_blocks as _auto_blocks, config_key as _config_key,
                              head_settings as _head_settings, optimizers as _optimizers, sliced_kind as _sliced_kind,
                              toml as _toml)
+
+pack_state = _state.pack_state  # public: the inner optimizer's state as bytes, and back (docs/python.md)
+unpack_state = _state.unpack_state
 
 
 class Sync:

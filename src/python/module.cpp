@@ -800,6 +800,11 @@ PYBIND11_MODULE(_loco, m) {
           float* t = theta.mutable_data();
           float* v = momentum.mutable_data();
           const float* a = avg.data();
+          // The step reads and writes them as separate arrays: one array given twice (or views
+          // of one buffer that overlap) would be stepped with its own updates.
+          const auto overlap = [n](const float* x, const float* y) { return n > 0 && x < y + n && y < x + n; };
+          if (overlap(t, v) || overlap(t, a) || overlap(v, a))
+            fail("outer_step: theta, momentum and avg must be separate arrays (two of them share memory)");
           py::gil_scoped_release release;
           outer_sgd_step(t, v, a, n, o);
         },

@@ -4,7 +4,7 @@ files in WORK_DIR, a Redis server on a free loopback port (password-protected, g
 LOCO_REDIS_PASSWORD), a run secret in LOCO_RUN_SECRET, and helpers that start workers with
 `loco train --join`, wait for them and read what they wrote.
 Usage of the importing script: SCRIPT LOCO WORK_DIR"""
-import json, math, os, shutil, signal, socket, subprocess, sys, time
+import json, math, os, shutil, signal, subprocess, sys, time
 
 loco, work = os.path.abspath(sys.argv[1]), sys.argv[2]
 here = os.path.dirname(os.path.abspath(__file__))
@@ -16,7 +16,7 @@ for name, n, seed in (("train.tok", 20000, 5), ("val.tok", 3000, 6)):
     subprocess.run([sys.executable, f"{root}/tests/tools/make_tokens.py", name, "256", str(n), str(seed)], check=True)
 
 sys.path.insert(0, f"{root}/tests/tools")
-from redis_server import free_port, start_redis  # noqa: E402
+from redis_server import start_redis  # noqa: E402
 
 redis, port, PASSWORD = start_redis()
 procs = []

@@ -16,7 +16,9 @@ Usage: elastic_partial.py LOCO WORK_DIR"""
 import math, os, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_env import *  # noqa: E402,F401,F403
+from elastic_env import (BASE, ENV, cleanup, elastic, fail, loco, model_bytes, port, procs,  # noqa: E402
+                         redis_cli, rounds_by_number, start, val_loss, wait_all, wait_step,
+                         writer_model)
 
 PARTIAL = ["--set", "partial.slices=2"]
 

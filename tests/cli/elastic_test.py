@@ -37,10 +37,14 @@ free loopback port (password-protected, given through LOCO_REDIS_PASSWORD):
     unreachable or password-refusing Redis, a missing or short run secret: one clear error each,
     non-zero exit.
 Usage: elastic_test.py LOCO WORK_DIR"""
-import json, math, os, random, shutil, signal, socket, subprocess, sys, time
+import json, math, os, random, shutil, signal, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_env import *  # noqa: E402,F401,F403
+from elastic_env import (BASE, ENV, cleanup, elastic, expect_close, fail, inprocess_loss,  # noqa: E402
+                         kill_then_join, loco, model_bytes, port, procs, redis, redis_cli,
+                         redis_json, root, rounds_by_number, start, val_loss, wait_all,
+                         wait_dropped, wait_step, writer_model)
+from redis_server import free_port  # noqa: E402 (tests/tools, on the path elastic_env set)
 
 try:
     # 1. Fixed membership == in-process, bitwise.
@@ -413,7 +417,7 @@ try:
             fail(f"outage/{n}: a member was dropped over a coordinator outage: {e['member_ids']}, {e['events']}")
     rounds = rounds_by_number("outage", names)
     if len(rounds) != 120 or any(len(c) != 3 for c, _ in rounds.values()):
-        fail(f"outage: expected 120 rounds of 3 contributors")
+        fail("outage: expected 120 rounds of 3 contributors")
     print("Redis stopped for 4 s, then for 2.5 s (timeout 2 s): all 3 workers rode it out, 120 rounds of 3")
 
     # 6. Redis restarted without its data: the workers stop with a clear message.

@@ -241,7 +241,7 @@ try:
                for k in o.state_dict()["state"] for n in o.state_dict()["state"][k])
     check(same and back["param_groups"] == o.state_dict()["param_groups"],
           "pack_state/unpack_state: AdamW's state round-trips exactly")
-    import io, pickle, struct
+    import pickle, struct
     head_n = struct.unpack("<Q", packed[:8])[0]
     tree = json.loads(packed[8:8 + head_n])
 

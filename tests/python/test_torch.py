@@ -186,9 +186,13 @@ check(worst <= 1e-6, f"outer_step: 3 steps equal torch.optim.SGD (Nesterov 0.9) 
 try:
     loco.outer_step(theta.double(), mom, avg, 0.7, 0.9)
     msg = "accepted"
-except TypeError as e:
+except TypeError:
     msg = "TypeError"
 check(msg == "TypeError", f"outer_step refuses a float64 theta it would have to copy ({msg})")
+expect_error("outer_step theta given as momentum", "two of them share memory",
+             lambda: loco.outer_step(theta, theta, avg, 0.7, 0.9))
+expect_error("outer_step avg overlapping theta", "two of them share memory",
+             lambda: loco.outer_step(theta, mom, theta, 0.7, 0.9))
 
 # The fragments the reference used are loco's plan (blocks 0 and 1, then the rest; offsets 0, 2, 4).
 plan = loco._loco.plan_fragments(2, 1, "strided", 6)
@@ -282,7 +286,8 @@ def changed_parameters():
     sync = loco.torch.wrap(model, opt, endpoint=loco.inprocess(1)[0])
     model.extra = torch.nn.Parameter(torch.zeros(3))
     inner_step(model, opt, 0, 0)
-    opt.step()
+    opt.step()  # refused here: the hook compares the model's parameters with those wrapped
+    sync.step()
 
 
 expect_error("parameters changed", "trainable parameters changed", changed_parameters)
