@@ -32,6 +32,7 @@ import numbers
 import os
 import time
 import tomllib
+import types
 import weakref
 
 import numpy as _np
@@ -256,8 +257,9 @@ class Sync:
             except OSError as e:
                 raise _loco.Error(f"out_dir={out_dir!r}: cannot write the run directory ({e.strerror or e})") from None
         self._original_steps = [opt.step for opt in opts]
-        for opt in opts:
-            opt.step = self._hooked_step(opt.step)
+        self._hooks = [self._hooked_step(opt, opt.step) for opt in opts]
+        for opt, (hooked, _) in zip(opts, self._hooks):
+            opt.step = hooked
         self._wrapped = [p for _, p in named]  # the model's parameters as the user holds them
         for p in self._wrapped:
             _WRAPPED[id(p)] = p
@@ -290,19 +292,28 @@ class Sync:
         if self._closed:
             raise _loco.Error(f"{what} after close(): this sync has ended ({advice})")
 
-    def _hooked_step(self, original):
+    def _hooked_step(self, opt, original):
         """An inner optimizer's step, the method's gradient hook run first once per step (with
-        several optimizers, before the first one's step: every one sees the same gradients)."""
-        @functools.wraps(original)  # keeps what a learning-rate scheduler marked on it
-        def step(*args, **kwargs):
-            if not self._synced:
-                self.sync_gradients()
-            self._stepped = True
-            self._copier.before_writes()  # a sync's start may still be copying the parameters aside
+        several optimizers, before the first one's step: every one sees the same gradients).
+        A method bound to opt, as the step it replaces: a learning-rate scheduler made after
+        wrap() wraps it as it wraps an optimizer's own (torch reads its __self__ and __func__).
+        Returns it and the list holding the sync, which close() empties: the hook then passes the
+        call on (under a scheduler's wrapper, which close() cannot take off) and holds nothing of
+        the sync."""
+        held = [self]  # until close(), the optimizer keeps the sync (and its communication) alive
+
+        @functools.wraps(original)  # keeps what a learning-rate scheduler made before marked on it
+        def step(_opt, *args, **kwargs):
+            sync = held[0]
+            if sync is not None:
+                if not sync._synced:
+                    sync.sync_gradients()
+                sync._stepped = True
+                sync._copier.before_writes()  # a sync's start may still be copying the parameters aside
             return original(*args, **kwargs)
 
-        step._loco_wrapped = True
-        return step
+        step._loco_sync = weakref.ref(self)  # a wrapper made later copies it: _check_not_wrapped reads it
+        return types.MethodType(step, opt), held
 
     def _outer_device(self, outer_device, method):
         """Whether the outer state lives on the model's device (wrap's outer_device)."""
@@ -869,8 +880,11 @@ class Sync:
         """Ends communication and gives the optimizer its own step back. Call it when done: until
         then the optimizer's wrapped step keeps this object (and its communication) alive."""
         self._closed = True
-        for opt, original in zip(self._opts, self._original_steps):
-            opt.step = original
+        for opt, original, (hooked, held) in zip(self._opts, self._original_steps, self._hooks):
+            held[0] = None
+            if opt.step is hooked:  # else a scheduler wrapped it since: the hook now passes the call on
+                opt.step = original
+        self._hooks = []
         for p in self._wrapped:
             if _WRAPPED.get(id(p)) is p:
                 del _WRAPPED[id(p)]
@@ -905,11 +919,18 @@ class Sync:
 _WRAPPED = weakref.WeakValueDictionary()  # id -> a parameter of a model wrapped and not closed
 
 
+def _hooked_by_open_sync(opt):
+    """Whether opt's step (or the step under a scheduler's wrapper) is the hook of a sync not closed."""
+    sync = getattr(opt.step, "_loco_sync", None)
+    sync = sync() if isinstance(sync, weakref.ref) else None
+    return sync is not None and not sync._closed
+
+
 def _check_not_wrapped(named, opts):
     """A model or optimizer that a sync not closed holds, and an optimizer that trains a parameter
     outside the model (loco would never synchronize it: the members would drift apart unsaid), are
     refused."""
-    if any(_WRAPPED.get(id(p)) is p for _, p in named) or any(getattr(o.step, "_loco_wrapped", False) for o in opts):
+    if any(_WRAPPED.get(id(p)) is p for _, p in named) or any(_hooked_by_open_sync(o) for o in opts):
         raise _loco.Error("this model or optimizer is already wrapped by a loco sync that is not closed: close() "
                           "it before wrapping again")
     mine = {id(p) for _, p in named}

@@ -343,6 +343,66 @@ for which in ("same", "other"):
           f"is refused ({said}); after close() they wrap again")
 
 
+def with_scheduler(made):
+    """DiLoCo (H = 3) over 7 steps with a StepLR scheduler made before wrap() or after it (torch
+    wraps the optimizer's step again, reading its __self__ and __func__): the parameters, the
+    rates and what torch warned; then, after close(), one more step and a wrap of the same model
+    and optimizer (refused while the first sync was open)."""
+    import warnings
+    m = make_model(0)
+    opt = make_opt(m)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5) if made == "before" else None
+        sync = loco.torch.wrap(m, opt, endpoint=loco.inprocess(1)[0], inner_steps=3)
+        sched = sched or torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+        rates = []
+        for t in range(7):
+            inner_step(m, opt, 0, t)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            sync.step()
+            rates.append(opt.param_groups[0]["lr"])
+        try:
+            loco.torch.wrap(make_model(1), opt, endpoint=loco.inprocess(1)[0])
+            refused = "accepted"
+        except loco.Error as e:
+            refused = str(e)
+        params = params_of(m)
+        sync.close()
+        import gc
+        import weakref
+        gc.disable()  # freed by its count of references: nothing the optimizer holds keeps it
+        gone = weakref.ref(sync)
+        del sync
+        freed = gone() is None
+        gc.enable()
+        inner_step(m, opt, 0, 7)
+        opt.step()  # the optimizer's own step (under the scheduler's wrapper: the hook passes through)
+        sched.step()
+        opt.zero_grad()
+        again = loco.torch.wrap(m, opt, endpoint=loco.inprocess(1)[0])
+        again.close()
+    said = [str(w.message) for w in warned if "lr_scheduler" in str(w.message) or "optimizer.step()" in str(w.message)]
+    return params, rates + [opt.param_groups[0]["lr"]], opt._step_count, said, refused, freed
+
+
+before, after = with_scheduler("before"), with_scheduler("after")
+check(after[1] == before[1] == [1e-2 * 0.5 ** ((t + 1) // 2) for t in range(8)] and after[2] == before[2] == 8,
+      f"a learning-rate scheduler made after wrap(): the rates and the optimizer's step count as one made before "
+      f"({after[1][-1]:.2e}, {after[2]} steps)")
+check(max_diff(after[0], before[0]) == 0, "a learning-rate scheduler made after wrap(): the same parameters")
+check(not after[3] and not before[3], f"a learning-rate scheduler before or after wrap(): torch warned nothing "
+      f"({after[3] + before[3]})")
+check(after[5] and before[5], "a closed sync is freed once its last reference goes, with a scheduler made after "
+      "wrap() or before it (the optimizer's hook keeps nothing of it; the offloaded outer state's scratch files "
+      "are removed then)")
+check("already wrapped by a loco sync that is not closed" in after[4],
+      f"an optimizer under a scheduler made after wrap() is refused by a second wrap while the sync is open "
+      f"({after[4]}); after close() it wraps again")
+
+
 def foreign_parameter():
     m = make_model(0)
     extra = torch.nn.Parameter(torch.zeros(3))
