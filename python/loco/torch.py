@@ -243,6 +243,7 @@ class Sync:
             self._outer = _DeviceOuter(self._core, self._dflat, config, method)
         self._done = self._core.step
         self._stepped = self._synced = False
+        self._stepped_opts = set()  # the optimizers (their ids) whose step ran since the last sync.step()
         self._skipped = 0  # steps without an inner optimizer step (a GradScaler's skipped steps)
         self._out_dir = out_dir
         self._t0 = time.monotonic()
@@ -301,11 +302,18 @@ class Sync:
         call on (under a scheduler's wrapper, which close() cannot take off) and holds nothing of
         the sync."""
         held = [self]  # until close(), the optimizer keeps the sync (and its communication) alive
+        key = id(opt)
 
         @functools.wraps(original)  # keeps what a learning-rate scheduler made before marked on it
         def step(_opt, *args, **kwargs):
             sync = held[0]
             if sync is not None:
+                if key in sync._stepped_opts:  # the method would count one step where the optimizer took two
+                    raise _loco.Error("the inner optimizer's step ran twice without sync.step() between: call "
+                                      "sync.step() after every optimizer step (loco's methods count steps there: "
+                                      "data-parallel would not average the second step's gradients, and the syncs "
+                                      "would fall behind the optimizer's steps)")
+                sync._stepped_opts.add(key)
                 if not sync._synced:
                     sync.sync_gradients()
                 sync._stepped = True
@@ -500,6 +508,7 @@ class Sync:
         if not self._stepped:
             self._clock.timed("hooks", self._without_inner_step)
         self._stepped = self._synced = False
+        self._stepped_opts.clear()
         self._clock.timed("hooks", self._step_hooks)
         if record:
             self._losses.append(float(loss))

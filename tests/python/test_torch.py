@@ -403,6 +403,33 @@ check("already wrapped by a loco sync that is not closed" in after[4],
       f"({after[4]}); after close() it wraps again")
 
 
+def forgot_sync_step(method):
+    """Two optimizer steps without sync.step() between (the loop forgot it): data-parallel would
+    not average the second step's gradients, and the methods' syncs would fall behind."""
+    m = make_model(0)
+    opt = make_opt(m)
+    sync = loco.torch.wrap(m, opt, method, endpoint=loco.inprocess(1)[0])
+    inner_step(m, opt, 0, 0)
+    opt.step()
+    before = params_of(m)
+    inner_step(m, opt, 0, 1)
+    try:
+        opt.step()
+        said = "accepted"
+    except loco.Error as e:
+        said = str(e)
+    kept = max_diff(params_of(m), before) == 0
+    sync.close()
+    return said, kept
+
+
+for method in ("ddp", "diloco"):
+    said, kept = forgot_sync_step(method)
+    check("ran twice without sync.step() between" in said and kept,
+          f"{method}: a second optimizer step without sync.step() is refused before it changes the parameters "
+          f"({said}; unchanged: {kept})")
+
+
 def foreign_parameter():
     m = make_model(0)
     extra = torch.nn.Parameter(torch.zeros(3))
