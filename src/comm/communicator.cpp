@@ -1,9 +1,11 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 
 namespace loco {
 
@@ -87,16 +89,28 @@ void Communicator::loop() {
 void Communicator::wait(Handle& h) {
   check(h.valid(), "internal: wait on an empty communication handle");
   const double t0 = clock().now();
+  bool interrupt = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    // Bounded: every operation's receives time out by themselves (network.timeout).
-    done_cv_.wait(lock, [&] { return h.state_->done; });
+    // Bounded: every operation's receives time out by themselves (network.timeout). An interrupt
+    // (core/interrupt.h, asked every 50 ms outside the lock) aborts the run's communication, so
+    // that the operation ends at once; it is waited for all the same (it writes into the
+    // caller's buffers until then).
+    while (!done_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return h.state_->done; })) {
+      if (interrupt) continue;
+      lock.unlock();
+      interrupt = interrupted();
+      if (interrupt) abort("member " + std::to_string(rank_) + " was interrupted");
+      lock.lock();
+    }
   }
   const double t1 = clock().now();
   wait_seconds_ += t1 - t0;
   if (t1 > t0) trace_->span("wait " + h.state_->label, "wait", 0, t0, t1);
   auto err = h.state_->error;
+  const std::string label = h.state_->label;
   h.state_.reset();
+  if (interrupt) throw Interrupted("interrupted while waiting for the peers (" + label + ")");
   if (err) std::rethrow_exception(err);
 }
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "elastic/fingerprint.h"
 
 namespace loco {
@@ -16,7 +17,12 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 double seconds_since(SteadyClock::time_point t) { return std::chrono::duration<double>(SteadyClock::now() - t).count(); }
-void pause_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+// Every polling loop of the membership (the start, a joiner's wait to be taken in, a round's
+// commit, a coordinator outage) pauses here: an interrupt (core/interrupt.h) ends it.
+void pause_ms(int ms) {
+  if (interrupted()) throw Interrupted("interrupted while waiting on the run's coordinator");
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 
 std::vector<int64_t> sorted(std::vector<int64_t> v) {
   std::sort(v.begin(), v.end());

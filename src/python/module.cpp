@@ -29,6 +29,7 @@
 #include "comm/mpi_transport.h"
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/interrupt.h"
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "elastic/fingerprint.h"
@@ -44,6 +45,38 @@ namespace py = pybind11;
 
 namespace loco {
 namespace {
+
+// Ctrl-C during a wait on peers (core/interrupt.h). Python runs its signal handlers only between
+// bytecodes, so a wait with the GIL released held KeyboardInterrupt back until the network
+// timeout (or an elastic joiner's start_timeout). The main thread's waits run the handlers here;
+// an exception one raises ends the wait (its communication aborted and joined), and is raised
+// again once the call returns to Python (the Interrupted translator). A handler that raises
+// nothing (one that sets a flag to stop after the step) lets the wait go on.
+unsigned long g_main_thread = 0;
+std::mutex g_raised_mu;
+PyObject *g_raised_type = nullptr, *g_raised_value = nullptr, *g_raised_traceback = nullptr;
+
+bool python_interrupted() {
+  if (PyThread_get_thread_ident() != g_main_thread || !Py_IsInitialized()) return false;
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return false;
+  std::lock_guard<std::mutex> lock(g_raised_mu);
+  Py_XDECREF(g_raised_type);
+  Py_XDECREF(g_raised_value);
+  Py_XDECREF(g_raised_traceback);
+  PyErr_Fetch(&g_raised_type, &g_raised_value, &g_raised_traceback);
+  return true;
+}
+
+void raise_interrupted(const Interrupted& e) {
+  std::lock_guard<std::mutex> lock(g_raised_mu);
+  if (g_raised_type == nullptr) {  // no handler's exception kept: a KeyboardInterrupt saying where
+    PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+    return;
+  }
+  PyErr_Restore(g_raised_type, g_raised_value, g_raised_traceback);  // takes the references
+  g_raised_type = g_raised_value = g_raised_traceback = nullptr;
+}
 
 // v's values as a numpy array that owns them (no copy: a state's tensors and a fragment's average
 // can be the model's size).
@@ -724,6 +757,16 @@ PYBIND11_MODULE(_loco, m) {
   using namespace loco;
   m.doc() = "loco's C++ core: communicators, codecs and the low-communication training methods";
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  // Tried before Error's (pybind11 tries the last registered first).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Interrupted& e) {
+      raise_interrupted(e);
+    }
+  });
+  g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  set_interrupt_check(python_interrupted);
 
   py::class_<Endpoint>(m, "Endpoint")
       .def_property_readonly("rank", &Endpoint::rank)

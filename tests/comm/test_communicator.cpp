@@ -4,6 +4,7 @@
 
 #include "../tolerance.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "comm/inprocess.h"
 #include "comm/link.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/rng.h"
 
 using namespace loco;
@@ -259,6 +261,45 @@ TEST(Communicator, AbortStopsBlockedWorkersAtOnce) {
   for (auto& t : threads) t.join();
   EXPECT_NE(seen.find("worker 2 failed: boom"), std::string::npos);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+// The embedding process's interrupt check (core/interrupt.h) says yes on one thread only: that
+// worker's wait aborts the run's communication, joins its operation and throws Interrupted; the
+// peer learns why; neither waits for the 30 s timeout.
+std::atomic<std::thread::id> g_interrupted_thread{};
+bool interrupted_here() { return std::this_thread::get_id() == g_interrupted_thread.load(); }
+
+TEST(Communicator, AnInterruptEndsAWaitAndTellsThePeers) {
+  CommOptions opt;
+  opt.timeout_s = 30;  // far longer than the test may take
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string said[2];
+  bool interrupted_type = false;
+  auto transports = make_inprocess_transports(2);
+  set_interrupt_check(interrupted_here);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      Communicator c(std::move(transports[size_t(r)]), opt, nullptr);
+      std::vector<float> v(10, 1.0f);
+      if (r == 0) g_interrupted_thread.store(std::this_thread::get_id());
+      else std::this_thread::sleep_for(std::chrono::milliseconds(500));  // worker 0 waits for it meanwhile
+      try {
+        c.all_reduce(v.data(), 10, ReduceOp::Sum);
+        said[r] = "returned";
+      } catch (const Interrupted& e) {
+        interrupted_type = r == 0;
+        said[r] = e.what();
+      } catch (const Error& e) {
+        said[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  set_interrupt_check(nullptr);
+  EXPECT_TRUE(interrupted_type) << said[0];
+  EXPECT_NE(said[0].find("interrupted while waiting for the peers (all_reduce)"), std::string::npos) << said[0];
+  EXPECT_NE(said[1].find("member 0 was interrupted"), std::string::npos) << said[1];
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
 }
 
 TEST(LinkModel, TransferTimeIsLatencyPlusSizeOverBandwidth) {

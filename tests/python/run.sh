@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh PYTHON_DIR torch|partial|outer|mpi|example|elastic|gpu_bench [LOCO WORK]: the Python layer's tests against the
+# run.sh PYTHON_DIR torch|partial|outer|interrupt|mpi|example|elastic|gpu_bench [LOCO WORK]: the Python layer's tests against the
 # package built in PYTHON_DIR (build/python). mpi runs test_mpi.py under mpirun -np 2 with a free
 # port for torch.distributed; example checks examples/torch_train.py: at most 10 lines added for
 # loco, the loop without them runs, and under mpirun -np 2 it writes a run directory `loco report`
@@ -16,6 +16,7 @@ case $which in
   torch) exec timeout 600 "$py" "$here/test_torch.py" ;;
   partial) exec timeout 600 "$py" "$here/test_partial.py" ;;
   outer) exec timeout 600 "$py" "$here/test_outer.py" ;;
+  interrupt) exec timeout 600 "$py" "$here/test_interrupt.py" ;;
   mpi)
     port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     exec timeout 300 mpirun -np 2 -x PYTHONPATH -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port" \

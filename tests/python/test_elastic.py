@@ -12,6 +12,7 @@ Run by ctest as python.elastic: test_elastic.py WORK_DIR (PYTHONPATH with the pa
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -294,6 +295,26 @@ try:
     except loco.Error as e:
         msg = str(e)
     check("does not fit" in msg, f"an SGD member refuses AdamW's state clearly: {msg}")
+
+    # 4a. Ctrl-C while a worker waits in wrap() for the run to start (min_workers 2, alone): the
+    # start's polling ends with the KeyboardInterrupt at once, not at elastic.start_timeout (300 s).
+    a = start("interrupt", "a", 1, 8)
+    deadline = time.time() + 60
+    while subprocess.run(cli + ["EXISTS", "loco:interrupt:member:1"], capture_output=True,
+                         text=True).stdout.strip() != "1" and time.time() < deadline and a.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)  # in the start's wait
+    sent = time.monotonic()
+    a.send_signal(signal.SIGINT)
+    try:
+        rc = a.wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        rc = "still running"
+    took = time.monotonic() - sent
+    log = open("interrupt/a.log").read()
+    check(rc != 0 and rc != "still running" and "KeyboardInterrupt" in log,
+          f"SIGINT to a worker waiting for the run to start: it ends with KeyboardInterrupt (exit {rc}) "
+          f"{took:.1f} s later (elastic.start_timeout 300 s)")
 
     # 5. Bad calls.
     def error_of(f):

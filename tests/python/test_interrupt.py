@@ -1,0 +1,97 @@
+"""Ctrl-C while loco.torch waits for its peers (core/interrupt.h). Python runs signal handlers
+only between bytecodes, and loco's waits run with the GIL released: a KeyboardInterrupt was held
+back until the network timeout. Now the main thread's waits run the handlers every 50 ms:
+- a handler that raises (Python's own for SIGINT) ends the wait: the communication is aborted and
+  joined, the KeyboardInterrupt is raised from sync.step(), the peer is told why, and both syncs
+  close;
+- a handler that raises nothing (one that sets a flag to stop after the step) runs during the
+  wait, and the wait goes on to its end.
+Two in-process members: the main thread is member 0, member 1 a thread that holds back its step."""
+import os
+import signal
+import sys
+import threading
+import time
+
+import loco
+import loco.torch
+from harness import check, failures
+from llama_torch import inner_step, make_model, make_opt
+
+TIMEOUT_S = 300  # the network timeout: a wait that ends before it was interrupted, not timed out
+
+
+def pair():
+    endpoints = loco.inprocess(2, network_timeout=f"{TIMEOUT_S}s")
+    models = [make_model(r) for r in range(2)]
+    opts = [make_opt(m) for m in models]
+    syncs = [None, None]
+
+    def wrap(r):
+        syncs[r] = loco.torch.wrap(models[r], opts[r], "diloco", endpoint=endpoints[r], inner_steps=1)
+
+    t = threading.Thread(target=wrap, args=(1,))
+    t.start()
+    wrap(0)
+    t.join()
+    for r in range(2):
+        inner_step(models[r], opts[r], r, 0)
+        opts[r].step()
+        opts[r].zero_grad()
+    return syncs
+
+
+def signal_in(seconds):
+    threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+
+
+# 1. Python's SIGINT handler: KeyboardInterrupt out of the outer step's wait, long before the timeout.
+syncs = pair()
+signal_in(0.5)
+start = time.monotonic()
+try:
+    syncs[0].step()  # member 1 has not stepped: the round's all-reduce waits for it
+    said = "returned"
+except KeyboardInterrupt as e:
+    said = f"KeyboardInterrupt {e}"
+except Exception as e:
+    said = f"{type(e).__name__}: {e}"
+took = time.monotonic() - start
+check(said.startswith("KeyboardInterrupt") and took < TIMEOUT_S / 2,
+      f"SIGINT during the outer step's wait: {said} after {took:.1f} s (network timeout {TIMEOUT_S} s)")
+try:
+    syncs[1].step()
+    peer = "returned"
+except loco.Error as e:
+    peer = str(e)
+check("member 0 was interrupted" in peer, f"the peer's step fails, saying why ({peer})")
+for s in syncs:
+    s.close()  # both close after the interrupt (raises or hangs otherwise)
+
+# 2. A handler that raises nothing runs during the wait; the step then ends normally. Member 1
+#    steps only once the handler has run (or after 60 s): the handler must run while member 0
+#    waits for it.
+ran = threading.Event()
+previous = signal.signal(signal.SIGINT, lambda signum, frame: ran.set())
+try:
+    syncs = pair()
+    order = []
+
+    def member1():
+        order.append("handler ran" if ran.wait(60) else "no handler within 60 s")
+        syncs[1].step()
+
+    late = threading.Thread(target=member1)
+    late.start()
+    signal_in(0.5)
+    syncs[0].step()
+    late.join()
+    check(order == ["handler ran"], f"a handler that raises nothing runs during the wait for the peer, and the "
+                                    f"step ends normally ({order})")
+    for s in syncs:
+        s.close()
+finally:
+    signal.signal(signal.SIGINT, previous)
+
+print(f"python.interrupt: {'OK' if not failures else f'{len(failures)} FAILED'}")
+sys.exit(1 if failures else 0)
