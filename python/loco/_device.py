@@ -41,11 +41,12 @@ class Background:
     """One thread that runs a method's hooks in the order given, while the training loop goes on
     (the hooks release Python's lock). The first error is raised by the next join()."""
 
-    def __init__(self, clock):
+    def __init__(self, clock, abort=None):
         self._jobs = queue.Queue()
         self._thread = None
         self._error = None
         self._clock = clock  # "busy": the seconds its jobs ran
+        self._abort = abort  # ends the run's communication (an interrupted join)
 
     def submit(self, job):
         if self._thread is None:
@@ -67,9 +68,19 @@ class Background:
                 self._jobs.task_done()
 
     def join(self):
-        """Waits for every job submitted; raises the first error of one."""
+        """Waits for every job submitted; raises the first error of one. Interrupted while it
+        waits (Ctrl-C: Python's waits on locks run the signal handlers), it aborts the run's
+        communication, so that a job waiting for the peers ends at once, and waits for the jobs
+        before the interrupt goes on: nothing of the sync runs on behind the loop's back (close()
+        would otherwise wait for it until the network timeout)."""
         if self._thread is not None:
-            self._jobs.join()
+            try:
+                self._jobs.join()
+            except BaseException:
+                if self._abort is not None:
+                    self._abort()
+                self._jobs.join()
+                raise
         if self._error is not None:
             raise self._error
 

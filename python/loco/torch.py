@@ -211,7 +211,8 @@ class Sync:
         # (metrics()'s loop_seconds and background_seconds).
         self._clock, self._bg_clock = _Clock(), _Clock()
         self._copier = _Copier(self._device, self._clock)
-        self._bg = _Background(self._bg_clock)  # a device model's sync starts, run while the loop goes on
+        self._bg = _Background(  # a device model's sync starts, run while the loop goes on
+            self._bg_clock, abort=lambda: endpoint.abort(f"member {endpoint.rank} was interrupted"))
         self._quiet_until = 0     # steps before it use nothing: their hooks are queued behind them
         self._background_syncs = 0
         self._pinned = []

@@ -93,5 +93,57 @@ try:
 finally:
     signal.signal(signal.SIGINT, previous)
 
+# 3. A model on a device (LOCO_TORCH_AS_DEVICE=1: the path of a GPU model, on CPU tensors), with
+#    Streaming DiLoCo's syncs started on loco's background thread: the loop waits for that thread
+#    (a wait on a Python lock, which the handlers interrupt) while the thread waits for the peer.
+#    The interrupt aborts the run's communication, so that the background job ends before the
+#    KeyboardInterrupt goes on, and close() does not wait for the network timeout.
+os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
+endpoints = loco.inprocess(2, network_timeout=f"{TIMEOUT_S}s")
+models = [make_model(r) for r in range(2)]
+opts = [make_opt(m) for m in models]
+syncs = [None, None]
+
+
+def wrap(r):
+    syncs[r] = loco.torch.wrap(models[r], opts[r], "streaming", endpoint=endpoints[r], inner_steps=4,
+                               fragment_blocks=1, tau=1, codec="fp4-e3m0")
+
+
+def steps(r, n):
+    for t in range(n):
+        inner_step(models[r], opts[r], r, t)
+        opts[r].step()
+        opts[r].zero_grad()
+        syncs[r].step()
+
+
+t = threading.Thread(target=wrap, args=(1,))
+t.start()
+wrap(0)
+t.join()
+os.environ["LOCO_TORCH_AS_DEVICE"] = "0"
+check(syncs[0]._on_device, "member 0 takes the path of a model on a device")
+t = threading.Thread(target=steps, args=(1, 2))  # member 1 takes 2 steps, then holds back
+t.start()
+t.join()
+signal_in(1.0)
+start = time.monotonic()
+try:
+    steps(0, 12)  # member 0 goes on until it waits for member 1's syncs
+    said = "returned"
+except KeyboardInterrupt:
+    said = "KeyboardInterrupt"
+except Exception as e:
+    said = f"{type(e).__name__}: {e}"
+took = time.monotonic() - start
+start = time.monotonic()
+for s in syncs:
+    s.close()
+closing = time.monotonic() - start
+check(said == "KeyboardInterrupt" and took + closing < TIMEOUT_S / 2,
+      f"SIGINT while the loop waits for a background sync: {said} after {took:.1f} s, both syncs closed "
+      f"{closing:.1f} s later (network timeout {TIMEOUT_S} s)")
+
 print(f"python.interrupt: {'OK' if not failures else f'{len(failures)} FAILED'}")
 sys.exit(1 if failures else 0)
