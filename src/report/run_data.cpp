@@ -142,7 +142,8 @@ nlohmann::json read_summary(const std::string& path) {
 
 const nlohmann::json& required(const nlohmann::json& j, const char* key, const std::string& source,
                                const std::string& where) {
-  if (!j.is_object() || !j.contains(key)) fail(source + ": " + where + " has no " + key);
+  // A null is no value (read_summary leaves it unchecked, as the report prints it as missing).
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) fail(source + ": " + where + " has no " + key);
   return j[key];
 }
 

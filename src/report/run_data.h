@@ -32,7 +32,8 @@ Run load_run(const std::string& dir);
 // in range; `steps`, `tokens`, `seconds` and the workers' traffic, times and compute utilization
 // finite and >= 0. Fails naming the file and the value.
 nlohmann::json read_summary(const std::string& path);
-// j[key] of a summary read by read_summary, failing "SOURCE: WHERE has no KEY" when it is missing.
+// j[key] of a summary read by read_summary, failing "SOURCE: WHERE has no KEY" when it is missing
+// or null.
 const nlohmann::json& required(const nlohmann::json& j, const char* key, const std::string& source,
                                const std::string& where);
 

@@ -120,7 +120,8 @@ PY
   done
 }
 spoiled run cu 'del s["workers"][0]["compute_s"]:workers\[0\] has no compute_s' \
+  's["workers"][1]["compute_utilization"] = None:workers\[1\] has no compute_utilization' \
   's["workers"] = []:an empty workers list' 's["replicas"] = 1e300:replicas is 1e+300'
 spoiled piped pipeline 'del s["workers"][1]["wall_s"]:workers\[1\] has no wall_s' 's["replicas"] = 0:replicas is 0' \
-  's["workers"][0]["eval_s"] = "x":eval_s is "x"'
+  's["workers"][0]["eval_s"] = "x":eval_s is "x"' 's["workers"][0]["wall_s"] = None:workers\[0\] has no wall_s'
 echo "simulate: OK"
