@@ -41,7 +41,7 @@ class Background:
     """One thread that runs a method's hooks in the order given, while the training loop goes on
     (the hooks release Python's lock). The first error is raised by the next join()."""
 
-    def __init__(self, clock, abort=None):
+    def __init__(self, clock, abort):
         self._jobs = queue.Queue()
         self._thread = None
         self._error = None
@@ -77,8 +77,7 @@ class Background:
             try:
                 self._jobs.join()
             except BaseException:
-                if self._abort is not None:
-                    self._abort()
+                self._abort()
                 self._jobs.join()
                 raise
         if self._error is not None:

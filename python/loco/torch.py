@@ -243,8 +243,8 @@ class Sync:
         if held:  # the outer state starts from the replicas' common parameters, on their device
             self._outer = _DeviceOuter(self._core, self._dflat, config, method)
         self._done = self._core.step
-        self._stepped = self._synced = False
-        self._stepped_opts = set()  # the optimizers (their ids) whose step ran since the last sync.step()
+        self._synced = False
+        self._stepped = set()  # the optimizers (their ids) whose step ran since the last sync.step()
         self._skipped = 0  # steps without an inner optimizer step (a GradScaler's skipped steps)
         self._out_dir = out_dir
         self._t0 = time.monotonic()
@@ -259,8 +259,9 @@ class Sync:
             except OSError as e:
                 raise _loco.Error(f"out_dir={out_dir!r}: cannot write the run directory ({e.strerror or e})") from None
         self._original_steps = [opt.step for opt in opts]
+        self._held = [self]  # what the optimizers' hooks reach the sync through; close() empties it
         self._hooks = [self._hooked_step(opt, opt.step) for opt in opts]
-        for opt, (hooked, _) in zip(opts, self._hooks):
+        for opt, hooked in zip(opts, self._hooks):
             opt.step = hooked
         self._wrapped = [p for _, p in named]  # the model's parameters as the user holds them
         for p in self._wrapped:
@@ -299,30 +300,29 @@ class Sync:
         several optimizers, before the first one's step: every one sees the same gradients).
         A method bound to opt, as the step it replaces: a learning-rate scheduler made after
         wrap() wraps it as it wraps an optimizer's own (torch reads its __self__ and __func__).
-        Returns it and the list holding the sync, which close() empties: the hook then passes the
+        It reaches the sync through self._held, which close() empties: the hook then passes the
         call on (under a scheduler's wrapper, which close() cannot take off) and holds nothing of
-        the sync."""
-        held = [self]  # until close(), the optimizer keeps the sync (and its communication) alive
+        the sync; until then the optimizer keeps the sync (and its communication) alive."""
+        held = self._held
         key = id(opt)
 
         @functools.wraps(original)  # keeps what a learning-rate scheduler made before marked on it
         def step(_opt, *args, **kwargs):
             sync = held[0]
             if sync is not None:
-                if key in sync._stepped_opts:  # the method would count one step where the optimizer took two
+                if key in sync._stepped:  # the method would count one step where the optimizer took two
                     raise _loco.Error("the inner optimizer's step ran twice without sync.step() between: call "
                                       "sync.step() after every optimizer step (loco's methods count steps there: "
                                       "data-parallel would not average the second step's gradients, and the syncs "
                                       "would fall behind the optimizer's steps)")
-                sync._stepped_opts.add(key)
+                sync._stepped.add(key)
                 if not sync._synced:
                     sync.sync_gradients()
-                sync._stepped = True
                 sync._copier.before_writes()  # a sync's start may still be copying the parameters aside
             return original(*args, **kwargs)
 
         step._loco_sync = weakref.ref(self)  # a wrapper made later copies it: _check_not_wrapped reads it
-        return types.MethodType(step, opt), held
+        return types.MethodType(step, opt)
 
     def _outer_device(self, outer_device, method):
         """Whether the outer state lives on the model's device (wrap's outer_device)."""
@@ -508,8 +508,8 @@ class Sync:
                               f"(got {tokens!r})")
         if not self._stepped:
             self._clock.timed("hooks", self._without_inner_step)
-        self._stepped = self._synced = False
-        self._stepped_opts.clear()
+        self._stepped.clear()
+        self._synced = False
         self._clock.timed("hooks", self._step_hooks)
         if record:
             self._losses.append(float(loss))
@@ -890,11 +890,10 @@ class Sync:
         """Ends communication and gives the optimizer its own step back. Call it when done: until
         then the optimizer's wrapped step keeps this object (and its communication) alive."""
         self._closed = True
-        for opt, original, (hooked, held) in zip(self._opts, self._original_steps, self._hooks):
-            held[0] = None
+        self._held[0] = None
+        for opt, original, hooked in zip(self._opts, self._original_steps, self._hooks):
             if opt.step is hooked:  # else a scheduler wrapped it since: the hook now passes the call on
                 opt.step = original
-        self._hooks = []
         for p in self._wrapped:
             if _WRAPPED.get(id(p)) is p:
                 del _WRAPPED[id(p)]
