@@ -21,23 +21,36 @@ from llama_torch import inner_step, make_model, make_opt
 TIMEOUT_S = 300  # the network timeout: a wait that ends before it was interrupted, not timed out
 
 
-def pair():
+def pair(method, **kw):
+    """Two members' models, optimizers and syncs (member 1 wrapped on a thread: wrap() agrees the
+    settings collectively)."""
     endpoints = loco.inprocess(2, network_timeout=f"{TIMEOUT_S}s")
     models = [make_model(r) for r in range(2)]
     opts = [make_opt(m) for m in models]
     syncs = [None, None]
 
     def wrap(r):
-        syncs[r] = loco.torch.wrap(models[r], opts[r], "diloco", endpoint=endpoints[r], inner_steps=1)
+        syncs[r] = loco.torch.wrap(models[r], opts[r], method, endpoint=endpoints[r], **kw)
 
     t = threading.Thread(target=wrap, args=(1,))
     t.start()
     wrap(0)
     t.join()
+    return models, opts, syncs
+
+
+def train(model, opt, r, t):
+    """Member r's step t up to sync.step()."""
+    inner_step(model, opt, r, t)
+    opt.step()
+    opt.zero_grad()
+
+
+def diloco_pair():
+    """DiLoCo with H = 1, both members' first step taken up to sync.step() (the round's reduction)."""
+    models, opts, syncs = pair("diloco", inner_steps=1)
     for r in range(2):
-        inner_step(models[r], opts[r], r, 0)
-        opts[r].step()
-        opts[r].zero_grad()
+        train(models[r], opts[r], r, 0)
     return syncs
 
 
@@ -46,7 +59,7 @@ def signal_in(seconds):
 
 
 # 1. Python's SIGINT handler: KeyboardInterrupt out of the outer step's wait, long before the timeout.
-syncs = pair()
+syncs = diloco_pair()
 signal_in(0.5)
 start = time.monotonic()
 try:
@@ -74,7 +87,7 @@ for s in syncs:
 ran = threading.Event()
 previous = signal.signal(signal.SIGINT, lambda signum, frame: ran.set())
 try:
-    syncs = pair()
+    syncs = diloco_pair()
     order = []
 
     def member1():
@@ -99,30 +112,16 @@ finally:
 #    The interrupt aborts the run's communication, so that the background job ends before the
 #    KeyboardInterrupt goes on, and close() does not wait for the network timeout.
 os.environ["LOCO_TORCH_AS_DEVICE"] = "1"
-endpoints = loco.inprocess(2, network_timeout=f"{TIMEOUT_S}s")
-models = [make_model(r) for r in range(2)]
-opts = [make_opt(m) for m in models]
-syncs = [None, None]
-
-
-def wrap(r):
-    syncs[r] = loco.torch.wrap(models[r], opts[r], "streaming", endpoint=endpoints[r], inner_steps=4,
-                               fragment_blocks=1, tau=1, codec="fp4-e3m0")
+models, opts, syncs = pair("streaming", inner_steps=4, fragment_blocks=1, tau=1, codec="fp4-e3m0")
+os.environ["LOCO_TORCH_AS_DEVICE"] = "0"
 
 
 def steps(r, n):
     for t in range(n):
-        inner_step(models[r], opts[r], r, t)
-        opts[r].step()
-        opts[r].zero_grad()
+        train(models[r], opts[r], r, t)
         syncs[r].step()
 
 
-t = threading.Thread(target=wrap, args=(1,))
-t.start()
-wrap(0)
-t.join()
-os.environ["LOCO_TORCH_AS_DEVICE"] = "0"
 check(syncs[0]._on_device, "member 0 takes the path of a model on a device")
 t = threading.Thread(target=steps, args=(1, 2))  # member 1 takes 2 steps, then holds back
 t.start()
