@@ -18,9 +18,15 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 double seconds_since(SteadyClock::time_point t) { return std::chrono::duration<double>(SteadyClock::now() - t).count(); }
 // Every polling loop of the membership (the start, a joiner's wait to be taken in, a round's
-// commit, a coordinator outage) pauses here: an interrupt (core/interrupt.h) ends it.
+// commit, a coordinator outage) pauses here: an interrupt (core/interrupt.h) ends it. Asked at
+// most every 50 ms, as Communicator::wait asks (the embedding process's check may take Python's
+// lock, and a round's commit polls every 5 ms).
 void pause_ms(int ms) {
-  if (interrupted()) throw Interrupted("interrupted while waiting on the run's coordinator");
+  thread_local SteadyClock::time_point asked{};
+  if (SteadyClock::now() - asked >= std::chrono::milliseconds(50)) {
+    asked = SteadyClock::now();
+    if (interrupted()) throw Interrupted("interrupted while waiting on the run's coordinator");
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
