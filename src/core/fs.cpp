@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -77,11 +78,36 @@ void make_dirs(const std::string& path) {
 bool file_exists(const std::string& path) { return std::filesystem::exists(path); }
 
 void append_line(const std::string& path, const std::string& line) {
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (!f) fail(path + ": cannot open for appending");
-  const std::string text = line + "\n";
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) fail(path + ": cannot write");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) fail(path + ": cannot open for appending: " + std::strerror(errno));
+  try {
+    // What follows the last newline: nothing, or an earlier append cut short (a crash, a full
+    // disk). Cut short, it is removed so that this line is a line of its own; a whole record
+    // that lacks only its newline gets one.
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    if (end < 0) fail(path + ": cannot seek: " + std::strerror(errno));
+    off_t start = end;
+    std::string tail;
+    for (char c; start > 0; --start) {
+      const ssize_t r = ::pread(fd, &c, 1, start - 1);
+      if (r != 1) fail(path + ": read failed: " + std::strerror(r < 0 ? errno : EIO));
+      if (c == '\n') break;
+      tail += c;
+    }
+    std::reverse(tail.begin(), tail.end());  // read backwards
+    std::string text = line + "\n";
+    if (!tail.empty() && nlohmann::json::accept(tail)) {
+      text = "\n" + text;
+    } else if (!tail.empty()) {
+      if (::ftruncate(fd, start) != 0) fail(path + ": cannot truncate: " + std::strerror(errno));
+      if (::lseek(fd, start, SEEK_SET) < 0) fail(path + ": cannot seek: " + std::strerror(errno));
+    }
+    write_all(fd, text.data(), text.size(), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) fail(path + ": cannot write: " + std::strerror(errno));
 }
 
 nlohmann::json read_json_file(const std::string& path) {

@@ -1,6 +1,8 @@
 #include "io/metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "core/error.h"
@@ -8,6 +10,29 @@
 #include "core/fs.h"
 
 namespace loco {
+
+namespace {
+
+// fn(where, line) for each line of a JSON Lines file that loco appends to, but an empty one;
+// `where` names the file and line for an error. A last line without its newline that is not
+// JSON is a write cut short (a crash, a full disk: the writer appends whole lines): it holds no
+// record and is left out, so that the run can be resumed and reported (the resume's rewrite
+// and the next append_line remove it).
+template <class Fn>
+void for_each_line(const std::string& path, Fn&& fn) {
+  std::ifstream in(path);
+  if (!in) fail(path + ": cannot open");
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    if (in.eof() && !nlohmann::json::accept(line)) return;  // ended by the file's end, not by a newline
+    fn(path + ":" + std::to_string(n) + ": ", line);
+  }
+}
+
+}  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, int64_t keep_up_to_step) : path_(path) {
   if (keep_up_to_step >= 0 && file_exists(path)) {
@@ -29,37 +54,24 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::write(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-    fail(path_ + ": write failed");
+    fail(path_ + ": write failed: " + std::strerror(errno));
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail(path + ": cannot open");
   std::vector<nlohmann::json> out;
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty()) continue;
+  for_each_line(path, [&](const std::string& where, const std::string& line) {
     try {
       out.push_back(nlohmann::json::parse(line));
     } catch (const nlohmann::json::exception&) {
-      fail(path + ":" + std::to_string(n) + ": not a JSON object");
+      fail(where + "not a JSON object");
     }
-  }
+  });
   return out;
 }
 
 std::vector<nlohmann::json> read_metric_records(const std::string& path) {
   std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  if (!in) fail(path + ": cannot open");
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty()) continue;
-    const std::string where = path + ":" + std::to_string(n) + ": ";
+  for_each_line(path, [&](const std::string& where, const std::string& line) {
     nlohmann::json r;
     try {
       r = nlohmann::json::parse(line);
@@ -89,7 +101,7 @@ std::vector<nlohmann::json> read_metric_records(const std::string& path) {
     if (r["tokens"].get<double>() < 0) fail(where + "tokens is negative");
     if (r.contains("time") && r["time"].get<double>() < 0) fail(where + "time is negative");
     out.push_back(std::move(r));
-  }
+  });
   return out;
 }
 

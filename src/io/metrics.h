@@ -24,7 +24,8 @@ class MetricsLog {
   std::FILE* f_ = nullptr;
 };
 
-// Every record of a metrics file (fails naming the file and line on malformed JSON).
+// Every record of a metrics file (fails naming the file and line on malformed JSON). Both
+// readers leave out a last line cut short by a crash or a full disk (no newline, not JSON).
 std::vector<nlohmann::json> read_metrics(const std::string& path);
 
 // Every record of a metrics file, each checked to be one loco writes (docs/metrics.md): an

@@ -94,7 +94,7 @@ TensorBoardWriter::~TensorBoardWriter() {
 
 void TensorBoardWriter::write_event(const std::string& e) {
   const std::string r = tf_record(e);
-  if (std::fwrite(r.data(), 1, r.size(), f_) != r.size()) fail(path_ + ": write failed");
+  if (std::fwrite(r.data(), 1, r.size(), f_) != r.size()) fail(path_ + ": write failed: " + std::strerror(errno));
 }
 
 void TensorBoardWriter::scalar(int64_t step, const std::string& tag, double value) {
@@ -108,7 +108,7 @@ void TensorBoardWriter::scalar(int64_t step, const std::string& tag, double valu
 }
 
 void TensorBoardWriter::flush() {
-  if (std::fflush(f_) != 0) fail(path_ + ": write failed");
+  if (std::fflush(f_) != 0) fail(path_ + ": write failed: " + std::strerror(errno));
 }
 
 }  // namespace loco

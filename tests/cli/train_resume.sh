@@ -52,6 +52,11 @@ grep -q "train.micro_batch_size (3) must divide data.batch_size (4)" micro_err.t
 [ "$(cat split/checkpoints/latest)" = step_00000020 ]
 mkdir -p split/checkpoints/step_00000040.tmp
 head -c 1000 full/checkpoints/step_00000040/model.safetensors > split/checkpoints/step_00000040.tmp/model.safetensors
+# So are records cut short as a crash or a full disk leaves them (the writers append whole
+# lines): the readers leave them out, the resume's rewrite and the next append remove them.
+printf '{"bytes_sent":0,"comm_wait":0.01,"grad_n' >> split/metrics.jsonl
+printf '{"time":"2026-11-30T00:1' >> split/invocations.jsonl
+"$loco" report split --out split-report.html > /dev/null
 "$loco" train --resume split --quiet > /dev/null
 cmp full/checkpoints/step_00000040/model.safetensors split/checkpoints/step_00000040/model.safetensors
 # Each invocation is recorded: the start and the resume, with loco's version, command and host.

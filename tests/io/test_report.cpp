@@ -127,3 +127,37 @@ TEST(Metrics, ResumeKeepsRecordsUpToTheCheckpointAndRefusesCorruptOnes) {
     EXPECT_NE(std::string(e.what()).find("resume-bad.jsonl:1: not a loco metrics record"), std::string::npos) << e.what();
   }
 }
+
+// A crash or a full disk while appending leaves the last line cut short (the writers append
+// whole lines): the run is still read, resumed and appended to, never refused or mixed up.
+TEST(Metrics, ALastLineCutShortIsLeftOutAndRemovedByTheNextWrite) {
+  const std::string rec10 = "{\"step\":10,\"tokens\":1,\"train_loss\":1}";
+  const std::string rec20 = "{\"step\":20,\"tokens\":2,\"train_loss\":1}";
+  const std::string torn = "{\"step\":30,\"tok";
+  const std::string path = metrics_file("torn", rec10 + "\n" + rec20 + "\n" + torn);
+  ASSERT_EQ(read_metric_records(path).size(), 2u);
+  ASSERT_EQ(read_metrics(path).size(), 2u);
+  // Cut short in the middle of the file is no crash's doing: refused, naming the line.
+  EXPECT_NE(refusal(rec10 + "\n" + torn + "\n" + rec20 + "\n").find("bad.jsonl:2: not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(refusal(torn + "\n").find("bad.jsonl:1: not a JSON object"), std::string::npos);
+  // A whole record that lacks only its newline is a record.
+  EXPECT_EQ(read_metric_records(metrics_file("whole", rec10 + "\n" + rec20)).size(), 2u);
+  // Resumed at step 20: the rewrite leaves no trace of the torn line.
+  { MetricsLog log(path, 20); }
+  EXPECT_EQ(read_file(path), rec10 + "\n" + rec20 + "\n");
+  // append_line (invocations.jsonl) removes a torn tail first, and ends a whole last record.
+  const std::string inv = metrics_file("appended", rec10 + "\n" + torn);
+  append_line(inv, rec20);
+  EXPECT_EQ(read_file(inv), rec10 + "\n" + rec20 + "\n");
+  const std::string whole = metrics_file("appended-whole", rec10);
+  append_line(whole, rec20);
+  EXPECT_EQ(read_file(whole), rec10 + "\n" + rec20 + "\n");
+  const std::string only_torn = metrics_file("appended-only-torn", torn);
+  append_line(only_torn, rec10);
+  EXPECT_EQ(read_file(only_torn), rec10 + "\n");
+  const std::string fresh = ::testing::TempDir() + "/appended-new.jsonl";
+  std::remove(fresh.c_str());
+  append_line(fresh, rec10);
+  EXPECT_EQ(read_file(fresh), rec10 + "\n");
+}
