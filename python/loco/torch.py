@@ -266,6 +266,9 @@ class Sync:
         self._wrapped = [p for _, p in named]  # the model's parameters as the user holds them
         for p in self._wrapped:
             _WRAPPED[id(p)] = p
+        self._changed_by_load = None  # the first tensor a model.load_state_dict() changed since wrap()
+        self._state_loaded = False  # whether sync.load_state_dict() ran since wrap()
+        self._load_hooks = self._watch_loads() if method != "ddp" else []
 
     def _make_run_dir(self, out_dir):
         """out_dir made for a new run (refused if it holds one) and locked for this sync's life, as
@@ -324,6 +327,33 @@ class Sync:
         step._loco_sync = weakref.ref(self)  # a wrapper made later copies it: _check_not_wrapped reads it
         return types.MethodType(step, opt)
 
+    def _watch_loads(self):
+        """The DiLoCo family keeps outer parameters, set at wrap(), that model.load_state_dict()
+        does not change: loaded into the model after wrap() alone, new weights would be pulled
+        back towards them at the next sync. A hook before each load into a module holding
+        trained tensors notes the first one the load changes; the next step refuses to go on
+        unless sync.load_state_dict() ran since wrap() (a resume loads both, in either order)."""
+        held = self._held
+        trained = {id(p) for p in self._params}
+
+        def before_load(module, state, prefix, *_):
+            sync = held[0]
+            if sync is None or sync._changed_by_load is not None:
+                return
+            names = ["weight"] if isinstance(module, _partial.Sliced) else []  # the whole, of which it trains a slice
+            names += [n for n, p in module._parameters.items() if p is not None and id(p) in trained]
+            for n in names:
+                given, current = state.get(prefix + n), getattr(module, n)
+                if isinstance(given, _torch.Tensor) and given.shape == current.shape:
+                    with _torch.no_grad():
+                        same = _torch.equal(current, given.to(device=current.device, dtype=current.dtype))
+                    if not same:
+                        sync._changed_by_load = prefix + n
+                        return
+
+        return [m._register_load_state_dict_pre_hook(before_load, with_module=True) for m in self._model.modules()
+                if isinstance(m, _partial.Sliced) or any(id(p) in trained for p in m._parameters.values())]
+
     def _outer_device(self, outer_device, method):
         """Whether the outer state lives on the model's device (wrap's outer_device)."""
         if outer_device is None:  # the default: on the device of a device model, for the methods that can
@@ -374,6 +404,13 @@ class Sync:
 
     # -- the hooks --------------------------------------------------------------------------
     def _check_parameters(self):
+        if self._changed_by_load is not None and not self._state_loaded:
+            raise _loco.Error(
+                f"model.load_state_dict() changed {self._changed_by_load} after wrap(): {self.method} keeps outer "
+                "parameters, set at wrap(), and its next sync would pull the model back towards them. Load the "
+                "model's weights before wrap() (wrap() starts every member from member 0's); to resume, also load "
+                "the sync's state saved with them (sync.load_state_dict()); to evaluate the outer parameters, load "
+                "sync.eval_parameters() into another model, or after the last step")
         current = [id(p) for n, p in self._model.named_parameters() if p.requires_grad]
         if sorted(current) != sorted(self._ids):
             raise _loco.Error("the model's trainable parameters changed since loco.torch.wrap "
@@ -878,6 +915,7 @@ class Sync:
         self._merged.clear()
         self._done = self._core.step
         self._quiet_until = 0
+        self._state_loaded = True
 
     def _whole_to_host(self):
         """Before a method reads what it may hold only in part (evaluation, state): the model's
@@ -915,6 +953,8 @@ class Sync:
         if getattr(self, "_grad_copies", None) is not None:
             self._grad_copies.remove()
             self._grad_copies = None
+        while getattr(self, "_load_hooks", None):
+            self._load_hooks.pop().remove()
         if hasattr(self, "_core"):
             self._core.close()
         if hasattr(self, "_copier"):

@@ -811,6 +811,9 @@ check(msg.startswith("summary written") and nulls == [None],
       f"finish() after a NaN loss: {msg}; its record's train_loss {nulls} (null, as loco report reads it)")
 
 # State: a DiLoCo run stopped after 6 steps and resumed from state_dicts ends as the full run.
+saved6 = []  # the model's, the optimizer's and the sync's states at step 6
+
+
 def diloco_resumed():
     ep = loco.inprocess(1)[0]
     model = make_model(0)
@@ -822,6 +825,7 @@ def diloco_resumed():
         opt.zero_grad()
         sync.step()
     saved = ({k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(opt.state_dict()), sync.state_dict())
+    saved6.extend(copy.deepcopy(saved))
     sync.close()
     model2 = make_model(5)
     model2.load_state_dict(saved[0])
@@ -841,6 +845,85 @@ full = run_loco("diloco", 1, 12, inner_steps=4, outer_lr=0.7)[0][0]
 resumed = diloco_resumed()
 d = max_diff(full, resumed)
 check(d == 0, f"diloco: stopped at step 6 and resumed from state_dicts == uninterrupted (max diff {d:.1e})")
+
+# model.load_state_dict() after wrap(): the DiLoCo family's outer parameters stay those of
+# wrap(), so new weights loaded alone would be pulled back towards them at the next sync (a
+# round with inner lr 0 moved loaded weights by 0.2). The next step refuses, before the optimizer
+# changes anything; a load that changes nothing (the outer parameters at a round's end), a
+# resume that also loads the sync's state (in either order) and data-parallel go on.
+def loaded_after_wrap(method, load, **kw):
+    def member(r, endpoint):
+        model = make_model(0)
+        opt = make_opt(model)
+        sync = loco.torch.wrap(model, opt, method, endpoint=endpoint, inner_steps=2, **kw)
+        try:
+            for t in range(2):
+                inner_step(model, opt, r, t)
+                opt.step()
+                opt.zero_grad()
+                sync.step()
+            load(model, sync)
+            before = params_of(model)
+            inner_step(model, opt, r, 2)
+            try:
+                opt.step()
+            except loco.Error as e:
+                return str(e), max_diff(before, params_of(model))
+            sync.step()
+            return "went on", None
+        finally:
+            sync.close()
+
+    return run_members(2, member)[0]
+
+
+def load_changed(key):
+    """Loads a state whose entry `key` differs from the model's (the rest its own)."""
+    def load(model, sync):
+        state = model.state_dict()
+        state[key] = state[key] + 1
+        model.load_state_dict(state)
+    return load
+
+
+other = {k: v.clone() for k, v in make_model(3).state_dict().items()}
+try:
+    for path in ("", "device path "):
+        os.environ["LOCO_TORCH_AS_DEVICE"] = "1" if path else "0"
+        for method, load, kw in (("diloco", lambda m, s: m.load_state_dict(other), {}),
+                                 ("streaming", lambda m, s: m.load_state_dict(other), {}),
+                                 ("noloco", load_changed("layers.1.q_proj.weight"), {}),
+                                 ("diloco", load_changed("layers.1.down_proj.weight"), {"partial_slices": 2})):
+            what = f"{path}{method}{', partial updates' if kw else ''}"
+            msg, moved = loaded_after_wrap(method, load, **kw)
+            check("model.load_state_dict() changed" in msg and "after wrap()" in msg and moved == 0,
+                  f"{what}: weights loaded after wrap() alone are refused at the next step, unchanged ({msg[:110]})")
+        msg, _ = loaded_after_wrap("diloco", lambda m, s: m.load_state_dict(s.eval_parameters(), strict=False))
+        check(msg == "went on", f"{path}diloco: the outer parameters loaded at a round's end change nothing ({msg[:90]})")
+        msg, _ = loaded_after_wrap("ddp", lambda m, s: m.load_state_dict(other))
+        check(msg == "went on", f"{path}ddp: weights loaded after wrap() (no outer state) ({msg[:90]})")
+finally:
+    os.environ.pop("LOCO_TORCH_AS_DEVICE", None)
+
+
+def resumed_sync_first():
+    model = make_model(5)
+    opt = make_opt(model)
+    sync = loco.torch.wrap(model, opt, "diloco", endpoint=loco.inprocess(1)[0], inner_steps=4, outer_lr=0.7)
+    sync.load_state_dict(saved6[2])
+    model.load_state_dict(saved6[0])
+    opt.load_state_dict(copy.deepcopy(saved6[1]))
+    for t in range(6, 12):
+        inner_step(model, opt, 0, t)
+        opt.step()
+        opt.zero_grad()
+        sync.step()
+    sync.close()
+    return params_of(model)
+
+
+d = max_diff(full, resumed_sync_first())
+check(d == 0, f"diloco: resumed with the sync's state loaded first, then the model's == uninterrupted (max diff {d:.1e})")
 
 # A state from a file is checked before anything is changed: a non-finite value, a step that is
 # not an integer, metadata or an entry of the wrong kind are refused with loco.Error, and the
