@@ -351,7 +351,11 @@ class Sync:
                         sync._changed_by_load = prefix + n
                         return
 
-        return [m._register_load_state_dict_pre_hook(before_load, with_module=True) for m in self._model.modules()
+        def register(m):  # public since torch 2.0 (the module first), private with_module=True in 1.13
+            public = getattr(m, "register_load_state_dict_pre_hook", None)
+            return public(before_load) if public else m._register_load_state_dict_pre_hook(before_load, with_module=True)
+
+        return [register(m) for m in self._model.modules()
                 if isinstance(m, _partial.Sliced) or any(id(p) in trained for p in m._parameters.values())]
 
     def _outer_device(self, outer_device, method):
