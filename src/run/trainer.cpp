@@ -548,7 +548,6 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->val_windows =
       s->val_tokens ? std::min<int64_t>(cfg.train.eval_windows, int64_t(s->val_tokens->size() - 1) / cfg.data.seq_len)
                     : 0;
-  s->unigram_entropy = unigram_entropy(*s->train_tokens, cfg.model.vocab_size);
   if (s->val_tokens && s->val_windows == 0)
     fail(cfg.data.val + ": " + std::to_string(s->val_tokens->size()) + " tokens, fewer than one window of " +
          std::to_string(cfg.data.seq_len + 1) + " (data.seq_len + 1); use more validation text or set data.val = \"\"");
@@ -557,6 +556,7 @@ TrainSummary run_training(const TrainOptions& opt) {
          " in-process workers: they share one pool of compute threads, so each must use 1 (set train.threads = 0 "
          "or 1)");
   check_memory(*s, backend == "mpi" ? 1 : s->grid.size());
+  s->unigram_entropy = unigram_entropy(*s->train_tokens, cfg.model.vocab_size);
   // The reporter holds the run directory's lock for the whole run; a new run never reuses an old
   // run's files unless told to.
   const bool reporter = backend != "mpi" || mpi_env_rank() == s->reporter_rank;
