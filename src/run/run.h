@@ -39,6 +39,7 @@ struct RunSetup {
   std::string backend;
   ElasticOptions elastic;  // backend "elastic"
   double unigram_entropy = 0;
+  std::string data_digest;  // the tokens trained and evaluated on (counts, checksums): a resume checks them
   Grid grid;
   std::vector<StageSpec> stages;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
@@ -140,6 +141,9 @@ void protocol_after_step(WorkerRun& run, int64_t done);
 void protocol_save(const WorkerRun& run, TrainingState& st);
 void protocol_load(WorkerRun& run, const TrainingState& st, const std::string& source);
 
+// Fails, naming both, when the latest checkpoint trained on other tokens than the run's data
+// files hold now (s.data_digest): a resume would continue another data stream.
+void check_resumed_data(const RunSetup& s);
 // Restores a worker from the run's latest checkpoint; returns (step, elapsed seconds).
 std::pair<int64_t, double> restore_worker(WorkerRun& run);
 // Writes a checkpoint of every worker and the assembled model (every worker calls it).

@@ -80,6 +80,20 @@ std::string traffic_path(const std::string& checkpoint, const WorkerRun& run) {
 
 }  // namespace
 
+void check_resumed_data(const RunSetup& s) {
+  const std::string ck = latest_checkpoint(s.run_dir);
+  const auto run_state = read_state_file(ck + "/state.safetensors");
+  if (!run_state.meta.count("data")) return;  // written before loco recorded the data
+  const std::string& was = run_state.meta.at("data");
+  if (was == s.data_digest) return;
+  std::string why = ck + ": the run's data changed since this checkpoint (it trained on ";
+  why += was;
+  why += "; the files now hold ";
+  why += s.data_digest;
+  why += "): a resume continues the same data stream. Put the original files back, or start a new run";
+  fail(why);
+}
+
 std::pair<int64_t, double> restore_worker(WorkerRun& run) {
   auto& w = run.w;
   const std::string ck = latest_checkpoint(run.s.run_dir);
@@ -172,7 +186,8 @@ void save_checkpoint(WorkerRun& run, int64_t step, double elapsed) {
                       {"replicas", std::to_string(run.grid.replicas)},
                       {"stages", std::to_string(run.grid.stages)},
                       {"split", split_text(run.s.stages)},
-                      {"algorithm", run.cfg.algorithm}};
+                      {"algorithm", run.cfg.algorithm},
+                      {"data", run.s.data_digest}};
     run.checkpoint = commit_checkpoint(run.s.run_dir, step, run.cfg.model, ParamLayout(run.cfg.model), model.data(),
                                        run_state);
     prune_checkpoints(run.s.run_dir, run.cfg.train.keep_checkpoints);

@@ -18,6 +18,7 @@
 #include "run/run.h"
 #include "comm/inprocess.h"
 #include "comm/mpi_transport.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
@@ -65,6 +66,22 @@ void copy_tokenizer(const std::string& train_path, const std::string& run_dir) {
     const auto src = dir / f;
     if (std::filesystem::exists(src)) write_file_atomic(run_dir + "/" + f, read_file(src.string()));
   }
+}
+
+// The tokens a run trains and evaluates on, as its checkpoints record them: a resume on other
+// data would continue another data stream (and its validation loss measure another set) unsaid.
+std::string data_digest(const std::vector<int32_t>& train, const std::vector<int32_t>* val) {
+  const auto one = [](const std::vector<int32_t>& t) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%zu tokens, checksum %016llx", t.size(),
+                  (unsigned long long)checksum64(t.data(), t.size() * sizeof(int32_t)));
+    return std::string(buf);
+  };
+  std::string out = "data.train ";
+  out += one(train);
+  out += "; data.val ";
+  out += val ? one(*val) : std::string("none");
+  return out;
 }
 
 std::string fmt(double v, const char* f = "%.4f") {
@@ -557,6 +574,8 @@ TrainSummary run_training(const TrainOptions& opt) {
          "or 1)");
   check_memory(*s, backend == "mpi" ? 1 : s->grid.size());
   s->unigram_entropy = unigram_entropy(*s->train_tokens, cfg.model.vocab_size);
+  s->data_digest = data_digest(*s->train_tokens, s->val_tokens.get());
+  if (s->restoring) check_resumed_data(*s);  // before the resume is recorded or anything is written
   // The reporter holds the run directory's lock for the whole run; a new run never reuses an old
   // run's files unless told to.
   const bool reporter = backend != "mpi" || mpi_env_rank() == s->reporter_rank;

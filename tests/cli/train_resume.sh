@@ -141,4 +141,19 @@ sed -i '/matmul_library/d' old/config.toml
 "$loco" train --resume old --quiet > /dev/null
 tail -n 1 old/invocations.jsonl | grep -q '"matmul_library":"OpenBLAS"'
 
+# A resume on other data than the checkpoint's (the files replaced since) is refused in one line
+# naming both, and changes nothing; with the files put back it resumes.
+mkdir -p text2 && $py "$here/../tools/make_text.py" text2 2 1500 7
+"$loco" data prepare --input text2 --tokenizer bytes --val-fraction 0.1 --out data2 > /dev/null
+cp -r half redata && cp data/train.tok train.bak && cp data2/train.tok data/train.tok
+snap() { find redata -type f -printf '%p %s %T@\n' | sort; }
+snap > redata.before
+if "$loco" train --resume redata --quiet 2> err.txt; then echo "FAIL: a resume on other data accepted"; exit 1; fi
+[ "$(wc -l < err.txt)" -eq 1 ] && grep -q "the run's data changed since this checkpoint (it trained on data.train .* tokens, checksum" err.txt
+snap > redata.after
+cmp redata.before redata.after
+cp train.bak data/train.tok
+"$loco" train --resume redata --quiet > /dev/null
+cmp full/checkpoints/step_00000040/model.safetensors redata/checkpoints/step_00000040/model.safetensors
+
 echo "train_resume: OK"
