@@ -25,11 +25,8 @@ inner_steps is outer.inner_steps for DiLoCo and noloco.inner_steps for NoLoCo; e
 with the first underscore written as a dot (outer_lr = outer.lr, train_steps = train.steps);
 else the key whose last part it is, where that names one key (codec = outer.codec).
 """
-import fcntl
 import functools
 import json
-import numbers
-import os
 import time
 import tomllib
 import types
@@ -41,6 +38,8 @@ import torch as _torch
 import loco as _loco_pkg
 from loco import _loco
 from loco import _partial
+from loco._run_dir import (RunDir as _RunDir, described as _described, is_number as _is_number,
+                           out_dir_of as _out_dir_of, whole_count as _whole_count)
 from loco._device import (Background as _Background, Clock as _Clock, Copier as _Copier,
                           GradientCopies as _GradientCopies)
 from loco._outer import DeviceOuter as _DeviceOuter, applied_within as _applied_within, mix as _mix
@@ -58,7 +57,7 @@ class Sync:
     """A training method bound to one model and its inner optimizer (see wrap)."""
 
     def __init__(self, *args):
-        self._run_lock = None
+        self._rundir = None
         try:
             self._setup(*args)
         except BaseException:
@@ -146,19 +145,9 @@ class Sync:
             settings += _head_settings(model, values)
         if "train.steps" not in values:
             settings.append("train.steps=4611686018427387904")  # no last step: rounds end every H steps
-        out_dir = values["train.out_dir"][1] if "train.out_dir" in values else None
-        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
-            raise _loco.Error(f"out_dir: a directory's path (str or pathlib.Path), got {type(out_dir).__name__}")
-        out_dir = None if out_dir is None else os.fspath(out_dir)
-        if values.get("streaming.offload_outer", (None, False))[1] is True and out_dir is None:
-            # Else the config's default directory, relative to the working directory: two runs
-            # started there would share one scratch file.
-            raise _loco.Error("offload_outer keeps the outer state in a scratch file in the run directory: pass "
-                              "out_dir (a directory of this run's own)")
-        if out_dir is not None and elastic:
-            out_dir = os.path.join(out_dir, endpoint.worker)  # each member's own, as loco train --join's
+        out_dir = _out_dir_of(values, endpoint)
         if out_dir is not None and not elastic and endpoint.rank == 0:  # the member that writes it, before any change
-            self._make_run_dir(out_dir)
+            self._rundir = _RunDir(out_dir)
         self._device = self._params[0].device
         if any(p.device != self._device for p in self._params):
             raise _loco.Error("the model's parameters are on more than one device")
@@ -253,11 +242,8 @@ class Sync:
         self._last = None  # the last metrics record
         if out_dir is not None and self.rank == 0:
             if elastic:  # its rank known only now
-                self._make_run_dir(out_dir)
-            try:
-                _write_atomic(os.path.join(out_dir, "config.toml"), self._core.config_toml())
-            except OSError as e:
-                raise _loco.Error(f"out_dir={out_dir!r}: cannot write the run directory ({e.strerror or e})") from None
+                self._rundir = _RunDir(out_dir)
+            self._rundir.write_config(self._core.config_toml())
         self._original_steps = [opt.step for opt in opts]
         self._held = [self]  # what the optimizers' hooks reach the sync through; close() empties it
         self._hooks = [self._hooked_step(opt, opt.step) for opt in opts]
@@ -269,30 +255,6 @@ class Sync:
         self._changed_by_load = None  # the first tensor a model.load_state_dict() changed since wrap()
         self._state_loaded = False  # whether sync.load_state_dict() ran since wrap()
         self._load_hooks = self._watch_loads() if method != "ddp" else []
-
-    def _make_run_dir(self, out_dir):
-        """out_dir made for a new run (refused if it holds one) and locked for this sync's life, as
-        loco train locks its run directory (RUN/lock, flock): another process training there
-        (a loco train, another loco.torch run) is refused."""
-        if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
-            raise _loco.Error(f"{out_dir} already holds a run (metrics.jsonl); remove it or choose another out_dir")
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-            lock = open(os.path.join(out_dir, "lock"), "a+")
-        except OSError as e:
-            raise _loco.Error(f"out_dir={out_dir!r}: cannot make the run directory ({e.strerror or e})") from None
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.seek(0)
-            holder = lock.read(32).strip()
-            lock.close()
-            raise _loco.Error(f"{out_dir} is in use by another run{f' (process {holder})' if holder else ''}; wait "
-                              "for it to finish or choose another out_dir") from None
-        lock.truncate(0)
-        lock.write(str(os.getpid()))
-        lock.flush()
-        self._run_lock = lock  # held until close() (or until this object is collected)
 
     def _check_open(self, what, advice="wrap the model again to go on"):
         if self._closed:
@@ -785,9 +747,8 @@ class Sync:
         self._losses = []
         rec = self._core.record(mean, self._tokens, val_loss, time.monotonic() - self._t0)
         self._last = json.loads(rec)
-        if self.rank == 0:
-            with open(os.path.join(self._out_dir, "metrics.jsonl"), "a") as f:
-                f.write(rec + "\n")
+        if self._rundir is not None:
+            self._rundir.append_record(rec)
 
     def finish(self, val_loss=None):
         """Ends the run's records (out_dir): a last metrics record with the validation loss, if
@@ -804,14 +765,14 @@ class Sync:
             self._record(val)
         seconds = time.monotonic() - self._t0
         workers = [json.loads(w) for w in self._core.worker_summaries(seconds)]
-        if self.rank == 0:
+        if self._rundir is not None:
             # The members sharing the data: the world, or an elastic member's last round.
             summary = {"algorithm": self.method, "backend": "python", "replicas": self.data_share[1],
                        "stages": 1,
                        "steps": self._core.step, "tokens": self._last["tokens"], "seconds": seconds,
                        "final_train_loss": self._last["train_loss"], "final_val_loss": -1 if val_loss is None else val,
                        "workers": workers}
-            _write_atomic(os.path.join(self._out_dir, "summary.json"), json.dumps(summary, indent=1) + "\n")
+            self._rundir.write_summary(json.dumps(summary, indent=1) + "\n")
 
     # -- what a loop may want ----------------------------------------------------------------
     @property
@@ -945,9 +906,8 @@ class Sync:
         """What the sync holds, given back in order (close(), or a wrap() that failed part way, when
         only some of it was made): out_dir's lock, the background thread, the gradient hooks,
         communication, then the copies in flight before the host buffers they use are unpinned."""
-        if self._run_lock is not None:
-            self._run_lock.close()  # releases out_dir
-            self._run_lock = None
+        if self._rundir is not None:
+            self._rundir.release()
         if hasattr(self, "_bg"):
             try:
                 self._bg.join()  # its error, if any, was the loop's to see; closing goes on
@@ -994,32 +954,6 @@ def _check_not_wrapped(named, opts):
                     raise _loco.Error(f"inner_opt{'' if len(opts) == 1 else f' {k}'} trains a parameter of shape "
                                       f"{tuple(p.shape)} that is not among the model's: loco synchronizes the model's "
                                       "parameters only (wrap a module that holds them all)")
-
-
-def _is_number(x):
-    """A loss as a loop holds it: a Python or NumPy real number, or a tensor of one element."""
-    return isinstance(x, numbers.Real) or (isinstance(x, _torch.Tensor) and x.numel() == 1)
-
-
-def _described(x):
-    return f"a tensor of shape {tuple(x.shape)}" if isinstance(x, _torch.Tensor) else type(x).__name__
-
-
-def _whole_count(x):
-    """Whether x is a non-negative whole number (an int, a float or a one-value tensor holding one)."""
-    if isinstance(x, (bool, str, bytes)):
-        return False
-    try:
-        return bool(int(x) == x) and int(x) >= 0
-    except (TypeError, ValueError, RuntimeError):
-        return False
-
-
-def _write_atomic(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def wrap(model, inner_opt, method="diloco", *, endpoint=None, blocks=None, outer_device=None, **config):
