@@ -253,8 +253,7 @@ class Sync:
         for p in self._wrapped:
             _WRAPPED[id(p)] = p
         self._changed_by_load = None  # the first tensor a model.load_state_dict() changed since wrap()
-        self._state_loaded = False  # whether sync.load_state_dict() ran since wrap()
-        self._load_hooks = self._watch_loads() if method != "ddp" else []
+        self._load_hooks = self._watch_loads() if method != "ddp" else []  # until sync.load_state_dict()
 
     def _check_open(self, what, advice="wrap the model again to go on"):
         if self._closed:
@@ -293,8 +292,8 @@ class Sync:
         """The DiLoCo family keeps outer parameters, set at wrap(), that model.load_state_dict()
         does not change: loaded into the model after wrap() alone, new weights would be pulled
         back towards them at the next sync. A hook before each load into a module holding
-        trained tensors notes the first one the load changes; the next step refuses to go on
-        unless sync.load_state_dict() ran since wrap() (a resume loads both, in either order)."""
+        trained tensors notes the first one the load changes; the next step refuses to go on.
+        sync.load_state_dict() ends the watch (a resume loads both, in either order)."""
         held = self._held
         trained = {id(p) for p in self._params}
 
@@ -319,6 +318,10 @@ class Sync:
 
         return [register(m) for m in self._model.modules()
                 if isinstance(m, _partial.Sliced) or any(id(p) in trained for p in m._parameters.values())]
+
+    def _unwatch_loads(self):
+        while getattr(self, "_load_hooks", None):
+            self._load_hooks.pop().remove()
 
     def _outer_device(self, outer_device, method):
         """Whether the outer state lives on the model's device (wrap's outer_device)."""
@@ -370,7 +373,7 @@ class Sync:
 
     # -- the hooks --------------------------------------------------------------------------
     def _check_parameters(self):
-        if self._changed_by_load is not None and not self._state_loaded:
+        if self._changed_by_load is not None:
             raise _loco.Error(
                 f"model.load_state_dict() changed {self._changed_by_load} after wrap(): {self.method} keeps outer "
                 "parameters, set at wrap(), and its next sync would pull the model back towards them. Load the "
@@ -880,7 +883,8 @@ class Sync:
         self._merged.clear()
         self._done = self._core.step
         self._quiet_until = 0
-        self._state_loaded = True
+        self._unwatch_loads()  # the model's weights, loaded before or after, go with this state
+        self._changed_by_load = None
 
     def _whole_to_host(self):
         """Before a method reads what it may hold only in part (evaluation, state): the model's
@@ -917,8 +921,7 @@ class Sync:
         if getattr(self, "_grad_copies", None) is not None:
             self._grad_copies.remove()
             self._grad_copies = None
-        while getattr(self, "_load_hooks", None):
-            self._load_hooks.pop().remove()
+        self._unwatch_loads()
         if hasattr(self, "_core"):
             self._core.close()
         if hasattr(self, "_copier"):

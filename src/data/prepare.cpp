@@ -85,18 +85,10 @@ static double entropy_of_counts(const std::vector<int64_t>& counts) {
   return h;
 }
 
-double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size) {
+double unigram_entropy(const std::vector<int32_t>& tokens) {
   // Counted up to the largest token present: a model's vocabulary (2e9 entries is a valid
   // config) may be far larger than its data's.
-  int32_t top = 0;
-  for (int32_t t : tokens) {
-    if (t < 0 || t >= vocab_size) {
-      std::string what = "a token outside the vocabulary [0, ";
-      what += std::to_string(vocab_size) + "): " + std::to_string(t);
-      fail(what);
-    }
-    top = std::max(top, t);
-  }
+  const int32_t top = tokens.empty() ? 0 : *std::max_element(tokens.begin(), tokens.end());
   std::vector<int64_t> counts(size_t(top) + 1, 0);
   for (int32_t t : tokens) ++counts[size_t(t)];
   return entropy_of_counts(counts);

@@ -43,7 +43,7 @@ std::vector<std::string> list_input_files(const std::vector<std::string>& inputs
 // ".txt, .md, ..." for messages.
 std::string describe_extensions(const std::vector<std::string>& extensions);
 
-// Entropy (nats) of the unigram distribution of the tokens.
-double unigram_entropy(const std::vector<int32_t>& tokens, int vocab_size);
+// Entropy (nats) of the unigram distribution of the tokens (ids >= 0, as read_token_file gives).
+double unigram_entropy(const std::vector<int32_t>& tokens);
 
 }  // namespace loco

@@ -25,10 +25,6 @@ std::string blake2b(const void* data, size_t bytes) {
   return "blake2b " + to_hex(h, sizeof h);
 }
 
-std::string digest(const std::vector<int32_t>& tokens) {
-  return std::to_string(tokens.size()) + " tokens, " + blake2b(tokens.data(), tokens.size() * sizeof(int32_t));
-}
-
 nlohmann::json config_fingerprint(const RunConfig& cfg) {
   RunConfig copy = cfg;
   nlohmann::json out = nlohmann::json::object();
@@ -44,6 +40,10 @@ nlohmann::json config_fingerprint(const RunConfig& cfg) {
 
 }  // namespace
 
+std::string token_digest(const std::vector<int32_t>& tokens) {
+  return std::to_string(tokens.size()) + " tokens, " + blake2b(tokens.data(), tokens.size() * sizeof(int32_t));
+}
+
 const std::vector<std::string>& per_worker_keys() {
   static const std::vector<std::string> keys = {
       "data.train",         "data.val",           "train.log_interval", "train.eval_interval",
@@ -53,11 +53,10 @@ const std::vector<std::string>& per_worker_keys() {
   return keys;
 }
 
-nlohmann::json run_fingerprint(const RunConfig& cfg, const std::vector<int32_t>& train_tokens,
-                               const std::vector<int32_t>* val_tokens) {
+nlohmann::json run_fingerprint(const RunConfig& cfg, const std::string& train_digest, const std::string& val_digest) {
   nlohmann::json out = config_fingerprint(cfg);
-  out["data.train tokens"] = digest(train_tokens);
-  out["data.val tokens"] = val_tokens ? digest(*val_tokens) : "none";
+  out["data.train tokens"] = train_digest;
+  out["data.val tokens"] = val_digest;
   return out;
 }
 

@@ -18,9 +18,13 @@ namespace loco {
 // Keys (or "section." prefixes) whose values may differ between the members of a run.
 const std::vector<std::string>& per_worker_keys();
 
-// key -> value as printed, plus "data.train tokens" / "data.val tokens" (digests).
-nlohmann::json run_fingerprint(const RunConfig& cfg, const std::vector<int32_t>& train_tokens,
-                               const std::vector<int32_t>* val_tokens);
+// "N tokens, blake2b HEX": the tokens of a data file, as the fingerprint and a checkpoint
+// (which a resume checks) record them.
+std::string token_digest(const std::vector<int32_t>& tokens);
+
+// key -> value as printed, plus "data.train tokens" / "data.val tokens" (token_digest, or
+// "none" for no validation file).
+nlohmann::json run_fingerprint(const RunConfig& cfg, const std::string& train_digest, const std::string& val_digest);
 
 // A model loco does not hold (the Python layer, which reads its own data): the run config's keys
 // as above, and instead of the data files the model's tensors (names and shapes, by digest).

@@ -39,7 +39,7 @@ struct RunSetup {
   std::string backend;
   ElasticOptions elastic;  // backend "elastic"
   double unigram_entropy = 0;
-  std::string data_digest;  // the tokens trained and evaluated on (counts, checksums): a resume checks them
+  std::string data_digest;  // the tokens trained and evaluated on (token_digest of each): a resume checks them
   Grid grid;
   std::vector<StageSpec> stages;
   ScheduleKind schedule = ScheduleKind::OneFOneB;

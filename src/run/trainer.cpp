@@ -18,7 +18,6 @@
 #include "run/run.h"
 #include "comm/inprocess.h"
 #include "comm/mpi_transport.h"
-#include "core/checksum.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
@@ -66,22 +65,6 @@ void copy_tokenizer(const std::string& train_path, const std::string& run_dir) {
     const auto src = dir / f;
     if (std::filesystem::exists(src)) write_file_atomic(run_dir + "/" + f, read_file(src.string()));
   }
-}
-
-// The tokens a run trains and evaluates on, as its checkpoints record them: a resume on other
-// data would continue another data stream (and its validation loss measure another set) unsaid.
-std::string data_digest(const std::vector<int32_t>& train, const std::vector<int32_t>* val) {
-  const auto one = [](const std::vector<int32_t>& t) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%zu tokens, checksum %016llx", t.size(),
-                  (unsigned long long)checksum64(t.data(), t.size() * sizeof(int32_t)));
-    return std::string(buf);
-  };
-  std::string out = "data.train ";
-  out += one(train);
-  out += "; data.val ";
-  out += val ? one(*val) : std::string("none");
-  return out;
 }
 
 std::string fmt(double v, const char* f = "%.4f") {
@@ -561,7 +544,13 @@ TrainSummary run_training(const TrainOptions& opt) {
   s->elastic.link = s->link;
   s->train_tokens = load_tokens(cfg.data.train, cfg.model, "data.train");
   if (!cfg.data.val.empty()) s->val_tokens = load_tokens(cfg.data.val, cfg.model, "data.val");
-  if (backend == "elastic") s->elastic.fingerprint = run_fingerprint(cfg, *s->train_tokens, s->val_tokens.get()).dump();
+  // The data's digests, hashed once: the elastic members compare them when they register, and a
+  // checkpoint records them for a resume to check (on other data it would continue another
+  // data stream, and its validation loss would measure another set).
+  const std::string train_digest = token_digest(*s->train_tokens);
+  const std::string val_digest = s->val_tokens ? token_digest(*s->val_tokens) : "none";
+  s->data_digest = "data.train " + train_digest + "; data.val " + val_digest;
+  if (backend == "elastic") s->elastic.fingerprint = run_fingerprint(cfg, train_digest, val_digest).dump();
   s->val_windows =
       s->val_tokens ? std::min<int64_t>(cfg.train.eval_windows, int64_t(s->val_tokens->size() - 1) / cfg.data.seq_len)
                     : 0;
@@ -573,8 +562,7 @@ TrainSummary run_training(const TrainOptions& opt) {
          " in-process workers: they share one pool of compute threads, so each must use 1 (set train.threads = 0 "
          "or 1)");
   check_memory(*s, backend == "mpi" ? 1 : s->grid.size());
-  s->unigram_entropy = unigram_entropy(*s->train_tokens, cfg.model.vocab_size);
-  s->data_digest = data_digest(*s->train_tokens, s->val_tokens.get());
+  s->unigram_entropy = unigram_entropy(*s->train_tokens);
   if (s->restoring) check_resumed_data(*s);  // before the resume is recorded or anything is written
   // The reporter holds the run directory's lock for the whole run; a new run never reuses an old
   // run's files unless told to.

@@ -149,7 +149,7 @@ cp -r half redata && cp data/train.tok train.bak && cp data2/train.tok data/trai
 snap() { find redata -type f -printf '%p %s %T@\n' | sort; }
 snap > redata.before
 if "$loco" train --resume redata --quiet 2> err.txt; then echo "FAIL: a resume on other data accepted"; exit 1; fi
-[ "$(wc -l < err.txt)" -eq 1 ] && grep -q "the run's data changed since this checkpoint (it trained on data.train .* tokens, checksum" err.txt
+[ "$(wc -l < err.txt)" -eq 1 ] && grep -q "the run's data changed since this checkpoint (it trained on data.train .* tokens, blake2b" err.txt
 snap > redata.after
 cmp redata.before redata.after
 cp train.bak data/train.tok
