@@ -4,7 +4,9 @@
 
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "core/checksum.h"
 #include "core/error.h"
@@ -74,8 +76,19 @@ std::string tf_record(const std::string& data) {
 TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resume_step) {
   char host[256] = "localhost";
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
-  path_ = dir + "/events.out.tfevents." + std::to_string(int64_t(unix_seconds())) + "." + host + "." +
-          std::to_string(::getpid()) + ".loco";
+  // Readers (TensorBoard, loco's) take a run's event files in name order: a resumed run's file
+  // must sort after the earlier ones, also when it starts within the same second (the names
+  // would then differ only by process id, in no particular order).
+  int64_t seconds = int64_t(unix_seconds());
+  const std::string prefix = "events.out.tfevents.";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const int64_t earlier = std::atoll(name.c_str() + prefix.size());
+    if (earlier >= seconds) seconds = earlier + 1;
+  }
+  path_ = dir + "/" + prefix + std::to_string(seconds) + "." + host + "." + std::to_string(::getpid()) + ".loco";
   f_ = std::fopen(path_.c_str(), "wb");
   if (!f_) fail(path_ + ": cannot open for writing");
   write_event(event(0, 3, "brain.Event:2"));
